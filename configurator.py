@@ -1,0 +1,158 @@
+"""Typed configuration for every script: dataclass defaults < config files < --key=value.
+
+    python train.py config/shakespeare_char.py --batch_size=32 --compile=False
+
+A config file is plain Python whose top-level assignments set fields. A CLI
+item `--key=value` is split on the first '=', parsed with ast.literal_eval
+(falling back to the raw string) and converted to the field's type. Unknown
+keys and values of the wrong type are errors that say what to do.
+"""
+import ast
+import difflib
+import sys
+import types
+import typing
+
+
+class UserError(Exception):
+    """A mistake the user can fix: scripts print it as one line and exit with code 2."""
+
+
+def run_main(main, argv=None):
+    """Run a script's main(argv); a UserError becomes one line on stderr and exit code 2."""
+    try:
+        main(sys.argv[1:] if argv is None else argv)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+def parse_args(cls, argv):
+    """Build cls from config files and --key=value items, in order.
+
+    Returns (config, overrides): overrides maps each key set by a file or the
+    CLI to its final value, in the order first set.
+    """
+    hints = typing.get_type_hints(cls)
+    overrides = {}
+    for item in argv:
+        if item.startswith("--"):
+            key, sep, text = item[2:].partition("=")
+            source = f"--{key}"
+            if not sep:
+                raise UserError(f"{item}: expected --key=value (e.g. --{key}=True)")
+            check_key(key, hints, source)
+            overrides[key] = convert(parse_literal(text, hints[key]), hints[key], key, source)
+        else:
+            for key, value in read_config_file(item).items():
+                check_key(key, hints, item)
+                overrides[key] = convert(value, hints[key], key, item)
+    try:
+        return cls(**overrides), overrides
+    except ValueError as e:
+        raise UserError(str(e)) from None
+
+
+def report_overrides(overrides, base, log=print):
+    """Print each override once: `override: batch_size = 32 (was 12)`."""
+    for key, value in overrides.items():
+        old = getattr(base, key)
+        if value != old:
+            log(f"override: {key} = {value!r} (was {old!r})")
+
+
+def check_key(key, hints, source):
+    if key not in hints:
+        close = difflib.get_close_matches(key, hints, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else f"; valid keys: {', '.join(hints)}"
+        raise UserError(f"{source}: unknown key '{key}'{hint}")
+
+
+def read_config_file(path):
+    """The top-level names a config file assigns (modules, functions and _private names skipped)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            source = f.read()
+    except FileNotFoundError:
+        hint = " (CLI overrides need a leading --, e.g. --batch_size=32)" if "=" in path else ""
+        raise UserError(f"config file {path} not found{hint}") from None
+    except OSError as e:
+        raise UserError(f"config file {path} cannot be read: {e.strerror}") from None
+    namespace = {}
+    try:
+        exec(compile(source, path, "exec"), namespace)
+    except SyntaxError as e:
+        raise UserError(f"{path}:{e.lineno}: syntax error: {e.msg}") from None
+    except Exception as e:  # a config file is user code; report where it broke
+        raise UserError(f"{path}: running it raised {type(e).__name__}: {e}") from None
+    return {k: v for k, v in namespace.items()
+            if not k.startswith("_") and not isinstance(v, (types.ModuleType, types.FunctionType, type))}
+
+
+def parse_literal(text, hint):
+    """A CLI value: a Python literal where it is one, else the raw string."""
+    if hint is str:  # out_dir=123 is the directory "123", not an int
+        return text
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def convert(value, hint, key, source):
+    """value as the field's type, or a UserError naming the key and the expected type."""
+    options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    if value is None:
+        if type(None) in options:
+            return None
+        raise UserError(f"{source}: {key} cannot be None; give a {type_name(hint)}")
+    for option in options:
+        if option is type(None):
+            continue
+        try:
+            return convert_one(value, option)
+        except (TypeError, ValueError):
+            continue
+    raise UserError(f"{source}: {key} expects {type_name(hint)}, got {value!r}")
+
+
+def convert_one(value, t):
+    if t is bool:
+        if isinstance(value, bool):
+            return value
+        text = str(value)
+        if text in ("True", "true", "1"):
+            return True
+        if text in ("False", "false", "0"):
+            return False
+        raise ValueError(value)
+    if t is int:
+        if isinstance(value, bool):
+            raise TypeError(value)
+        if isinstance(value, float) and value.is_integer():  # 1e4 iters
+            return int(value)
+        if isinstance(value, int):
+            return value
+        raise TypeError(value)
+    if t is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise TypeError(value)
+    if t is str:
+        if isinstance(value, str):
+            return value
+        raise TypeError(value)
+    if typing.get_origin(t) is list:
+        (item,) = typing.get_args(t)
+        items = [value] if isinstance(value, (str, int)) else value
+        if not isinstance(items, (list, tuple)):
+            raise TypeError(value)
+        return [convert_one(v, item) if typing.get_origin(item) is None else v for v in items]
+    if t is typing.Any:
+        return value
+    raise TypeError(f"unsupported field type {t}")
+
+
+def type_name(hint):
+    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+

@@ -1,0 +1,194 @@
+"""Tokenize your own text into a dataset train.py can read.
+
+    python data/prepare.py --input FILE_OR_DIR --tokenizer char|gpt2 --out data/NAME [--val_fraction 0.1]
+
+Writes train.bin / val.bin (uint16 tokens, uint32 if the vocabulary needs it)
+and meta.json (plus nanoGPT's meta.pkl for char vocabularies). The first
+1 - val_fraction of the characters are train, the rest val, as nanoGPT splits.
+A directory is read file by file in sorted order; with gpt2, <|endoftext|>
+separates the files. Input is streamed in chunks: memory stays bounded.
+"""
+import argparse
+import codecs
+import os
+import sys
+import urllib.request
+
+import numpy as np
+from tqdm import tqdm
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from configurator import UserError, run_main  # noqa: E402
+from tokenizer import BPETokenizer, CharTokenizer, write_meta  # noqa: E402
+
+CHUNK_BYTES = 1 << 22  # 4 MiB of text per read
+SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+
+
+def find_or_download(argv, here, url=SHAKESPEARE_URL):
+    """The corpus path: --input PATH, else input.txt in `here`, else downloaded there."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--input", help="a local copy of the corpus (no download)")
+    args = parser.parse_args(argv)
+    if args.input:
+        if not os.path.isfile(args.input):
+            raise UserError(f"--input {args.input} not found")
+        return args.input
+    path = os.path.join(here, "input.txt")
+    if not os.path.exists(path):
+        print(f"downloading {url} to {path}")
+        try:
+            urllib.request.urlretrieve(url, path + ".tmp")
+        except OSError as e:
+            raise UserError(f"download failed ({e}); offline, pass a local copy with --input PATH") from None
+        os.replace(path + ".tmp", path)
+    return path
+
+
+def list_inputs(path):
+    """The input files: the file itself, or every file under a directory in sorted order."""
+    if os.path.isfile(path):
+        return [path]
+    if not os.path.isdir(path):
+        raise UserError(f"input {path} not found; give a UTF-8 text file or a directory of them")
+    files = sorted(os.path.join(d, f) for d, dirs, names in os.walk(path) for f in names if not f.startswith("."))
+    files = [f for f in files if "/." not in os.path.relpath(f, path)]
+    if not files:
+        raise UserError(f"input directory {path} has no files")
+    return files
+
+
+def read_text(path, chunk_bytes=CHUNK_BYTES):
+    """Yield (bytes read, text) chunks with universal newlines, as open(path).read() gives."""
+    utf8 = codecs.getincrementaldecoder("utf-8")()
+    pending = ""  # a trailing \r waits: it may start a \r\n
+    offset = 0
+    with open(path, "rb") as f:
+        while True:
+            raw = f.read(chunk_bytes)
+            try:
+                text = pending + utf8.decode(raw, final=not raw)
+            except UnicodeDecodeError as e:
+                raise UserError(f"{path} is not UTF-8 text (bad byte near offset {offset + e.start}); "
+                                f"convert it first, e.g. iconv -t utf-8") from None
+            offset += len(raw)
+            pending = ""
+            if raw and text.endswith("\r"):
+                text, pending = text[:-1], "\r"
+            yield len(raw), text.replace("\r\n", "\n").replace("\r", "\n")
+            if not raw:
+                return
+
+
+def safe_pieces(chunks):
+    """Re-cut text so no piece boundary changes BPE: cut only before a newline that follows a non-space."""
+    carry = ""
+    for text in chunks:
+        text = carry + text
+        cut = len(text)
+        while cut > 0:
+            cut = text.rfind("\n", 0, cut)
+            if cut > 0 and not text[cut - 1].isspace():
+                break
+        if cut <= 0:  # no safe place yet: keep reading (a single giant line is cut at the end)
+            carry = text
+            continue
+        yield text[:cut]
+        carry = text[cut:]
+    if carry:
+        yield carry
+
+
+def scan(files, bar):
+    """Total characters of each file and the set of characters used."""
+    sizes, chars = [], set()
+    for path in files:
+        n = 0
+        for nbytes, text in read_text(path):
+            n += len(text)
+            chars.update(text)
+            bar.update(nbytes)
+        sizes.append(n)
+    return sizes, chars
+
+
+def prepare(input_path, tokenizer="char", out_dir=".", val_fraction=0.1, log=print):
+    """Tokenize input_path into out_dir; returns {"train": n, "val": n, "vocab_size": n}."""
+    if not 0 < val_fraction < 1:
+        raise UserError(f"--val_fraction must be between 0 and 1, got {val_fraction}")
+    if tokenizer not in ("char", "gpt2"):
+        raise UserError(f"--tokenizer must be char or gpt2, got {tokenizer!r}")
+    files = list_inputs(input_path)
+    total_bytes = sum(os.path.getsize(f) for f in files)
+    with tqdm(total=2 * total_bytes, unit="B", unit_scale=True, desc="prepare", disable=None) as bar:
+        sizes, chars = scan(files, bar)
+        total = sum(sizes)
+        if total < 2:
+            raise UserError(f"{input_path} holds {total} characters; a dataset needs at least 2")
+        split_at = int(total * (1 - val_fraction))  # nanoGPT: data[:int(n*0.9)] is train
+        if tokenizer == "char":
+            tok = CharTokenizer(sorted(chars))
+            meta = {"tokenizer": "char", "chars": tok.chars}
+        else:
+            tok = BPETokenizer()
+            meta = {"tokenizer": "gpt2", "encoding": "r50k_base"}
+        meta["vocab_size"] = tok.vocab_size
+        meta["dtype"] = "uint16" if tok.vocab_size <= 1 << 16 else "uint32"
+        encode = tok.encode if tokenizer == "char" else tok.encode_ordinary
+        os.makedirs(out_dir, exist_ok=True)
+        counts = write_splits(files, encode, tok.eot, split_at, out_dir, np.dtype(meta["dtype"]), bar)
+    write_meta(out_dir, meta)
+    log(f"vocab size: {tok.vocab_size:,}")
+    log(f"train has {counts['train']:,} tokens")
+    log(f"val has {counts['val']:,} tokens")
+    return {**counts, "vocab_size": tok.vocab_size}
+
+
+def write_splits(files, encode, eot, split_at, out_dir, dtype, bar):
+    """Encode every file, routing characters before split_at to train.bin and the rest to val.bin."""
+    paths = {s: os.path.join(out_dir, f"{s}.bin") for s in ("train", "val")}
+    tmp = {s: p + ".tmp" for s, p in paths.items()}
+    counts = {"train": 0, "val": 0}
+    outs = {s: open(p, "wb") for s, p in tmp.items()}
+    try:
+        def emit(split, ids):
+            np.asarray(ids, dtype=dtype).tofile(outs[split])
+            counts[split] += len(ids)
+
+        pos = 0  # characters seen so far
+        for i, path in enumerate(files):
+            def counted(p=path):
+                for nbytes, text in read_text(p):
+                    bar.update(nbytes)
+                    yield text
+            for piece in safe_pieces(counted()):
+                if pos < split_at < pos + len(piece):  # the split falls inside: cut exactly there
+                    emit("train", encode(piece[:split_at - pos]))
+                    emit("val", encode(piece[split_at - pos:]))
+                else:
+                    emit("train" if pos < split_at else "val", encode(piece))
+                pos += len(piece)
+            if eot is not None and i < len(files) - 1:
+                emit("train" if pos <= split_at else "val", [eot])
+    finally:
+        for f in outs.values():
+            f.close()
+    for split in paths:  # replace the old files only once both are complete
+        os.replace(tmp[split], paths[split])
+    return counts
+
+
+def main(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--input", required=True, help="a UTF-8 text file or a directory of them")
+    parser.add_argument("--tokenizer", default="char", choices=["char", "gpt2"])
+    parser.add_argument("--out", required=True, help="output directory, e.g. data/mytext")
+    parser.add_argument("--val_fraction", type=float, default=0.1)
+    args = parser.parse_args(argv)
+    prepare(args.input, args.tokenizer, args.out, args.val_fraction)
+    print(f"done: python train.py --dataset={args.out}")
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,447 @@
+"""A GPT language model in one file.
+
+GPT-2 by default (learned positions, LayerNorm, GELU, tied head), with the
+options of current small LLMs (RoPE, RMSNorm, ReLU/ReLU^2/SwiGLU, GQA/MQA,
+untied head) behind GPTConfig fields whose defaults keep GPT-2's meaning.
+Module names follow GPT-2 (wte, wpe, h, ln_1, attn.c_attn, ...) so GPT-2 and
+nanoGPT checkpoints load key for key.
+"""
+import math
+from dataclasses import asdict, dataclass, fields, replace
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+# model_args keys that nanoGPT's GPTConfig accepts; other fields are written to
+# a checkpoint only when they differ from the default, so GPT-2-style
+# checkpoints stay loadable by nanoGPT's sample.py.
+NANOGPT_MODEL_ARGS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "dropout")
+# Fields that choose how to compute, not what: never part of a checkpoint.
+RUNTIME_FIELDS = ("attn_impl",)
+CHOICES = {
+    "attn_impl": ("sdpa", "manual"),
+    "pos_emb": ("learned", "rope"),
+    "norm": ("layernorm", "rmsnorm"),
+    "activation": ("gelu", "relu", "relu2", "swiglu"),
+}
+
+
+@dataclass
+class GPTConfig:
+    block_size: int = 1024
+    vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 64 for speed
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    dropout: float = 0.0
+    bias: bool = True  # biases in Linears and LayerNorms, as GPT-2
+    attn_impl: str = "sdpa"  # "sdpa" (fused kernels) or "manual" (explicit mask)
+    pos_emb: str = "learned"  # "learned" (wpe) or "rope"
+    rope_base: float = 10000.0
+    norm: str = "layernorm"  # or "rmsnorm"
+    norm_eps: float = 1e-5
+    activation: str = "gelu"  # or "relu", "relu2", "swiglu"
+    mlp_hidden: int | None = None  # None: 4*n_embd (swiglu: 8/3*n_embd up to a multiple of 64)
+    n_kv_head: int | None = None  # None: n_head; fewer gives GQA, 1 gives MQA
+    tie_weights: bool = True  # lm_head shares wte's weight
+
+    def __post_init__(self):
+        for name, allowed in CHOICES.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+        for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+        if self.pos_emb == "rope" and self.head_dim % 2:
+            raise ValueError(f"rope needs an even head_dim, got n_embd/n_head = {self.head_dim}")
+        if self.n_kv_head is not None and (self.n_kv_head < 1 or self.n_head % self.n_kv_head):
+            raise ValueError(f"n_head ({self.n_head}) must be a multiple of n_kv_head ({self.n_kv_head})")
+        if self.mlp_hidden is not None and self.mlp_hidden < 1:
+            raise ValueError(f"mlp_hidden must be at least 1, got {self.mlp_hidden}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+
+    @property
+    def head_dim(self):
+        return self.n_embd // self.n_head
+
+    @property
+    def kv_heads(self):
+        return self.n_kv_head or self.n_head
+
+    @property
+    def hidden(self):
+        if self.mlp_hidden is not None:
+            return self.mlp_hidden
+        if self.activation == "swiglu":  # same parameter count as a 4x GELU MLP
+            return -(-8 * self.n_embd // (3 * 64)) * 64
+        return 4 * self.n_embd
+
+    def model_args(self):
+        """The checkpoint's model_args: nanoGPT's keys, plus options that differ from GPT-2."""
+        default = GPTConfig()
+        return {k: v for k, v in asdict(self).items()
+                if k not in RUNTIME_FIELDS and (k in NANOGPT_MODEL_ARGS or v != getattr(default, k))}
+
+    @classmethod
+    def from_model_args(cls, model_args, **runtime):
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(model_args) - known)
+        if unknown:
+            raise ValueError(f"checkpoint model_args has unknown keys {unknown}; was it written by a newer version?")
+        return cls(**{**model_args, **runtime})
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm with an optional bias (PyTorch's has no bias=False before 2.1)."""
+
+    def __init__(self, ndim, bias, eps):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(ndim))
+        self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
+        self.eps = eps
+
+    def forward(self, x):
+        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * weight: no centring, no bias."""
+
+    def __init__(self, ndim, eps):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(ndim))
+        self.eps = eps
+
+    def forward(self, x):
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+
+
+def make_norm(config):
+    if config.norm == "rmsnorm":
+        return RMSNorm(config.n_embd, config.norm_eps)
+    return LayerNorm(config.n_embd, config.bias, config.norm_eps)
+
+
+def rope_tables(config, device=None):
+    """cos and sin of pos * base^(-2i/head_dim), each (block_size, head_dim/2)."""
+    inv_freq = config.rope_base ** (-torch.arange(0, config.head_dim, 2, dtype=torch.float64, device=device) / config.head_dim)
+    angles = torch.outer(torch.arange(config.block_size, dtype=torch.float64, device=device), inv_freq)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope(x, cos, sin):
+    """Rotate channel pairs (2i, 2i+1) of each head: x (B, nh, T, hs), cos/sin (T, hs/2)."""
+    a, b = x[..., 0::2], x[..., 1::2]  # (B, nh, T, hs/2) each
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
+
+
+class KVCache:
+    """Keys and values of every layer for the positions seen so far.
+
+    Holds only the kv heads (GQA/MQA caches n_kv_head heads, not n_head).
+    `pos` is the number of positions filled; GPT.forward advances it.
+    """
+
+    def __init__(self, config, batch_size, device, dtype):
+        shape = (config.n_layer, batch_size, config.kv_heads, config.block_size, config.head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.pos = 0
+
+    def update(self, layer, k, v):
+        """Store k, v (B, nkv, T, hs) at the next positions; return all positions so far."""
+        end = self.pos + k.size(2)
+        self.k[layer, :, :, self.pos:end] = k
+        self.v[layer, :, :, self.pos:end] = v
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]  # (B, nkv, end, hs)
+
+
+class CausalSelfAttention(nn.Module):
+
+    def __init__(self, config, layer_idx=0):
+        super().__init__()
+        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.kv_heads, config.head_dim
+        self.layer_idx = layer_idx
+        # one fused projection; output rows are q (n_head*hs), then k, then v (n_kv_head*hs each)
+        self.c_attn = nn.Linear(config.n_embd, (self.n_head + 2 * self.n_kv_head) * self.head_dim, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.attn_dropout = nn.Dropout(config.dropout)
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.dropout = config.dropout
+        self.impl = config.attn_impl
+
+    def forward(self, x, rope=None, cache=None):
+        B, T, C = x.size()
+        q_dim, kv_dim = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
+        q, k, v = self.c_attn(x).split([q_dim, kv_dim, kv_dim], dim=2)
+        # heads are contiguous channel blocks: channel c belongs to head c // hs
+        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, nkv, T, hs)
+        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, nkv, T, hs)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if cache is not None:
+            k, v = cache.update(self.layer_idx, k, v)  # (B, nkv, L, hs), L = positions so far
+        y = self.attend(q, k, v)  # (B, nh, T, hs)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # merge heads by concatenation
+        return self.resid_dropout(self.c_proj(y))
+
+    def attend(self, q, k, v):
+        """Causal attention of T queries over L >= T keys; the queries are the last T positions."""
+        T, L = q.size(2), k.size(2)
+        dropout_p = self.dropout if self.training else 0.0
+        if self.impl == "sdpa":
+            # is_causal aligns its mask top-left, which is right only when T == L;
+            # one query (a decode step) sees every key, so it needs no mask
+            mask = causal_mask(T, L, q.device) if 1 < T < L else None
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
+                                                  is_causal=T == L and T > 1, enable_gqa=self.n_kv_head != self.n_head)
+        if self.n_kv_head != self.n_head:  # query head h reads kv head h // (nh / nkv)
+            k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
+            v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))  # (B, nh, T, L)
+        att = att.masked_fill(~causal_mask(T, L, q.device), float("-inf"))  # before softmax
+        att = self.attn_dropout(F.softmax(att, dim=-1))
+        return att @ v  # (B, nh, T, hs)
+
+
+def causal_mask(T, L, device):
+    """(T, L) bool, True where query i (at position L-T+i) may see key j."""
+    return torch.ones(T, L, dtype=torch.bool, device=device).tril(diagonal=L - T)
+
+
+class MLP(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        self.activation = config.activation
+        hidden = config.hidden
+        # swiglu: c_fc produces gate rows first, then up rows
+        self.c_fc = nn.Linear(config.n_embd, 2 * hidden if self.activation == "swiglu" else hidden, bias=config.bias)
+        self.c_proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        h = self.c_fc(x)
+        if self.activation == "gelu":
+            h = F.gelu(h)
+        elif self.activation == "relu":
+            h = F.relu(h)
+        elif self.activation == "relu2":
+            h = F.relu(h).square()
+        else:
+            gate, up = h.chunk(2, dim=-1)
+            h = F.silu(gate) * up
+        return self.dropout(self.c_proj(h))
+
+
+class Block(nn.Module):
+
+    def __init__(self, config, layer_idx=0):
+        super().__init__()
+        self.ln_1 = make_norm(config)
+        self.attn = CausalSelfAttention(config, layer_idx)
+        self.ln_2 = make_norm(config)
+        self.mlp = MLP(config)
+
+    def forward(self, x, rope=None, cache=None):
+        x = x + self.attn(self.ln_1(x), rope, cache)
+        x = x + self.mlp(self.ln_2(x))
+        return x
+
+
+class GPT(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config = replace(config)  # our own copy: crop_block_size changes it
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.vocab_size, config.n_embd),
+            drop=nn.Dropout(config.dropout),
+            h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
+            ln_f=make_norm(config),
+        ))
+        if config.pos_emb == "learned":
+            self.transformer.wpe = nn.Embedding(config.block_size, config.n_embd)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        if config.tie_weights:
+            self.lm_head.weight = self.transformer.wte.weight
+        if config.pos_emb == "rope":  # not persistent: recomputed, never in a checkpoint
+            cos, sin = rope_tables(config)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        self.apply(self._init_weights)
+        # GPT-2: residual projections scaled by 1/sqrt(number of residual additions)
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    def _init_weights(self, module):
+        if isinstance(module, nn.Linear):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                torch.nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def get_num_params(self, non_embedding=True):
+        """Parameters, each shared tensor once; position embeddings excluded by default."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding and "wpe" in self.transformer:
+            n -= self.transformer.wpe.weight.numel()
+        return n
+
+    def forward(self, idx, targets=None, kv_cache=None, last_only=False):
+        """Logits (B, T, V) where position t scores token t+1, and the mean loss if targets.
+
+        kv_cache: continue from the positions it holds (and add these).
+        last_only: compute logits for the last position only (generation).
+        """
+        B, T = idx.size()
+        start = kv_cache.pos if kv_cache is not None else 0
+        if start + T > self.config.block_size:
+            raise ValueError(f"sequence of {start + T} tokens is longer than block_size ({self.config.block_size}); "
+                             f"crop the input to its last {self.config.block_size} tokens")
+        x = self.transformer.wte(idx)  # (B, T, C)
+        rope = None
+        if self.config.pos_emb == "learned":
+            x = x + self.transformer.wpe(torch.arange(start, start + T, device=idx.device))
+        else:
+            rope = (self.rope_cos[start:start + T], self.rope_sin[start:start + T])
+        x = self.transformer.drop(x)
+        for block in self.transformer.h:
+            x = block(x, rope, kv_cache)
+        x = self.transformer.ln_f(x)
+        if kv_cache is not None:
+            kv_cache.pos += T
+        if targets is not None:
+            logits = self.lm_head(x)
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+            return logits, loss
+        return self.lm_head(x[:, [-1], :] if last_only else x), None
+
+    def crop_block_size(self, block_size):
+        """Shrink the context window, e.g. to fine-tune GPT-2 (1024) on shorter blocks."""
+        if not 0 < block_size <= self.config.block_size:
+            raise ValueError(f"block_size can only shrink: {block_size} > {self.config.block_size}")
+        self.config.block_size = block_size
+        if "wpe" in self.transformer:
+            self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
+        else:
+            self.rope_cos, self.rope_sin = self.rope_cos[:block_size], self.rope_sin[:block_size]
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+        """AdamW; weight decay on matrices and embeddings (2+ dims), not on biases and gains."""
+        params = [p for p in self.parameters() if p.requires_grad]
+        groups = [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == "cuda")
+
+    def flops_per_token(self):
+        """Training FLOPs per token: 6 per parameter (fwd + bwd) plus attention's 12*L*H*hs*T."""
+        c = self.config
+        return 6 * self.get_num_params() + 12 * c.n_layer * c.n_head * c.head_dim * c.block_size
+
+    def estimate_mfu(self, fwdbwd_per_iter, dt, peak_flops):
+        """Model FLOPs utilization: achieved FLOP/s over the device's peak (the caller knows it)."""
+        flops_per_iter = self.flops_per_token() * self.config.block_size * fwdbwd_per_iter
+        return flops_per_iter / dt / peak_flops
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, stop=None,
+                 generator=None, use_cache=True):
+        """Continue idx (B, T) by max_new_tokens; returns (B, T + n).
+
+        stop: token-id sequences; a sample ends at its first match, which is
+        not included, and its row is padded with -1 after its end. n is the
+        number of steps taken: it is smaller than max_new_tokens when every
+        sample stopped early.
+        """
+        stops = [list(s) for s in (stop or []) if len(s)]
+        rows = [[] for _ in range(idx.size(0))]
+        done = [False] * idx.size(0)
+        for tok in self.stream(idx, max_new_tokens, temperature, top_k, top_p, generator, use_cache):
+            for b, t in enumerate(tok.tolist()):
+                if not done[b]:
+                    rows[b].append(t)
+                    match = next((s for s in stops if rows[b][-len(s):] == s), None)
+                    if match:
+                        del rows[b][-len(match):]
+                        done[b] = True
+            if all(done):
+                break
+        n = max(len(r) for r in rows) if stops else len(rows[0])
+        new = torch.tensor([r + [-1] * (n - len(r)) for r in rows], dtype=idx.dtype, device=idx.device)
+        return torch.cat((idx, new.view(idx.size(0), n)), dim=1)
+
+    @torch.no_grad()
+    def stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, generator=None, use_cache=True):
+        """Yield the next token of every sample, (B,), one step at a time. Serial by nature.
+
+        With the cache: one prefill of the prompt, then one position per step.
+        When the context would pass block_size, the cached path keeps the last
+        3/4 of the window, recomputes it once and continues (the uncached path
+        slides the window by one each step, so the two differ beyond block_size).
+        """
+        check_sampling(max_new_tokens, temperature, top_k, top_p)
+        block = self.config.block_size
+        was_training = self.training
+        self.eval()
+        try:
+            seq = idx
+            cache = None
+            for step in range(max_new_tokens):
+                if not use_cache:
+                    logits, _ = self(seq[:, -block:], last_only=True)
+                elif cache is None or cache.pos >= block:  # prefill, or shift a full window
+                    keep = seq.size(1) if cache is None else max(1, 3 * block // 4)
+                    cache = KVCache(self.config, seq.size(0), seq.device, self.lm_head.weight.dtype)
+                    logits, _ = self(seq[:, -min(keep, block):], kv_cache=cache, last_only=True)
+                else:
+                    logits, _ = self(seq[:, -1:], kv_cache=cache)
+                tok = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator)  # (B,)
+                seq = torch.cat((seq, tok[:, None]), dim=1)
+                yield tok
+        finally:
+            self.train(was_training)
+
+
+def check_sampling(max_new_tokens, temperature, top_k, top_p):
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0 is greedy), got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be >= 1 (or None for no limit), got {top_k}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+
+
+def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
+    """One token per row of logits (B, V). Temperature 0 is greedy (argmax)."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    probs = F.softmax(filter_logits(logits.float() / temperature, top_k, top_p), dim=-1)
+    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+
+
+def filter_logits(logits, top_k=None, top_p=None):
+    """Set to -inf the logits outside top-k (ties at the threshold kept) and outside the nucleus."""
+    if top_k is not None and top_k < logits.size(-1):
+        kth = torch.topk(logits, top_k, dim=-1).values[:, [-1]]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = F.softmax(sorted_logits, dim=-1)
+        before = probs.cumsum(dim=-1) - probs  # mass of the tokens ranked above each one
+        drop_sorted = before >= top_p  # the smallest set reaching top_p; the first is always kept
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits

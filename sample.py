@@ -1,0 +1,172 @@
+"""Sample text from a trained model.
+
+    python sample.py --out_dir=out-shakespeare-char
+    python sample.py --out_dir=out-shakespeare-char --start="ROMEO:" --num_samples=3 --temperature=0
+    python sample.py --out_dir=out --start=FILE:prompt.txt --stream=True --stop="['\\n\\n']"
+
+The tokenizer is the one of the dataset the checkpoint was trained on (its
+meta.json / meta.pkl), else GPT-2 BPE. The same seed gives the same text.
+"""
+import os
+import sys
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+import torch
+
+from checkpoint import load_checkpoint, model_from_checkpoint
+from configurator import UserError, parse_args, report_overrides, run_main
+from model import check_sampling
+from tokenizer import read_meta, tokenizer_from_meta
+from train import dataset_dir, resolve_device, resolve_dtype
+
+SEPARATOR = "---------------"
+
+
+@dataclass
+class SampleConfig:
+    out_dir: str = "out"  # where train.py wrote the checkpoint
+    ckpt: str = "ckpt.pt"  # ckpt.pt (latest) or best.pt (best val loss)
+    start: str = "\n"  # the prompt, or FILE:path to read it from a file
+    num_samples: int = 10
+    max_new_tokens: int = 500
+    temperature: float = 0.8  # 1.0 as trained, < 1 more conservative, 0 greedy
+    top_k: int | None = 200  # keep the k most likely tokens (ties kept); None keeps all
+    top_p: float | None = None  # keep the smallest set of tokens whose probability reaches p
+    stop: list[str | int] = field(default_factory=list)  # strings or token ids that end a sample
+    seed: int = 1337
+    device: str = "auto"
+    dtype: str = "auto"
+    stream: bool = False  # print each token as it is generated (samples one after another)
+    use_cache: bool = True  # KV cache: one position per step instead of the whole context
+
+    def __post_init__(self):
+        check_sampling(self.max_new_tokens, self.temperature, self.top_k, self.top_p)
+        if self.num_samples < 1:
+            raise ValueError(f"num_samples must be at least 1, got {self.num_samples}")
+
+
+class Continuation:
+    """One sample's text as its tokens arrive.
+
+    Ends at the first stop (token ids or text), which is not part of the text,
+    and never hands out text that a stop could still remove.
+    """
+
+    def __init__(self, tokenizer, stop_texts, stop_ids):
+        self.decoder = tokenizer.decoder()
+        self.stop_texts, self.stop_ids = stop_texts, stop_ids
+        self.ids, self.fed, self.text, self.shown, self.done = [], 0, "", 0, False
+
+    def add(self, token):
+        """Take the next token; return the text that is now safe to show."""
+        if self.done:
+            return ""
+        self.ids.append(token)
+        for s in self.stop_ids:
+            if self.ids[-len(s):] == s:
+                del self.ids[-len(s):]
+                self.done = True
+                break
+        held = 0 if self.done else longest_partial(self.ids, self.stop_ids)
+        while self.fed < len(self.ids) - held:
+            self.text += self.decoder.feed(self.ids[self.fed])
+            self.fed += 1
+        hits = [i for i in (self.text.find(s) for s in self.stop_texts) if i >= 0]
+        if hits:
+            self.text, self.done = self.text[:min(hits)], True
+        held_chars = 0 if self.done else longest_partial(self.text, self.stop_texts)
+        new = self.text[self.shown:len(self.text) - held_chars]
+        self.shown += len(new)
+        return new
+
+    def finish(self):
+        """The rest of the text once generation is over."""
+        if not self.done:
+            for token in self.ids[self.fed:]:
+                self.text += self.decoder.feed(token)
+            self.text += self.decoder.flush()
+            self.fed = len(self.ids)
+        new = self.text[self.shown:]
+        self.shown = len(self.text)
+        return new
+
+
+def longest_partial(seq, stops):
+    """Length of the longest end of seq that begins some stop (and is shorter than it)."""
+    return max((k for s in stops for k in range(1, len(s)) if len(seq) >= k and seq[-k:] == s[:k]), default=0)
+
+
+def read_prompt(start):
+    if not start.startswith("FILE:"):
+        return start
+    path = start[5:]
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as e:
+        raise UserError(f"--start=FILE:{path}: cannot read the prompt file ({e.strerror})") from None
+
+
+def load(cfg, device):
+    """The model and tokenizer of cfg.out_dir's checkpoint."""
+    path = os.path.join(cfg.out_dir, cfg.ckpt)
+    ckpt = load_checkpoint(path, map_location=device)
+    model = model_from_checkpoint(ckpt, path, dropout=0.0)
+    dataset = (ckpt.get("config") or {}).get("dataset")
+    meta = read_meta(dataset_dir(dataset)) if dataset else None
+    tokenizer = tokenizer_from_meta(meta)
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise UserError(f"{path} has a vocabulary of {model.config.vocab_size} tokens but its dataset's tokenizer "
+                        f"has {tokenizer.vocab_size}; was data/{dataset} re-prepared with other text?")
+    return model, tokenizer
+
+
+def main(argv):
+    cfg, overrides = parse_args(SampleConfig, argv)
+    report_overrides(overrides, SampleConfig(), log=lambda line: print(line, file=sys.stderr))  # stdout is the text
+    device = resolve_device(cfg.device)
+    dtype = resolve_dtype(cfg.dtype, device)
+    model, tokenizer = load(cfg, device)
+    model.eval().to(device)
+    prompt = read_prompt(cfg.start)
+    ids = tokenizer.encode(prompt) or ([tokenizer.eot] if tokenizer.eot is not None else [])
+    if not ids:
+        raise UserError("the prompt is empty; give some text with --start (e.g. --start='ROMEO:')")
+    if len(ids) > model.config.block_size:
+        print(f"note: the prompt has {len(ids)} tokens; the model sees its last {model.config.block_size}",
+              file=sys.stderr)
+    stop_texts = [s.replace("\\n", "\n").replace("\\t", "\t") for s in cfg.stop if isinstance(s, str)]
+    stop_ids = [[s] for s in cfg.stop if isinstance(s, int)]
+    torch.manual_seed(cfg.seed)
+    generator = torch.Generator(device=device).manual_seed(cfg.seed)
+    ctx = torch.autocast(device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
+    x = torch.tensor(ids, dtype=torch.long, device=device)[None]
+    args = dict(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                generator=generator, use_cache=cfg.use_cache)
+    with ctx:
+        if cfg.stream:
+            for _ in range(cfg.num_samples):
+                text = Continuation(tokenizer, stop_texts, stop_ids)
+                print(prompt, end="", flush=True)
+                for tok in model.stream(x, **args):
+                    print(text.add(tok.item()), end="", flush=True)
+                    if text.done:
+                        break
+                print(text.finish())
+                print(SEPARATOR)
+        else:
+            texts = [Continuation(tokenizer, stop_texts, stop_ids) for _ in range(cfg.num_samples)]
+            for tok in model.stream(x.expand(cfg.num_samples, -1), **args):  # all samples in one batch
+                for text, t in zip(texts, tok.tolist()):
+                    text.add(t)
+                if all(text.done for text in texts):
+                    break
+            for text in texts:
+                text.finish()
+                print(prompt + text.text)
+                print(SEPARATOR)
+
+
+if __name__ == "__main__":
+    run_main(main)

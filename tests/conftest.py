@@ -1,0 +1,42 @@
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+SHARED = os.path.join(os.path.dirname(ROOT), "shared")
+SHAKESPEARE = os.path.join(SHARED, "data", "tinyshakespeare", "input.txt")
+TIKTOKEN_CACHE = os.path.join(SHARED, "tiktoken_cache")
+if "TIKTOKEN_CACHE_DIR" not in os.environ and os.path.isdir(TIKTOKEN_CACHE):
+    os.environ["TIKTOKEN_CACHE_DIR"] = TIKTOKEN_CACHE
+
+from model import GPTConfig  # noqa: E402
+
+CORPUS = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"
+          "First Citizen:\nYou are all resolved rather to die than to famish?\n\nAll:\nResolved. resolved.\n\n") * 40
+
+
+@pytest.fixture
+def tiny_config():
+    """2 layers, 32 wide: the suite's workhorse."""
+    return GPTConfig(block_size=16, vocab_size=64, n_layer=2, n_head=4, n_embd=32, dropout=0.0, bias=True)
+
+
+@pytest.fixture
+def char_dataset(tmp_path):
+    """A char-level dataset of a few KB prepared by data/prepare.py, in tmp_path/data."""
+    from data.prepare import prepare
+    src = tmp_path / "input.txt"
+    src.write_text(CORPUS, encoding="utf-8")
+    out = tmp_path / "data"
+    prepare(str(src), "char", str(out), 0.1, log=lambda *a: None)
+    return out
+
+
+def run_script(args, cwd=ROOT, timeout=300, env=None):
+    """Run a repository script as a user would; returns the CompletedProcess."""
+    import subprocess
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env=full_env)

@@ -1,0 +1,98 @@
+"""Typed configuration: precedence, unknown keys, type conversion, errors."""
+from dataclasses import dataclass, field
+
+import pytest
+
+from configurator import UserError, parse_args, report_overrides
+
+
+@dataclass
+class Demo:
+    learning_rate: float = 6e-4
+    batch_size: int = 12
+    compile: bool = True
+    out_dir: str = "out"
+    top_k: int | None = 200
+    start: str = "\n"
+    stop: list[str | int] = field(default_factory=list)
+
+
+def write(tmp_path, text, name="cfg.py"):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_defaults_then_files_then_cli(tmp_path):
+    a = write(tmp_path, "batch_size = 32\nout_dir = 'from-a'\n", "a.py")
+    b = write(tmp_path, "batch_size = 64\n", "b.py")
+    cfg, overrides = parse_args(Demo, [a, b, "--out_dir=cli"])
+    assert (cfg.batch_size, cfg.out_dir, cfg.learning_rate) == (64, "cli", 6e-4)
+    assert overrides == {"batch_size": 64, "out_dir": "cli"}
+
+
+def test_config_file_unknown_key_suggests_match(tmp_path):
+    path = write(tmp_path, "learning_rat = 1e-3\n")
+    with pytest.raises(UserError, match=r"cfg.py: unknown key 'learning_rat' \(did you mean 'learning_rate'\?\)"):
+        parse_args(Demo, [path])
+
+
+def test_cli_unknown_key_suggests_match():
+    with pytest.raises(UserError, match=r"--batchsize: unknown key 'batchsize' \(did you mean 'batch_size'\?\)"):
+        parse_args(Demo, ["--batchsize=3"])
+
+
+def test_int_is_a_fine_float_and_types_convert():
+    cfg, _ = parse_args(Demo, ["--learning_rate=1", "--batch_size=1e3", "--compile=false", "--top_k=None"])
+    assert cfg.learning_rate == 1.0 and isinstance(cfg.learning_rate, float)
+    assert cfg.batch_size == 1000 and cfg.compile is False and cfg.top_k is None
+
+
+@pytest.mark.parametrize("text, value", [("True", True), ("true", True), ("1", True), ("False", False),
+                                         ("false", False), ("0", False)])
+def test_bools_from_words_and_digits(text, value):
+    assert parse_args(Demo, [f"--compile={text}"])[0].compile is value
+
+
+@pytest.mark.parametrize("item, match", [("--compile=yes", "compile expects bool"),
+                                         ("--batch_size=2.5", "batch_size expects int"),
+                                         ("--batch_size=None", "batch_size cannot be None"),
+                                         ("--learning_rate=fast", "learning_rate expects float"),
+                                         ("--batch_size", "expected --key=value")])
+def test_wrong_types_are_errors(item, match):
+    with pytest.raises(UserError, match=match):
+        parse_args(Demo, [item])
+
+
+def test_value_containing_equals_and_strings_stay_strings():
+    cfg, _ = parse_args(Demo, ["--start=a=b=c", "--out_dir=123"])
+    assert cfg.start == "a=b=c" and cfg.out_dir == "123"
+
+
+def test_list_fields_take_literals_or_single_values():
+    assert parse_args(Demo, ["--stop=['\\n\\n', 50256]"])[0].stop == ["\n\n", 50256]
+    assert parse_args(Demo, ["--stop=END"])[0].stop == ["END"]
+
+
+def test_config_file_errors_say_where(tmp_path):
+    with pytest.raises(UserError, match="config file nope.py not found"):
+        parse_args(Demo, ["nope.py"])
+    with pytest.raises(UserError, match="need a leading --"):
+        parse_args(Demo, ["batch_size=3"])
+    bad = write(tmp_path, "batch_size = = 3\n")
+    with pytest.raises(UserError, match=r"cfg.py:1: syntax error"):
+        parse_args(Demo, [bad])
+
+
+def test_config_files_may_import_and_compute(tmp_path):
+    path = write(tmp_path, "import math\n_base = 8\nbatch_size = _base * 4\nlearning_rate = math.sqrt(1e-6)\n")
+    cfg, _ = parse_args(Demo, [path])
+    assert cfg.batch_size == 32 and cfg.learning_rate == pytest.approx(1e-3)
+
+
+def test_each_override_is_printed_once(tmp_path):
+    path = write(tmp_path, "batch_size = 32\n")
+    _, overrides = parse_args(Demo, [path, "--batch_size=48", "--out_dir=out"])
+    lines = []
+    report_overrides(overrides, Demo(), lines.append)
+    assert lines == ["override: batch_size = 48 (was 12)"]

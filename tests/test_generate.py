@@ -1,0 +1,150 @@
+"""Generation: greedy, temperature, top-k ties, top-p, the KV cache against the uncached path, stops, seeds."""
+from dataclasses import replace
+
+import pytest
+import torch
+
+from model import GPT, filter_logits, sample_next
+from test_model_options import OPTIONS, perturbed
+
+
+def greedy_by_hand(model, idx, n):
+    """Serial greedy decoding with full forwards: argmax of the last position, appended, repeated."""
+    seq = idx
+    for _ in range(n):
+        logits, _ = model(seq[:, -model.config.block_size:])
+        seq = torch.cat((seq, logits[:, -1].argmax(-1, keepdim=True)), dim=1)
+    return seq
+
+
+def test_temperature_zero_is_greedy(tiny_config):
+    model = perturbed(tiny_config)
+    idx = torch.randint(0, 64, (2, 3))
+    out = model.generate(idx, 10, temperature=0.0)
+    torch.testing.assert_close(out, greedy_by_hand(model, idx, 10))
+
+
+def test_temperature_keeps_order_and_sharpens():
+    logits = torch.tensor([[2.0, -1.0, 0.5, 3.0]])
+    for t in (0.3, 1.0, 2.5):
+        scaled = filter_logits(logits / t)
+        assert torch.equal(scaled.argsort(), logits.argsort())
+    p_cold = torch.softmax(logits / 0.5, -1)
+    p_hot = torch.softmax(logits / 2.0, -1)
+    assert p_cold.max() > p_hot.max()
+
+
+def test_top_k_keeps_ties_at_the_threshold():
+    logits = torch.tensor([[1.0, 3.0, 3.0, 2.0, 3.0]])
+    kept = filter_logits(logits, top_k=2)
+    assert torch.isfinite(kept).tolist() == [[False, True, True, False, True]]
+    g = torch.Generator().manual_seed(0)
+    draws = {sample_next(logits, 1.0, top_k=1, generator=g).item() for _ in range(200)}
+    assert draws == {1, 2, 4}
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    probs = torch.tensor([[0.05, 0.5, 0.15, 0.3]])
+    logits = probs.log()
+    assert torch.isfinite(filter_logits(logits, top_p=0.8)).tolist() == [[False, True, False, True]]
+    assert torch.isfinite(filter_logits(logits, top_p=0.81)).tolist() == [[False, True, True, True]]
+    assert torch.isfinite(filter_logits(logits, top_p=0.01)).tolist() == [[False, True, False, False]]
+    assert torch.isfinite(filter_logits(logits, top_p=1.0)).all()
+
+
+@pytest.mark.parametrize("bad, match", [(dict(temperature=-1.0), "temperature"), (dict(top_k=0), "top_k"),
+                                        (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p")])
+def test_bad_sampling_arguments_are_errors(tiny_config, bad, match):
+    model = GPT(tiny_config)
+    with pytest.raises(ValueError, match=match):
+        model.generate(torch.zeros(1, 1, dtype=torch.long), 3, **bad)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        model.generate(torch.zeros(1, 1, dtype=torch.long), -1)
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "manual"])
+@pytest.mark.parametrize("option", OPTIONS)
+def test_cached_logits_match_full_forward(tiny_config, option, impl):
+    """Prefill 5 positions, then one at a time: each step's logits equal a full forward's last row."""
+    from model import KVCache
+    model = perturbed(replace(tiny_config, attn_impl=impl, **OPTIONS[option]))
+    idx = torch.randint(0, 64, (2, 16))
+    cache = KVCache(model.config, 2, "cpu", torch.float32)
+    with torch.no_grad():
+        full, _ = model(idx)
+        first, _ = model(idx[:, :5], kv_cache=cache)
+        torch.testing.assert_close(first, full[:, :5], atol=1e-4, rtol=0)
+        for t in range(5, 16):
+            step, _ = model(idx[:, t:t + 1], kv_cache=cache)
+            torch.testing.assert_close(step[:, 0], full[:, t], atol=1e-4, rtol=0)
+        with pytest.raises(ValueError, match="block_size"):
+            model(idx[:, :1], kv_cache=cache)
+
+
+@pytest.mark.parametrize("option", OPTIONS)
+def test_cached_generation_gives_the_same_tokens(tiny_config, option):
+    model = perturbed(replace(tiny_config, **OPTIONS[option]))
+    idx = torch.randint(0, 64, (3, 4))
+    n = tiny_config.block_size - 4  # up to the window's end
+    greedy_cached = model.generate(idx, n, temperature=0)
+    torch.testing.assert_close(greedy_cached, model.generate(idx, n, temperature=0, use_cache=False))
+    sampled = [model.generate(idx, n, temperature=1.5, generator=torch.Generator().manual_seed(7), use_cache=c)
+               for c in (True, False)]
+    torch.testing.assert_close(sampled[0], sampled[1])
+
+
+def test_beyond_block_size_the_cache_keeps_the_last_three_quarters(tiny_config):
+    """Documented policy: when the window is full, recompute its last 3/4 and continue from there."""
+    model = perturbed(replace(tiny_config, pos_emb="rope"))
+    block, keep = tiny_config.block_size, 3 * tiny_config.block_size // 4
+    idx = torch.randint(0, 64, (1, 5))
+    out = model.generate(idx, 40, temperature=0)
+    seq, start = idx, 0
+    for _ in range(40):
+        if seq.size(1) - start > block:
+            start = seq.size(1) - keep
+        logits, _ = model(seq[:, start:])
+        seq = torch.cat((seq, logits[:, -1].argmax(-1, keepdim=True)), dim=1)
+    torch.testing.assert_close(out, seq)
+    uncached = model.generate(idx, 40, temperature=0, use_cache=False)
+    torch.testing.assert_close(uncached, greedy_by_hand(model, idx, 40))  # sliding window of block_size
+
+
+def test_batched_rows_decode_as_if_alone(tiny_config):
+    model = perturbed(tiny_config)
+    idx = torch.randint(0, 64, (4, 3))
+    batch = model.generate(idx, 8, temperature=0)
+    for b in range(4):
+        torch.testing.assert_close(batch[b:b + 1], model.generate(idx[b:b + 1], 8, temperature=0))
+
+
+def test_seeded_generator_ignores_global_rng(tiny_config):
+    model = perturbed(tiny_config)
+    idx = torch.zeros(2, 1, dtype=torch.long)
+    torch.manual_seed(1)
+    a = model.generate(idx, 12, generator=torch.Generator().manual_seed(42))
+    torch.manual_seed(2)
+    b = model.generate(idx, 12, generator=torch.Generator().manual_seed(42))
+    c = model.generate(idx, 12, generator=torch.Generator().manual_seed(43))
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+def test_stop_sequence_ends_a_sample_and_is_not_included(tiny_config):
+    model = perturbed(tiny_config)
+    idx = torch.randint(0, 64, (1, 2))
+    free = model.generate(idx, 12, temperature=0)[0, 2:].tolist()
+    stop = free[4:6]
+    first = next(i for i in range(len(free) - 1) if free[i:i + 2] == stop)
+    out = model.generate(idx, 12, temperature=0, stop=[stop])
+    assert out[0, 2:].tolist() == free[:first]
+    two = model.generate(torch.cat([idx, idx.flip(1)]), 12, temperature=0, stop=[stop])
+    row = two[0, 2:].tolist()
+    assert row[:first] == free[:first] and set(row[first:]) <= {-1}
+
+
+def test_generate_restores_training_mode(tiny_config):
+    model = GPT(replace(tiny_config, dropout=0.5))
+    model.train()
+    a = model.generate(torch.zeros(1, 1, dtype=torch.long), 5, temperature=0)
+    b = model.generate(torch.zeros(1, 1, dtype=torch.long), 5, temperature=0)
+    assert torch.equal(a, b) and model.training

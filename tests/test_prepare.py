@@ -1,0 +1,88 @@
+"""Dataset preparation: nanoGPT's format and split, bounded streaming, BPE boundaries."""
+import json
+import os
+import pickle
+
+import numpy as np
+import pytest
+import tiktoken
+
+from conftest import CORPUS, SHAKESPEARE
+from data import prepare as prep
+
+
+def test_char_dataset_matches_a_plain_split(tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text(CORPUS)
+    counts = prep.prepare(str(src), "char", str(tmp_path / "out"), 0.1, log=lambda *a: None)
+    chars = sorted(set(CORPUS))
+    n = int(len(CORPUS) * 0.9)
+    train = np.fromfile(tmp_path / "out" / "train.bin", dtype=np.uint16)
+    val = np.fromfile(tmp_path / "out" / "val.bin", dtype=np.uint16)
+    assert train.tolist() == [chars.index(c) for c in CORPUS[:n]]
+    assert val.tolist() == [chars.index(c) for c in CORPUS[n:]]
+    assert counts == {"train": n, "val": len(CORPUS) - n, "vocab_size": len(chars)}
+    meta = json.loads((tmp_path / "out" / "meta.json").read_text())
+    assert meta["chars"] == chars and meta["dtype"] == "uint16"
+    legacy = pickle.loads((tmp_path / "out" / "meta.pkl").read_bytes())  # nanoGPT's layout
+    assert legacy["vocab_size"] == len(chars) and legacy["itos"][0] == chars[0] and legacy["stoi"][chars[-1]] == len(chars) - 1
+
+
+def test_gpt2_chunked_encoding_equals_whole_text_encoding(tmp_path, monkeypatch):
+    text = ("Hello world!\n\n  Indented line\nthe end.  \n\n\n" + "word " * 30 + "\n") * 50 + "héllo 日本語\n"
+    src = tmp_path / "in.txt"
+    src.write_text(text, encoding="utf-8")
+    monkeypatch.setattr(prep, "CHUNK_BYTES", 37)  # force hundreds of chunks
+    prep.prepare(str(src), "gpt2", str(tmp_path / "out"), 0.1, log=lambda *a: None)
+    enc = tiktoken.get_encoding("r50k_base")
+    n = int(len(text) * 0.9)
+    assert np.fromfile(tmp_path / "out" / "train.bin", dtype=np.uint16).tolist() == enc.encode_ordinary(text[:n])
+    assert np.fromfile(tmp_path / "out" / "val.bin", dtype=np.uint16).tolist() == enc.encode_ordinary(text[n:])
+
+
+def test_directory_is_read_in_sorted_order_with_eot_between_documents(tmp_path):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "b.txt").write_text("second document " * 20)
+    (docs / "a.txt").write_text("first document " * 20)
+    (docs / ".hidden").write_text("ignored")
+    prep.prepare(str(docs), "gpt2", str(tmp_path / "out"), 0.1, log=lambda *a: None)
+    enc = tiktoken.get_encoding("r50k_base")
+    first, second = "first document " * 20, "second document " * 20
+    cut = int((len(first) + len(second)) * 0.9) - len(first)  # the split falls inside the second file
+    train, val = (np.fromfile(tmp_path / "out" / f"{s}.bin", dtype=np.uint16).tolist() for s in ("train", "val"))
+    assert train == enc.encode_ordinary(first) + [50256] + enc.encode_ordinary(second[:cut])
+    assert val == enc.encode_ordinary(second[cut:])
+
+
+def test_windows_newlines_are_normalized_like_text_mode(tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_bytes(b"ab\r\ncd\re\n" * 10)
+    prep.prepare(str(src), "char", str(tmp_path / "out"), 0.5, log=lambda *a: None)
+    meta = json.loads((tmp_path / "out" / "meta.json").read_text())
+    assert "\r" not in meta["chars"]
+
+
+def test_rerun_replaces_outputs(tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text(CORPUS)
+    out = str(tmp_path / "out")
+    first = prep.prepare(str(src), "char", out, 0.1, log=lambda *a: None)
+    second = prep.prepare(str(src), "char", out, 0.1, log=lambda *a: None)
+    assert first == second and not [f for f in os.listdir(out) if f.endswith(".tmp")]
+
+
+def test_bad_inputs_are_user_errors(tmp_path):
+    (tmp_path / "bin.txt").write_bytes(b"\xff\xfe\x00bad")
+    with pytest.raises(prep.UserError, match="not UTF-8"):
+        prep.prepare(str(tmp_path / "bin.txt"), "char", str(tmp_path / "o"), log=lambda *a: None)
+    with pytest.raises(prep.UserError, match="not found"):
+        prep.prepare(str(tmp_path / "missing.txt"), "char", str(tmp_path / "o"), log=lambda *a: None)
+
+
+@pytest.mark.skipif(not os.path.exists(SHAKESPEARE), reason="needs ../shared/data/tinyshakespeare")
+@pytest.mark.parametrize("tokenizer, train, val, vocab", [("char", 1_003_854, 111_540, 65),
+                                                         ("gpt2", 301_966, 36_059, 50_257)])
+def test_shakespeare_counts(tmp_path, tokenizer, train, val, vocab):
+    counts = prep.prepare(SHAKESPEARE, tokenizer, str(tmp_path), 0.1, log=lambda *a: None)
+    assert counts == {"train": train, "val": val, "vocab_size": vocab}

@@ -1,0 +1,136 @@
+"""Tokenizers (characters, GPT-2 BPE) and the dataset metadata that names them.
+
+A dataset directory holds meta.json ({"tokenizer": "char", "chars": [...]} or
+{"tokenizer": "gpt2"}, plus "vocab_size" and "dtype"). nanoGPT's meta.pkl is
+read too, with an unpickler that builds only plain data and runs no code.
+"""
+import codecs
+import io
+import json
+import os
+import pickle
+
+from configurator import UserError
+
+BPE_ENCODING = "r50k_base"  # the same 50,257-token vocabulary as tiktoken's "gpt2"
+
+
+class CharTokenizer:
+    kind = "char"
+
+    def __init__(self, chars):
+        self.chars = list(chars)
+        self.stoi = {ch: i for i, ch in enumerate(self.chars)}
+        self.vocab_size = len(self.chars)
+        self.eot = None
+
+    def encode(self, text):
+        missing = sorted(set(text) - self.stoi.keys())
+        if missing:
+            shown = " ".join(repr(c) for c in missing[:20])
+            raise UserError(f"the text has {len(missing)} character(s) outside the vocabulary: {shown}; "
+                            f"use only characters of the training data")
+        return [self.stoi[c] for c in text]
+
+    def decode(self, ids):
+        return "".join(self.chars[i] for i in ids)
+
+    def decoder(self):
+        return StreamDecoder(lambda i: self.chars[i].encode("utf-8"))
+
+
+class BPETokenizer:
+    kind = "gpt2"
+
+    def __init__(self):
+        try:
+            import tiktoken
+            self.enc = tiktoken.get_encoding(BPE_ENCODING)
+        except Exception as e:  # tiktoken downloads the ranks on first use
+            raise UserError(f"cannot load the GPT-2 BPE ({type(e).__name__}: {e}); offline, set "
+                            f"TIKTOKEN_CACHE_DIR to a directory holding tiktoken's {BPE_ENCODING} file") from None
+        self.vocab_size = self.enc.n_vocab
+        self.eot = self.enc.eot_token
+
+    def encode(self, text):
+        return self.enc.encode(text, allowed_special={"<|endoftext|>"})
+
+    def encode_ordinary(self, text):
+        return self.enc.encode_ordinary(text)
+
+    def decode(self, ids):
+        return self.enc.decode(ids)
+
+    def decoder(self):
+        return StreamDecoder(self.enc.decode_single_token_bytes)
+
+
+class StreamDecoder:
+    """Text of tokens fed one at a time; a UTF-8 character split across BPE tokens waits for its end."""
+
+    def __init__(self, token_bytes):
+        self.token_bytes = token_bytes
+        self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def feed(self, token):
+        return self.utf8.decode(self.token_bytes(token))
+
+    def flush(self):
+        return self.utf8.decode(b"", final=True)
+
+
+def tokenizer_from_meta(meta):
+    """The tokenizer a dataset's metadata describes; GPT-2 BPE when there is none."""
+    if meta is None:
+        return BPETokenizer()
+    kind = meta.get("tokenizer") or ("char" if "chars" in meta or "itos" in meta else "gpt2")
+    if kind == "gpt2":
+        return BPETokenizer()
+    if kind != "char":
+        raise UserError(f"unknown tokenizer {kind!r} in the dataset's metadata; expected 'char' or 'gpt2'")
+    chars = meta.get("chars") or [meta["itos"][i] for i in range(len(meta["itos"]))]
+    return CharTokenizer(chars)
+
+
+def read_meta(dataset_dir):
+    """The dataset's metadata dict (meta.json, else a legacy meta.pkl), or None."""
+    path = os.path.join(dataset_dir, "meta.json")
+    if os.path.exists(path):
+        try:
+            with open(path, encoding="utf-8") as f:
+                return json.load(f)
+        except (OSError, ValueError) as e:
+            raise UserError(f"{path} is not valid JSON ({e}); re-run the dataset's prepare.py") from None
+    path = os.path.join(dataset_dir, "meta.pkl")
+    if os.path.exists(path):
+        with open(path, "rb") as f:
+            return load_plain_pickle(f.read(), path)
+    return None
+
+
+def write_meta(dataset_dir, meta):
+    """meta.json always; meta.pkl too for char vocabularies, in nanoGPT's layout."""
+    with open(os.path.join(dataset_dir, "meta.json"), "w", encoding="utf-8") as f:
+        json.dump(meta, f, ensure_ascii=False)
+    if meta["tokenizer"] == "char":
+        chars = meta["chars"]
+        legacy = {"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": {c: i for i, c in enumerate(chars)}}
+        with open(os.path.join(dataset_dir, "meta.pkl"), "wb") as f:
+            pickle.dump(legacy, f)
+
+
+class PlainUnpickler(pickle.Unpickler):
+    """Builds dicts, lists, tuples, strings and numbers only: any class or function is refused."""
+
+    def find_class(self, module, name):
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
+
+
+def load_plain_pickle(data, path):
+    try:
+        obj = PlainUnpickler(io.BytesIO(data)).load()
+    except Exception as e:
+        raise UserError(f"{path} is not plain data ({e}); delete it and re-run the dataset's prepare.py") from None
+    if not isinstance(obj, dict):
+        raise UserError(f"{path} holds a {type(obj).__name__}, expected a dict; re-run the dataset's prepare.py")
+    return obj

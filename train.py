@@ -1,0 +1,511 @@
+"""Train a GPT by teacher forcing: every position predicts the next token, all at once.
+
+    python train.py config/shakespeare_char_cpu.py
+    python train.py config/shakespeare_char.py --batch_size=32 --compile=False
+    python train.py --init_from=resume --out_dir=out-shakespeare-char --max_iters=6000
+    torchrun --standalone --nproc_per_node=2 train.py config/shakespeare_char_cpu.py
+
+Writes out_dir/ckpt.pt (latest), out_dir/best.pt (best val loss) and
+out_dir/log.jsonl (one JSON object per log line). Ctrl-C saves and exits.
+"""
+import json
+import math
+import os
+import random
+import signal
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, fields
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm import tqdm
+
+from checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
+from configurator import UserError, parse_args, report_overrides, run_main
+from model import GPT, GPTConfig
+from tokenizer import read_meta
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+MODEL_FIELDS = tuple(f.name for f in fields(GPTConfig) if f.name != "vocab_size")
+# fields that fix a checkpoint's tensor shapes or meaning: a resumed run cannot change them
+SHAPE_FIELDS = tuple(f for f in MODEL_FIELDS if f not in ("dropout", "attn_impl"))
+# fields about this machine and this invocation: a resumed run never takes them from the checkpoint
+LOCAL_FIELDS = ("out_dir", "init_from", "eval_only", "device", "dtype", "compile", "backend", "peak_flops")
+
+
+@dataclass
+class TrainConfig:
+    # I/O
+    out_dir: str = "out"
+    eval_interval: int = 2000
+    log_interval: int = 1
+    eval_iters: int = 200
+    eval_only: bool = False  # evaluate once and exit
+    always_save_checkpoint: bool = True  # False: at evals, write ckpt.pt only when val loss improves
+    keep_best: bool = True  # also keep best.pt, the checkpoint with the best val loss
+    init_from: str = "scratch"  # "scratch" or "resume" (from out_dir/ckpt.pt)
+    wandb_log: bool = False
+    wandb_project: str = "owt"
+    wandb_run_name: str = "gpt2"
+    # data
+    dataset: str = "openwebtext"  # data/<dataset>/, or a path to a directory
+    gradient_accumulation_steps: int = 5 * 8  # micro-batches per iter, over all processes
+    batch_size: int = 12  # micro-batch size, per process
+    block_size: int = 1024
+    # model (see GPTConfig)
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    dropout: float = 0.0
+    bias: bool = True
+    attn_impl: str = "sdpa"
+    pos_emb: str = "learned"
+    rope_base: float = 10000.0
+    norm: str = "layernorm"
+    norm_eps: float = 1e-5
+    activation: str = "gelu"
+    mlp_hidden: int | None = None
+    n_kv_head: int | None = None
+    tie_weights: bool = True
+    # optimizer: AdamW
+    learning_rate: float = 6e-4
+    max_iters: int = 600000
+    weight_decay: float = 1e-1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0  # 0 disables clipping
+    # schedule: linear warmup, then cosine decay to min_lr
+    decay_lr: bool = True
+    warmup_iters: int = 2000
+    lr_decay_iters: int = 600000  # ~ max_iters, per Chinchilla
+    min_lr: float = 6e-5  # ~ learning_rate / 10
+    # system
+    device: str = "auto"  # auto (cuda, else mps, else cpu), cpu, cuda, cuda:1, mps
+    dtype: str = "auto"  # auto (bfloat16 on CUDA where supported, else float16; float32 on CPU)
+    compile: bool = False  # torch.compile the model (pays off on long GPU runs)
+    backend: str = "auto"  # torch.distributed backend: auto (nccl on CUDA, gloo on CPU), nccl, gloo
+    seed: int = 1337
+    peak_flops: float | None = None  # the device's peak FLOP/s for MFU (bench.py measures it)
+
+    def __post_init__(self):
+        self.model_config(vocab_size=1)  # validates the model fields
+        if self.init_from not in ("scratch", "resume"):
+            raise ValueError(f"init_from must be scratch or resume, got {self.init_from!r}")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+        for name in ("batch_size", "gradient_accumulation_steps", "eval_interval", "log_interval", "eval_iters"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("max_iters", "warmup_iters", "lr_decay_iters", "learning_rate", "min_lr", "grad_clip"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+
+    def model_config(self, vocab_size):
+        return GPTConfig(vocab_size=vocab_size, **{k: getattr(self, k) for k in MODEL_FIELDS})
+
+
+def dataset_dir(dataset):
+    """data/<dataset> (beside train.py or under the working directory), or dataset itself if a directory."""
+    for path in (dataset, os.path.join("data", dataset), os.path.join(ROOT, "data", dataset)):
+        if os.path.isdir(path) and os.path.exists(os.path.join(path, "train.bin")):
+            return path
+    return os.path.join(ROOT, "data", dataset)
+
+
+class Batches:
+    """Random (x, y) windows from train.bin / val.bin, where y is x shifted by one token.
+
+    Stateless: the windows of a batch are a function of (seed, key) alone, so
+    a resumed run and every DDP rank draw exactly what an uninterrupted
+    single-process run would.
+    """
+
+    def __init__(self, data_dir, block_size, batch_size, device, seed, meta=None):
+        dtype = np.dtype((meta or {}).get("dtype", "uint16"))
+        self.data = {}
+        for split in ("train", "val"):
+            path = os.path.join(data_dir, f"{split}.bin")
+            if not os.path.exists(path):
+                name = os.path.basename(os.path.normpath(data_dir))
+                raise UserError(f"{path} not found; run python data/{name}/prepare.py "
+                                f"(or python data/prepare.py --input FILE --out {data_dir})")
+            data = np.memmap(path, dtype=dtype, mode="r")
+            if len(data) < block_size + 1:
+                raise UserError(f"{path} has {len(data)} tokens, fewer than block_size + 1 ({block_size + 1}); "
+                                f"use a smaller --block_size or more data")
+            self.data[split] = data
+        self.block_size, self.batch_size, self.device, self.seed = block_size, batch_size, device, seed
+        self.offsets = np.arange(block_size + 1)
+
+    def get(self, split, key):
+        data = self.data[split]
+        rng = np.random.default_rng([self.seed, *key])
+        ix = rng.integers(0, len(data) - self.block_size, self.batch_size)
+        buf = torch.from_numpy(data[ix[:, None] + self.offsets].astype(np.int64))  # (B, T+1)
+        if self.device.type == "cuda":
+            buf = buf.pin_memory().to(self.device, non_blocking=True)
+        else:
+            buf = buf.to(self.device)
+        return buf[:, :-1], buf[:, 1:]
+
+
+@torch.no_grad()
+def estimate_loss(model, batches, eval_iters, ctx, rank=0, world=1):
+    """Mean loss over the same eval_iters batches of each split every time, shared across ranks."""
+    out = {}
+    model.eval()
+    for s, split in enumerate(("train", "val")):
+        total = torch.zeros(2, dtype=torch.float64, device=batches.device)
+        for k in range(rank, eval_iters, world):
+            x, y = batches.get(split, (1 + s, k))  # key space 1, 2: apart from training's 0
+            with ctx:
+                _, loss = model(x, y)
+            total += torch.stack((loss.double(), torch.ones((), dtype=torch.float64, device=loss.device)))
+        if world > 1:
+            dist.all_reduce(total)
+        out[split] = (total[0] / total[1]).item()  # sync point: once per split per eval
+    model.train()
+    return out
+
+
+def get_lr(it, cfg):
+    """Linear warmup for warmup_iters, cosine decay to min_lr at lr_decay_iters, then min_lr."""
+    if not cfg.decay_lr:
+        return cfg.learning_rate
+    if it < cfg.warmup_iters:
+        return cfg.learning_rate * (it + 1) / (cfg.warmup_iters + 1)
+    if it >= cfg.lr_decay_iters:
+        return cfg.min_lr
+    ratio = (it - cfg.warmup_iters) / (cfg.lr_decay_iters - cfg.warmup_iters)  # > 0: it < lr_decay_iters
+    return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (cfg.learning_rate - cfg.min_lr)
+
+
+def resolve_device(name, local_rank=0):
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device(f"cuda:{local_rank}")
+        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UserError(f"device {name!r} is not a device; use auto, cpu, cuda, cuda:N or mps") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"device={name} but CUDA is not available on this machine; use --device=cpu (or auto)")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise UserError(f"device={name} but MPS is not available on this machine; use --device=cpu (or auto)")
+    return device
+
+
+def resolve_dtype(name, device):
+    if name == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    return getattr(torch, name)
+
+
+def peak_flops_for(device, dtype):
+    """Dense bf16/fp16 tensor-core peaks of known GPUs; None where unknown (pass --peak_flops)."""
+    if device.type != "cuda" or dtype == torch.float32:
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, flops in (("H200", 989e12), ("H100", 989e12), ("A100", 312e12), ("L4", 121e12), ("4090", 165e12)):
+        if key in name:
+            return flops
+    return None
+
+
+def rng_state():
+    """Every RNG a run may use, as tensors and plain types (weights_only loading accepts them)."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    return {"torch": torch.get_rng_state(), "numpy": [kind, keys.tolist(), pos, has_gauss, gauss],
+            "python": random.getstate(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+
+def set_rng_state(state):
+    torch.set_rng_state(state["torch"])
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
+    random.setstate(state["python"])
+    if state.get("cuda") and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def resume_config(ckpt, overrides, path):
+    """The checkpoint's config, with the user's overrides unless they would change the model."""
+    known = {f.name for f in fields(TrainConfig)}
+    saved = {k: v for k, v in (ckpt.get("config") or {}).items() if k in known and k not in LOCAL_FIELDS}
+    model_args = ckpt["model_args"]
+    default = GPTConfig()
+    for key in SHAPE_FIELDS:  # model_args is the truth about the weights
+        saved[key] = model_args.get(key, getattr(default, key))
+    for key, value in overrides.items():
+        if key in SHAPE_FIELDS and value != saved[key]:
+            raise UserError(f"--{key}={value!r} contradicts the checkpoint's {key}={saved[key]!r} ({path}); "
+                            f"a resumed run keeps the model's shape: train from scratch in a new out_dir to change it")
+    try:
+        base = TrainConfig(**saved)
+        return base, TrainConfig(**{**saved, **overrides})
+    except (TypeError, ValueError) as e:
+        raise UserError(f"{path}: its saved config does not fit: {e}") from None
+
+
+def check_vocab(model_vocab, meta, data_dir, path):
+    if meta is None:
+        return
+    vocab = meta.get("vocab_size")
+    char = meta.get("tokenizer", "char" if "itos" in meta else "gpt2") == "char"
+    if vocab is not None and (vocab > model_vocab or (char and vocab != model_vocab)):
+        raise UserError(f"{path} was trained on a vocabulary of {model_vocab} tokens but {data_dir} has {vocab}; "
+                        f"resume with the dataset it was trained on (--dataset)")
+
+
+def setup_distributed(cfg):
+    """(rank, local_rank, world_size) from torchrun's environment; (0, 0, 1) when run plainly."""
+    if "RANK" not in os.environ:
+        return 0, 0, 1
+    rank, local_rank, world = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
+    if cfg.gradient_accumulation_steps % world:
+        raise UserError(f"gradient_accumulation_steps ({cfg.gradient_accumulation_steps}) must be divisible by "
+                        f"the number of processes ({world}): it counts micro-batches over all of them")
+    use_cuda = cfg.device in ("auto", "cuda") and torch.cuda.is_available() or cfg.device.startswith("cuda")
+    backend = cfg.backend if cfg.backend != "auto" else ("nccl" if use_cuda else "gloo")
+    if use_cuda:
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group(backend=backend)
+    return rank, local_rank, world
+
+
+class StopFlag:
+    """Set by SIGINT/SIGTERM; the loop finishes its iteration, saves and exits."""
+
+    def __init__(self):
+        self.set = False
+        self.previous = {s: signal.signal(s, self.handle) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def handle(self, signum, frame):
+        self.set = True
+
+    def restore(self):
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+
+
+def train(cfg, overrides=None, log=print):
+    """Run training as cfg says; returns a summary dict (iters, losses, time)."""
+    t_start = time.time()
+    overrides = overrides or {}
+    rank, local_rank, world = setup_distributed(cfg)
+    master = rank == 0
+    log = log if master else (lambda *a, **k: None)
+    try:
+        return run(cfg, overrides, rank, local_rank, world, master, log, t_start)
+    finally:
+        if world > 1:
+            dist.destroy_process_group()
+
+
+def run(cfg, overrides, rank, local_rank, world, master, log, t_start):
+    ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
+    ckpt = None
+    if cfg.init_from == "resume":
+        ckpt = load_checkpoint(ckpt_path)
+        base, cfg = resume_config(ckpt, overrides, ckpt_path)
+    else:
+        base = TrainConfig()
+    report_overrides(overrides, base, log)
+    device = resolve_device(cfg.device, local_rank)
+    dtype = resolve_dtype(cfg.dtype, device)
+    data_dir = dataset_dir(cfg.dataset)
+    meta = read_meta(data_dir)
+    batches = Batches(data_dir, cfg.block_size, cfg.batch_size, device, cfg.seed, meta)
+
+    torch.manual_seed(cfg.seed)  # the same initial weights on every rank
+    if ckpt is not None:
+        model = model_from_checkpoint(ckpt, ckpt_path, attn_impl=cfg.attn_impl, dropout=cfg.dropout)
+        check_vocab(model.config.vocab_size, meta, data_dir, ckpt_path)
+    else:
+        model = GPT(cfg.model_config(vocab_size=(meta or {}).get("vocab_size", 50304)))
+    torch.manual_seed(cfg.seed + rank)  # distinct dropout masks per rank
+    model.to(device)
+    optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device.type)
+    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
+    iter_num, best_val_loss = 0, float("inf")
+    if ckpt is not None:
+        optimizer.load_state_dict(ckpt["optimizer"])
+        if "scaler" in ckpt:
+            scaler.load_state_dict(ckpt["scaler"])
+        iter_num, best_val_loss = ckpt["iter_num"], ckpt.get("best_val_loss", float("inf"))
+        if "rng" in ckpt and rank < len(ckpt["rng"]):
+            set_rng_state(ckpt["rng"][rank])
+        else:
+            log(f"note: {ckpt_path} has no RNG state (a nanoGPT checkpoint?): resuming with fresh dropout RNG")
+        log(f"resuming from {ckpt_path} at iter {iter_num}")
+    del ckpt
+    raw_model = model
+    if cfg.compile:
+        log("compiling the model... (takes a minute)")
+        model = torch.compile(model)
+    if world > 1:
+        model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
+    ctx = torch.autocast(device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
+    accum = cfg.gradient_accumulation_steps // world
+    tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
+    peak = cfg.peak_flops or peak_flops_for(device, dtype)
+    log(f"model: {raw_model.get_num_params() / 1e6:.2f}M parameters; device {device}, {str(dtype)[6:]}, "
+        f"{world} process(es); {tokens_per_iter:,} tokens per iter")
+
+    logger = JsonLog(os.path.join(cfg.out_dir, "log.jsonl"), cfg, master)
+    say = tqdm.write if master else (lambda text: None)
+    stop = StopFlag()
+    start_iter, loss_accum, last_val = iter_num, None, None
+    train_time = interval = 0.0  # seconds spent training (evals and saves excluded), total and since last log
+
+    def save(name):
+        state = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
+                 "model_args": raw_model.config.model_args(), "iter_num": iter_num,
+                 "best_val_loss": best_val_loss, "config": asdict(cfg), "scaler": scaler.state_dict(),
+                 "rng": gather_rng(world)}
+        if master:
+            save_checkpoint(state, os.path.join(cfg.out_dir, name))
+
+    bar = tqdm(total=cfg.max_iters, initial=iter_num, disable=not master or None, desc="train", unit="iter")
+    try:
+        t_mark, iters_mark = time.time(), iter_num
+        while True:
+            last = iter_num >= cfg.max_iters
+            if cfg.eval_only or last or (iter_num % cfg.eval_interval == 0 and iter_num != start_iter) or iter_num == 0:
+                elapsed = time.time() - t_mark
+                train_time, interval = train_time + elapsed, interval + elapsed
+                losses = estimate_loss(model, batches, cfg.eval_iters, ctx, rank, world)
+                last_val = losses["val"]
+                say(f"iter {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+                logger.write(kind="eval", iter=iter_num, train_loss=losses["train"], val_loss=losses["val"],
+                             time=time.time() - t_start, train_time=train_time)
+                if not math.isfinite(losses["val"]):
+                    raise UserError(f"val loss is {losses['val']} at iter {iter_num}; the run diverged (lower "
+                                    f"learning_rate or raise warmup_iters); the last good checkpoint is kept")
+                if cfg.eval_only:
+                    break
+                improved = losses["val"] < best_val_loss
+                best_val_loss = min(best_val_loss, losses["val"])
+                if iter_num > start_iter:
+                    if improved or cfg.always_save_checkpoint or last:
+                        save("ckpt.pt")
+                    if improved and cfg.keep_best:
+                        save("best.pt")
+                t_mark = time.time()
+            if last or stop_agreed(stop, world, iter_num, cfg):
+                break
+
+            lr = get_lr(iter_num, cfg)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            loss_accum = torch.zeros((), device=device)
+            for micro in range(accum):
+                x, y = batches.get("train", (0, iter_num, rank * accum + micro))
+                sync = world == 1 or micro == accum - 1  # DDP all-reduces grads on the last micro-step only
+                with (nullcontext() if sync else model.no_sync()), ctx:
+                    _, loss = model(x, y)
+                    loss = loss / accum
+                scaler.scale(loss).backward()
+                loss_accum += loss.detach()
+            if cfg.grad_clip > 0:
+                scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            iter_num += 1
+            bar.update(1)
+
+            if iter_num % cfg.log_interval == 0 and master:
+                lossf = loss_accum.item()  # sync point: only on log iterations
+                if not math.isfinite(lossf):
+                    raise UserError(f"training loss is {lossf} at iter {iter_num}; the run diverged (lower "
+                                    f"learning_rate or raise warmup_iters); the last good checkpoint is kept")
+                now = time.time()
+                train_time += now - t_mark
+                dt = (interval + now - t_mark) / (iter_num - iters_mark)
+                t_mark, iters_mark, interval = now, iter_num, 0.0
+                mfu = raw_model.estimate_mfu(cfg.gradient_accumulation_steps * cfg.batch_size, dt, peak) if peak else None
+                mfu_text = f", mfu {mfu * 100:.1f}%" if mfu is not None else ""
+                say(f"iter {iter_num}: loss {lossf:.4f}, lr {lr:.2e}, {dt * 1000:.1f} ms/iter, "
+                          f"{tokens_per_iter / dt:,.0f} tok/s{mfu_text}")
+                logger.write(kind="train", iter=iter_num, loss=lossf, lr=lr, ms=dt * 1000,
+                             tok_s=tokens_per_iter / dt, mfu=mfu, time=now - t_start, train_time=train_time)
+    finally:
+        bar.close()
+        stop.restore()
+        logger.close()
+
+    if stop.set and not cfg.eval_only:
+        if loss_accum is not None and not math.isfinite(loss_accum.item()):
+            raise UserError(f"training loss is not finite at iter {iter_num}; not saving; the last good checkpoint is kept")
+        save("ckpt.pt")
+        log(f"interrupted: saved {cfg.out_dir}/ckpt.pt at iter {iter_num}; continue with "
+            f"python train.py --init_from=resume --out_dir={cfg.out_dir}")
+    summary = {"iters": iter_num, "val_loss": last_val, "best_val_loss": best_val_loss,
+               "time": time.time() - t_start, "interrupted": stop.set}
+    if last_val is not None and not cfg.eval_only:
+        log(f"done: {iter_num} iters in {summary['time']:.1f}s; val loss {last_val:.4f} (best {best_val_loss:.4f}); "
+            f"checkpoint {ckpt_path}")
+    return summary
+
+
+def gather_rng(world):
+    """Every rank's RNG state (rank 0 saves them all), so each resumes its own dropout stream."""
+    state = rng_state()
+    if world == 1:
+        return [state]
+    states = [None] * world
+    dist.all_gather_object(states, state)
+    return states
+
+
+def stop_agreed(stop, world, iter_num, cfg):
+    """True when a signal asked to stop; under DDP every rank must agree at the same iteration."""
+    if world == 1:
+        return stop.set
+    if iter_num % cfg.log_interval:  # an all-reduce costs a sync: agree only on log iterations
+        return False
+    flag = torch.tensor([float(stop.set)], device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    stop.set = bool(flag.item())
+    return stop.set
+
+
+class JsonLog:
+    """Metrics as JSON lines in out_dir/log.jsonl; opened on first write, so errors leave out_dir alone."""
+
+    def __init__(self, path, cfg, active):
+        self.path, self.active, self.file = path, active, None
+        self.header = {"kind": "config", **asdict(cfg)}
+
+    def write(self, **record):
+        if not self.active:
+            return
+        if self.file is None:
+            os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+            self.file = open(self.path, "a", encoding="utf-8")
+            self.file.write(json.dumps(self.header) + "\n")
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+
+    def close(self):
+        if self.file is not None:
+            self.file.close()
+
+
+def main(argv):
+    cfg, overrides = parse_args(TrainConfig, argv)
+    train(cfg, overrides)
+
+
+if __name__ == "__main__":
+    run_main(main)
