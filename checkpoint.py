@@ -48,7 +48,7 @@ def load_checkpoint(path, map_location="cpu"):
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:
-        if "weights_only" in str(e) or "Unsupported global" in str(e):
+        if "GLOBAL" in str(e):  # the weights-only unpickler met a class or function to import
             raise UserError(f"refusing to load {path}: it holds objects other than tensors and plain data, "
                             f"which could run code; only load checkpoints you trust from a safe format") from None
         raise UserError(f"{path} is not a readable checkpoint (truncated or corrupted?): "

@@ -115,6 +115,9 @@ def load(cfg, device):
     model = model_from_checkpoint(ckpt, path, dropout=0.0)
     dataset = (ckpt.get("config") or {}).get("dataset")
     meta = read_meta(dataset_dir(dataset)) if dataset else None
+    if meta is None and model.config.vocab_size < 50257:  # not a GPT-2 vocabulary: its own tokenizer is needed
+        raise UserError(f"{path} was trained on dataset {dataset!r}, whose meta.json (or meta.pkl) is not found "
+                        f"at {dataset_dir(dataset)}; re-run that dataset's prepare.py to decode its tokens")
     tokenizer = tokenizer_from_meta(meta)
     if tokenizer.vocab_size > model.config.vocab_size:
         raise UserError(f"{path} has a vocabulary of {model.config.vocab_size} tokens but its dataset's tokenizer "

@@ -360,6 +360,10 @@ def run(cfg, overrides, rank, local_rank, world, master, log, t_start):
     log(f"model: {raw_model.get_num_params() / 1e6:.2f}M parameters; device {device}, {str(dtype)[6:]}, "
         f"{world} process(es); {tokens_per_iter:,} tokens per iter")
 
+    if master and os.path.isdir(cfg.out_dir):  # partial writes of a run that was killed mid-save
+        for name in os.listdir(cfg.out_dir):
+            if name.startswith((".ckpt.pt.", ".best.pt.")) and name.endswith(".tmp"):
+                os.remove(os.path.join(cfg.out_dir, name))
     logger = JsonLog(os.path.join(cfg.out_dir, "log.jsonl"), cfg, master)
     say = tqdm.write if master else (lambda text: None)
     stop = StopFlag()

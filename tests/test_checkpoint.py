@@ -1,0 +1,183 @@
+"""Checkpoints survive: atomic writes, kills, interrupts, divergence, untrusted files, nanoGPT's format."""
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import checkpoint
+from checkpoint import load_checkpoint, save_checkpoint
+from conftest import ROOT, run_script
+from configurator import UserError, parse_args
+from model import GPT, GPTConfig
+from tokenizer import read_meta
+from train import TrainConfig, train
+
+TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, batch_size=4, gradient_accumulation_steps=1,
+            eval_iters=2, device="cpu", log_interval=1)
+
+
+class RunsCode:
+    """Unpickling this calls os.mkdir(marker): what a malicious file would do."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.mkdir, (self.marker,))
+
+
+def test_malicious_checkpoint_is_refused_and_runs_nothing(tmp_path):
+    marker = str(tmp_path / "pwned")
+    state = {"model": {"w": torch.zeros(1)}, "model_args": {}, "payload": RunsCode(marker)}
+    (tmp_path / "out").mkdir()
+    torch.save(state, tmp_path / "out" / "ckpt.pt")
+    with pytest.raises(UserError, match="refusing to load"):
+        load_checkpoint(str(tmp_path / "out" / "ckpt.pt"))
+    result = run_script(["sample.py", f"--out_dir={tmp_path / 'out'}"])
+    assert result.returncode == 2 and "refusing to load" in result.stderr
+    assert not os.path.exists(marker)
+
+
+def test_malicious_meta_pkl_is_refused_and_runs_nothing(tmp_path):
+    marker = str(tmp_path / "pwned")
+    (tmp_path / "meta.pkl").write_bytes(pickle.dumps({"vocab_size": 3, "itos": RunsCode(marker)}))
+    with pytest.raises(UserError, match="not plain data"):
+        read_meta(str(tmp_path))
+    assert not os.path.exists(marker)
+
+
+def test_legacy_meta_pkl_with_plain_data_loads(tmp_path):
+    chars = ["\n", " ", "a"]
+    (tmp_path / "meta.pkl").write_bytes(pickle.dumps(
+        {"vocab_size": 3, "itos": dict(enumerate(chars)), "stoi": {c: i for i, c in enumerate(chars)}}))
+    assert read_meta(str(tmp_path))["itos"] == {0: "\n", 1: " ", 2: "a"}
+
+
+def test_failed_save_leaves_the_old_checkpoint(tmp_path, monkeypatch):
+    path = str(tmp_path / "ckpt.pt")
+    save_checkpoint({"model": {"w": torch.ones(3)}, "model_args": {}}, path)
+    before = open(path, "rb").read()
+
+    def broken_save(obj, f):
+        f.write(b"half a checkpoint")
+        raise OSError("disk full")
+    monkeypatch.setattr(checkpoint.torch, "save", broken_save)
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint({"model": {"w": torch.zeros(3)}, "model_args": {}}, path)
+    assert open(path, "rb").read() == before
+    assert os.listdir(tmp_path) == ["ckpt.pt"]
+
+
+def start_training(tmp_path, dataset, *extra):
+    args = [sys.executable, "train.py", *(f"--{k}={v}" for k, v in TINY.items()), f"--dataset={dataset}",
+            f"--out_dir={tmp_path / 'out'}", "--max_iters=100000", *extra]
+    return subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def wait_for_line(proc, prefix, timeout=60):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        if line.startswith(prefix):
+            return line
+    raise AssertionError(f"no line starting {prefix!r}")
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.13, 0.31])
+def test_sigkill_at_any_moment_leaves_a_loadable_checkpoint(tmp_path, char_dataset, delay):
+    proc = start_training(tmp_path, char_dataset, "--eval_interval=1")  # a save every iteration
+    try:
+        wait_for_line(proc, "iter 3:")
+        time.sleep(delay)
+        proc.kill()
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+    ckpt = load_checkpoint(str(tmp_path / "out" / "ckpt.pt"))
+    assert ckpt["iter_num"] >= 2
+    cfg, overrides = parse_args(TrainConfig, ["--init_from=resume", f"--out_dir={tmp_path / 'out'}",
+                                              f"--max_iters={ckpt['iter_num'] + 1}"])
+    train(cfg, overrides, log=lambda *a: None)
+    assert not [f for f in os.listdir(tmp_path / "out") if f.endswith(".tmp")]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_finishes_the_iteration_saves_and_exits_0(tmp_path, char_dataset, sig):
+    proc = start_training(tmp_path, char_dataset, "--eval_interval=1000")
+    try:
+        seen = wait_for_line(proc, "iter 5:")
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "interrupted: saved" in out and "--init_from=resume" in out
+    ckpt = load_checkpoint(str(tmp_path / "out" / "ckpt.pt"))
+    last_logged = [line for line in (seen + out).splitlines() if line.startswith("iter ") and "loss" in line][-1]
+    assert ckpt["iter_num"] == int(last_logged.split()[1].rstrip(":"))
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, char_dataset, monkeypatch):
+    cfg = TrainConfig(**TINY, dataset=str(char_dataset), out_dir=str(tmp_path / "out"), max_iters=4, eval_interval=2)
+    train(cfg, log=lambda *a: None)
+    good = open(tmp_path / "out" / "ckpt.pt", "rb").read()
+    original = GPT.forward
+
+    def diverging(self, idx, targets=None, **kw):
+        logits, loss = original(self, idx, targets, **kw)
+        return logits, (loss * float("nan") if loss is not None else None)
+    monkeypatch.setattr(GPT, "forward", diverging)
+    cfg, overrides = parse_args(TrainConfig, ["--init_from=resume", f"--out_dir={tmp_path / 'out'}", "--max_iters=8"])
+    with pytest.raises(UserError, match="training loss is nan at iter 5"):
+        train(cfg, overrides, log=lambda *a: None)
+    assert open(tmp_path / "out" / "ckpt.pt", "rb").read() == good
+
+
+def nanogpt_checkpoint(tmp_path, dataset):
+    """A checkpoint as nanoGPT writes it: compiled-model keys, its config dict, no RNG or scaler state."""
+    cfg = GPTConfig(block_size=16, vocab_size=read_meta(str(dataset))["vocab_size"], n_layer=2, n_head=2, n_embd=32,
+                    bias=False)
+    model = GPT(cfg)
+    optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu")
+    state = {"_orig_mod." + k: v for k, v in model.state_dict().items()}
+    config = {k: v for k, v in TrainConfig().__dict__.items() if k in (
+        "out_dir", "eval_interval", "log_interval", "eval_iters", "eval_only", "always_save_checkpoint", "init_from",
+        "wandb_log", "wandb_project", "wandb_run_name", "dataset", "gradient_accumulation_steps", "batch_size",
+        "block_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "learning_rate", "max_iters", "weight_decay",
+        "beta1", "beta2", "grad_clip", "decay_lr", "warmup_iters", "lr_decay_iters", "min_lr", "backend", "device",
+        "dtype", "compile")}
+    config.update(dataset=str(dataset), backend="nccl", device="cuda", dtype="bfloat16", compile=True,
+                  block_size=16, n_layer=2, n_head=2, n_embd=32, bias=False, batch_size=4, eval_iters=2,
+                  gradient_accumulation_steps=1, max_iters=2, eval_interval=2)
+    ckpt = {"model": state, "optimizer": optimizer.state_dict(), "model_args": {
+        "n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 16, "bias": False, "vocab_size": cfg.vocab_size,
+        "dropout": 0.0}, "iter_num": 2, "best_val_loss": torch.tensor(3.0), "config": config}
+    (tmp_path / "nano").mkdir()
+    torch.save(ckpt, tmp_path / "nano" / "ckpt.pt")
+    return tmp_path / "nano"
+
+
+def test_nanogpt_checkpoint_resumes_and_samples(tmp_path, char_dataset):
+    out = nanogpt_checkpoint(tmp_path, char_dataset)
+    lines = []
+    cfg, overrides = parse_args(TrainConfig, ["--init_from=resume", f"--out_dir={out}", "--max_iters=4", "--device=cpu"])
+    summary = train(cfg, overrides, log=lines.append)
+    assert summary["iters"] == 4 and any("no RNG state" in line for line in lines)
+    result = run_script(["sample.py", f"--out_dir={out}", "--num_samples=1", "--max_new_tokens=10", "--start=All"])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("All")
+
+
+def test_our_gpt2_style_checkpoint_has_nanogpt_shapes(tmp_path, char_dataset):
+    cfg = TrainConfig(**TINY, dataset=str(char_dataset), out_dir=str(tmp_path / "out"), max_iters=2, eval_interval=2)
+    train(cfg, log=lambda *a: None)
+    ckpt = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)
+    assert set(ckpt["model_args"]) == {"n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "dropout"}
+    assert all(isinstance(v, (int, float, str, bool, type(None), list)) for v in ckpt["config"].values())
+    assert set(ckpt["model"]) == set(GPT(GPTConfig(**ckpt["model_args"])).state_dict())
