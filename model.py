@@ -120,6 +120,11 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
+def make_dropout(config):
+    """Dropout, or nothing at all when p is 0: a decode step makes a dozen of these calls."""
+    return nn.Dropout(config.dropout) if config.dropout > 0 else nn.Identity()
+
+
 def make_norm(config):
     if config.norm == "rmsnorm":
         return RMSNorm(config.n_embd, config.norm_eps)
@@ -170,8 +175,8 @@ class CausalSelfAttention(nn.Module):
         # one fused projection; output rows are q (n_head*hs), then k, then v (n_kv_head*hs each)
         self.c_attn = nn.Linear(config.n_embd, (self.n_head + 2 * self.n_kv_head) * self.head_dim, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
-        self.attn_dropout = nn.Dropout(config.dropout)
-        self.resid_dropout = nn.Dropout(config.dropout)
+        self.attn_dropout = make_dropout(config)
+        self.resid_dropout = make_dropout(config)
         self.dropout = config.dropout
         self.impl = config.attn_impl
 
@@ -224,7 +229,7 @@ class MLP(nn.Module):
         # swiglu: c_fc produces gate rows first, then up rows
         self.c_fc = nn.Linear(config.n_embd, 2 * hidden if self.activation == "swiglu" else hidden, bias=config.bias)
         self.c_proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = make_dropout(config)
 
     def forward(self, x):
         h = self.c_fc(x)
@@ -262,7 +267,7 @@ class GPT(nn.Module):
         self.config = config = replace(config)  # our own copy: crop_block_size changes it
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.vocab_size, config.n_embd),
-            drop=nn.Dropout(config.dropout),
+            drop=make_dropout(config),
             h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
             ln_f=make_norm(config),
         ))
@@ -381,7 +386,7 @@ class GPT(nn.Module):
         new = torch.tensor([r + [-1] * (n - len(r)) for r in rows], dtype=idx.dtype, device=idx.device)
         return torch.cat((idx, new.view(idx.size(0), n)), dim=1)
 
-    @torch.no_grad()
+    @torch.inference_mode()  # entered per step, not while the caller holds a token
     def stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, generator=None, use_cache=True):
         """Yield the next token of every sample, (B,), one step at a time. Serial by nature.
 
@@ -389,25 +394,29 @@ class GPT(nn.Module):
         When the context would pass block_size, the cached path keeps the last
         3/4 of the window, recomputes it once and continues (the uncached path
         slides the window by one each step, so the two differ beyond block_size).
+        The yielded tensors are inference tensors: call .tolist() or .clone().
         """
         check_sampling(max_new_tokens, temperature, top_k, top_p)
         block = self.config.block_size
+        B, T = idx.shape
         was_training = self.training
         self.eval()
         try:
-            seq = idx
-            cache = None
-            for step in range(max_new_tokens):
+            seq = torch.empty(B, T + max_new_tokens, dtype=idx.dtype, device=idx.device)  # (B, T + n)
+            seq[:, :T] = idx
+            cache, start = None, max(0, T - block)  # the cache holds seq[:, start:n - 1]
+            for n in range(T, T + max_new_tokens):
                 if not use_cache:
-                    logits, _ = self(seq[:, -block:], last_only=True)
-                elif cache is None or cache.pos >= block:  # prefill, or shift a full window
-                    keep = seq.size(1) if cache is None else max(1, 3 * block // 4)
-                    cache = KVCache(self.config, seq.size(0), seq.device, self.lm_head.weight.dtype)
-                    logits, _ = self(seq[:, -min(keep, block):], kv_cache=cache, last_only=True)
+                    logits, _ = self(seq[:, max(0, n - block):n], last_only=True)
+                elif cache is None or n - start > block:  # prefill, or shift a full window
+                    if cache is not None:
+                        start = n - max(1, 3 * block // 4)
+                    cache = KVCache(self.config, B, idx.device, self.lm_head.weight.dtype)
+                    logits, _ = self(seq[:, start:n], kv_cache=cache, last_only=True)
                 else:
-                    logits, _ = self(seq[:, -1:], kv_cache=cache)
+                    logits, _ = self(seq[:, n - 1:n], kv_cache=cache)
                 tok = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator)  # (B,)
-                seq = torch.cat((seq, tok[:, None]), dim=1)
+                seq[:, n] = tok
                 yield tok
         finally:
             self.train(was_training)

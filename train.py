@@ -299,18 +299,19 @@ class StopFlag:
 def train(cfg, overrides=None, log=print):
     """Run training as cfg says; returns a summary dict (iters, losses, time)."""
     t_start = time.time()
-    overrides = overrides or {}
+    stop = StopFlag()  # first: a signal during start-up must not kill the run unsaved
     rank, local_rank, world = setup_distributed(cfg)
     master = rank == 0
     log = log if master else (lambda *a, **k: None)
     try:
-        return run(cfg, overrides, rank, local_rank, world, master, log, t_start)
+        return run(cfg, overrides or {}, rank, local_rank, world, master, log, t_start, stop)
     finally:
+        stop.restore()
         if world > 1:
             dist.destroy_process_group()
 
 
-def run(cfg, overrides, rank, local_rank, world, master, log, t_start):
+def run(cfg, overrides, rank, local_rank, world, master, log, t_start, stop):
     ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
     ckpt = None
     if cfg.init_from == "resume":
@@ -366,7 +367,6 @@ def run(cfg, overrides, rank, local_rank, world, master, log, t_start):
                 os.remove(os.path.join(cfg.out_dir, name))
     logger = JsonLog(os.path.join(cfg.out_dir, "log.jsonl"), cfg, master)
     say = tqdm.write if master else (lambda text: None)
-    stop = StopFlag()
     start_iter, loss_accum, last_val = iter_num, None, None
     train_time = interval = 0.0  # seconds spent training (evals and saves excluded), total and since last log
 
@@ -428,7 +428,10 @@ def run(cfg, overrides, rank, local_rank, world, master, log, t_start):
             iter_num += 1
             bar.update(1)
 
-            if iter_num % cfg.log_interval == 0 and master:
+            if iter_num % cfg.log_interval == 0:
+                if world > 1:  # log the loss of the whole global batch, not rank 0's share
+                    dist.all_reduce(loss_accum)
+                    loss_accum /= world
                 lossf = loss_accum.item()  # sync point: only on log iterations
                 if not math.isfinite(lossf):
                     raise UserError(f"training loss is {lossf} at iter {iter_num}; the run diverged (lower "
@@ -438,14 +441,12 @@ def run(cfg, overrides, rank, local_rank, world, master, log, t_start):
                 dt = (interval + now - t_mark) / (iter_num - iters_mark)
                 t_mark, iters_mark, interval = now, iter_num, 0.0
                 mfu = raw_model.estimate_mfu(cfg.gradient_accumulation_steps * cfg.batch_size, dt, peak) if peak else None
-                mfu_text = f", mfu {mfu * 100:.1f}%" if mfu is not None else ""
                 say(f"iter {iter_num}: loss {lossf:.4f}, lr {lr:.2e}, {dt * 1000:.1f} ms/iter, "
-                          f"{tokens_per_iter / dt:,.0f} tok/s{mfu_text}")
+                    f"{tokens_per_iter / dt:,.0f} tok/s" + (f", mfu {mfu * 100:.1f}%" if mfu is not None else ""))
                 logger.write(kind="train", iter=iter_num, loss=lossf, lr=lr, ms=dt * 1000,
                              tok_s=tokens_per_iter / dt, mfu=mfu, time=now - t_start, train_time=train_time)
     finally:
         bar.close()
-        stop.restore()
         logger.close()
 
     if stop.set and not cfg.eval_only:

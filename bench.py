@@ -1,0 +1,193 @@
+"""Measure speed: the device's peaks, training ms/iter and MFU, generation tokens/s.
+
+    python bench.py config/shakespeare_char_cpu.py
+    python bench.py config/shakespeare_char.py --device=cpu --only=generate --json=bench.json
+
+Prints a table and, with --json, writes the same figures as JSON. Timings are
+medians after warm-up; compare figures measured in one run, not across runs.
+"""
+import json
+import os
+import statistics
+import tempfile
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+
+import torch
+
+from configurator import UserError, parse_args, run_main
+from model import GPT
+from tokenizer import read_meta
+from train import TrainConfig, dataset_dir, resolve_device, resolve_dtype, train
+
+
+@dataclass
+class BenchConfig(TrainConfig):
+    only: str = "all"  # all, peak, train, generate
+    bench_iters: int = 20  # timed training iterations (after bench_warmup)
+    bench_warmup: int = 5
+    new_tokens: int = 500  # generated tokens per sequence, from a 1-token prompt
+    gen_batch: int = 8  # sequences decoded together for the batched figure
+    json: str | None = None  # also write the results here
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.only not in ("all", "peak", "train", "generate"):
+            raise ValueError(f"only must be all, peak, train or generate, got {self.only!r}")
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def best_time(fn, device, repeats=5):
+    """Fastest of `repeats` timed calls (after one warm-up call), in seconds."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        sync(device)
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def peak_matmul_flops(device, dtype, sizes=(512, 1024, 2048)):
+    """Measured peak FLOP/s of square matmuls: the best over a few sizes."""
+    best = 0.0
+    for n in sizes:
+        a = torch.randn(n, n, device=device, dtype=dtype)
+        b = torch.randn(n, n, device=device, dtype=dtype)
+        best = max(best, 2 * n ** 3 / best_time(lambda: a @ b, device))
+    return best
+
+
+def read_bandwidth(device, nbytes=1 << 28):
+    """Measured memory read bandwidth in bytes/s: summing a buffer far larger than any cache."""
+    x = torch.ones(nbytes // 4, device=device, dtype=torch.float32)
+    return nbytes / best_time(lambda: x.sum(), device)
+
+
+def plain_loop_ms(cfg, model, device, ctx):
+    """ms per iteration of the bare minimum: forward, backward, clip, AdamW step on random batches."""
+    optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device.type)
+    x = torch.randint(0, model.config.vocab_size, (cfg.batch_size, cfg.block_size), device=device)
+    times = []
+    for i in range(cfg.bench_warmup + cfg.bench_iters):
+        sync(device)
+        t0 = time.perf_counter()
+        for _ in range(cfg.gradient_accumulation_steps):
+            with ctx:
+                _, loss = model(x, x)
+            (loss / cfg.gradient_accumulation_steps).backward()
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        sync(device)
+        if i >= cfg.bench_warmup:
+            times.append(time.perf_counter() - t0)
+    return 1000 * statistics.median(times)
+
+
+def train_loop_ms(cfg):
+    """ms per iteration of train.py itself (logging, progress bar, checkpoints), from its log; None without data."""
+    if not os.path.exists(os.path.join(dataset_dir(cfg.dataset), "train.bin")):
+        return None
+    with tempfile.TemporaryDirectory() as out:
+        n = cfg.bench_warmup + cfg.bench_iters
+        run = TrainConfig(**{**{k: v for k, v in asdict(cfg).items() if k in TrainConfig.__dataclass_fields__},
+                             "out_dir": out, "max_iters": n, "eval_interval": n, "eval_iters": 1,
+                             "log_interval": 1, "init_from": "scratch", "wandb_log": False})
+        train(run, log=lambda *a: None)
+        records = [json.loads(line) for line in open(os.path.join(out, "log.jsonl"))]
+    return statistics.median(r["ms"] for r in records if r.get("kind") == "train" and r["iter"] > cfg.bench_warmup)
+
+
+def decode_tok_s(model, device, batch, new_tokens, use_cache):
+    """Generated tokens per second (all sequences together) from a 1-token prompt."""
+    idx = torch.zeros(batch, 1, dtype=torch.long, device=device)
+    model.generate(idx, 8, temperature=0, use_cache=use_cache)  # warm-up
+    sync(device)
+    t0 = time.perf_counter()
+    model.generate(idx, new_tokens, temperature=0, use_cache=use_cache)
+    sync(device)
+    return batch * new_tokens / (time.perf_counter() - t0)
+
+
+def decode_bytes_per_token(model, new_tokens):
+    """Bytes one cached decode step reads for one sequence: every weight once, plus the cache so far (mean)."""
+    c = model.config
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    if c.tie_weights:  # lm_head reads wte's matrix a second time
+        weights += model.lm_head.weight.numel() * model.lm_head.weight.element_size()
+    mean_context = min(c.block_size, new_tokens) / 2
+    cache = 2 * c.n_layer * c.kv_heads * c.head_dim * mean_context * 4
+    return weights + cache
+
+
+def bench(cfg, log=print):
+    device = resolve_device(cfg.device)
+    dtype = resolve_dtype(cfg.dtype, device)
+    ctx = torch.autocast(device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
+    meta = read_meta(dataset_dir(cfg.dataset))
+    torch.manual_seed(cfg.seed)
+    model = GPT(cfg.model_config(vocab_size=(meta or {}).get("vocab_size", 50304))).to(device)
+    result = {"device": str(device), "dtype": str(dtype)[6:], "threads": torch.get_num_threads(),
+              "params": model.get_num_params(), "flops_per_token": model.flops_per_token()}
+    rows = [("device", f"{device} ({result['dtype']}, {result['threads']} threads)"),
+            ("parameters", f"{result['params'] / 1e6:.2f}M")]
+    if cfg.only in ("all", "peak", "train"):
+        result["peak_flops"] = peak_matmul_flops(device, dtype)
+        result["read_bandwidth"] = read_bandwidth(device)
+        rows += [("peak matmul", f"{result['peak_flops'] / 1e9:,.1f} GFLOP/s"),
+                 ("read bandwidth", f"{result['read_bandwidth'] / 1e9:,.1f} GB/s")]
+    if cfg.only in ("all", "train"):
+        tokens = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
+        plain = plain_loop_ms(cfg, model, device, ctx)
+        result.update(plain_ms=plain, tokens_per_iter=tokens, plain_tok_s=tokens / plain * 1000,
+                      plain_mfu=result["flops_per_token"] * tokens / (plain / 1000) / result["peak_flops"])
+        rows += [("plain loop", f"{plain:.1f} ms/iter, {tokens / plain * 1000:,.0f} tok/s, "
+                                f"MFU {result['plain_mfu'] * 100:.1f}%")]
+        loop = train_loop_ms(cfg)
+        if loop is not None:
+            result.update(train_ms=loop, train_overhead=loop / plain - 1)
+            rows += [("train.py loop", f"{loop:.1f} ms/iter ({(loop / plain - 1) * 100:+.1f}% vs plain)")]
+    if cfg.only in ("all", "generate"):
+        model.eval()
+        result["read_bandwidth"] = result.get("read_bandwidth") or read_bandwidth(device)
+        with ctx:
+            uncached = decode_tok_s(model, device, 1, cfg.new_tokens, use_cache=False)
+            cached = decode_tok_s(model, device, 1, cfg.new_tokens, use_cache=True)
+            batched = decode_tok_s(model, device, cfg.gen_batch, cfg.new_tokens, use_cache=True)
+        bound = result["read_bandwidth"] / decode_bytes_per_token(model, cfg.new_tokens)
+        result.update(uncached_tok_s=uncached, cached_tok_s=cached, batched_tok_s=batched, gen_batch=cfg.gen_batch,
+                      bandwidth_bound_tok_s=bound, new_tokens=cfg.new_tokens)
+        rows += [("generate, uncached", f"{uncached:,.1f} tok/s"),
+                 ("generate, KV cache", f"{cached:,.1f} tok/s ({cached / uncached:.1f}x uncached, "
+                                        f"{bound / cached:.2f}x from the bandwidth bound)"),
+                 (f"generate, KV cache, batch {cfg.gen_batch}", f"{batched:,.1f} tok/s ({batched / cached:.1f}x batch 1)"),
+                 ("bandwidth bound, batch 1", f"{bound:,.1f} tok/s")]
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        log(f"{key:<{width}}  {value}")
+    if cfg.json:
+        with open(cfg.json, "w") as f:
+            json.dump(result, f, indent=2)
+    return result
+
+
+def main(argv):
+    cfg, _ = parse_args(BenchConfig, argv)
+    if cfg.init_from != "scratch":
+        raise UserError("bench.py measures a freshly initialized model; drop --init_from")
+    bench(cfg)
+
+
+if __name__ == "__main__":
+    run_main(main)

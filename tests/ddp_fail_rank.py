@@ -1,0 +1,18 @@
+"""train.py's main, except that rank 1 raises at its fourth batch: a rank failing mid-run."""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import train  # noqa: E402
+
+if os.environ.get("RANK") == "1":
+    original = train.Batches.get
+
+    def failing(self, split, key):
+        if split == "train" and key[1] == 3:
+            raise RuntimeError("rank 1 failed on purpose")
+        return original(self, split, key)
+    train.Batches.get = failing
+
+if __name__ == "__main__":
+    train.run_main(train.main)

@@ -1,0 +1,59 @@
+"""Data parallelism through torchrun (gloo on CPU): the same result as one process, clean failures."""
+import json
+import sys
+
+import torch
+
+from checkpoint import load_checkpoint
+from conftest import run_script
+from train import TrainConfig, train
+
+TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, batch_size=4, eval_iters=4, device="cpu",
+            learning_rate=3e-3, warmup_iters=2, max_iters=5, lr_decay_iters=5, eval_interval=100, log_interval=1)
+
+
+def torchrun(script, *args, timeout=120):
+    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", script]
+    return run_script(launcher + [f"--{k}={v}" for k, v in TINY.items()] + list(args), timeout=timeout)
+
+
+def test_two_processes_equal_one_process_with_two_micro_batches(tmp_path, char_dataset):
+    result = torchrun("train.py", f"--dataset={char_dataset}", f"--out_dir={tmp_path / 'ddp'}",
+                      "--gradient_accumulation_steps=2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "2 process(es)" in result.stdout
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as torchrun's workers: matmuls then sum in the same order
+    try:
+        train(TrainConfig(**TINY, dataset=str(char_dataset), out_dir=str(tmp_path / "one"),
+                          gradient_accumulation_steps=2), log=lambda *a: None)
+    finally:
+        torch.set_num_threads(threads)
+    ddp = load_checkpoint(str(tmp_path / "ddp" / "ckpt.pt"))
+    one = load_checkpoint(str(tmp_path / "one" / "ckpt.pt"))
+    assert ddp["iter_num"] == one["iter_num"] == 5 and len(ddp["rng"]) == 2
+    for key, value in one["model"].items():
+        torch.testing.assert_close(ddp["model"][key], value, atol=1e-6, rtol=0)
+
+    def records(path):
+        return [json.loads(line) for line in open(path / "log.jsonl")]
+    ddp_log, one_log = records(tmp_path / "ddp"), records(tmp_path / "one")
+    assert len(ddp_log) == len(one_log)  # rank 0 alone writes the log
+    for a, b in zip(ddp_log[1:], one_log[1:]):
+        for key in ("loss", "val_loss", "train_loss"):
+            if key in a:
+                assert abs(a[key] - b[key]) < 1e-5, (key, a, b)
+
+
+def test_accumulation_must_divide_by_world_size(tmp_path, char_dataset):
+    result = torchrun("train.py", f"--dataset={char_dataset}", f"--out_dir={tmp_path / 'o'}",
+                      "--gradient_accumulation_steps=3")
+    assert result.returncode != 0
+    assert "gradient_accumulation_steps (3) must be divisible by the number of processes (2)" in result.stderr
+
+
+def test_one_rank_failing_ends_the_run_with_its_error(tmp_path, char_dataset):
+    result = torchrun("tests/ddp_fail_rank.py", f"--dataset={char_dataset}", f"--out_dir={tmp_path / 'o'}",
+                      "--gradient_accumulation_steps=2", "--max_iters=1000", timeout=90)
+    assert result.returncode != 0
+    assert "rank 1 failed on purpose" in result.stderr + result.stdout
