@@ -75,7 +75,8 @@ def read_bandwidth(device, nbytes=1 << 28):
 
 def plain_loop_ms(cfg, model, device, ctx):
     """ms per iteration of the bare minimum: forward, backward, clip, AdamW step on random batches."""
-    optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device.type)
+    optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device.type,
+                                           cfg.optimizer, cfg.muon_lr, cfg.muon_momentum, cfg.muon_weight_decay)
     x = torch.randint(0, model.config.vocab_size, (cfg.batch_size, cfg.block_size), device=device)
     times = []
     for i in range(cfg.bench_warmup + cfg.bench_iters):

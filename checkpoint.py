@@ -14,6 +14,7 @@ from model import GPT, GPTConfig
 
 # prefixes torch.compile and DDP add to state_dict keys
 WRAPPER_PREFIXES = ("_orig_mod.", "module.")
+GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 
 
 def save_checkpoint(obj, path):
@@ -87,3 +88,20 @@ def model_from_checkpoint(ckpt, path="checkpoint", **runtime):
     except RuntimeError as e:
         raise UserError(f"{path}: weights do not match its model_args: {str(e).splitlines()[0]}") from None
     return model
+
+
+def is_pretrained(init_from):
+    """True for a GPT-2 name or a local Hugging Face directory."""
+    return init_from in GPT2_NAMES or os.path.isfile(os.path.join(init_from, "config.json"))
+
+
+def load_pretrained(name_or_path, **override_args):
+    """GPT.from_pretrained, with its failures as one-line UserErrors."""
+    try:
+        return GPT.from_pretrained(name_or_path, override_args)
+    except ImportError as e:
+        raise UserError(str(e)) from None
+    except (OSError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"cannot load GPT-2 weights {name_or_path!r}: {first}; offline, download them where there "
+                        f"is internet and pass the local directory") from None

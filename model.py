@@ -17,13 +17,15 @@ from torch.nn import functional as F
 # a checkpoint only when they differ from the default, so GPT-2-style
 # checkpoints stay loadable by nanoGPT's sample.py.
 NANOGPT_MODEL_ARGS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "dropout")
+# Hugging Face GPT-2 keeps these weights as Conv1D, transposed relative to nn.Linear
+HF_CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 # Fields that choose how to compute, not what: never part of a checkpoint.
 RUNTIME_FIELDS = ("attn_impl",)
 CHOICES = {
     "attn_impl": ("sdpa", "manual"),
     "pos_emb": ("learned", "rope"),
     "norm": ("layernorm", "rmsnorm"),
-    "activation": ("gelu", "relu", "relu2", "swiglu"),
+    "activation": ("gelu", "gelu_tanh", "relu", "relu2", "swiglu"),
 }
 
 
@@ -41,7 +43,7 @@ class GPTConfig:
     rope_base: float = 10000.0
     norm: str = "layernorm"  # or "rmsnorm"
     norm_eps: float = 1e-5
-    activation: str = "gelu"  # or "relu", "relu2", "swiglu"
+    activation: str = "gelu"  # or "gelu_tanh" (OpenAI's GPT-2 weights), "relu", "relu2", "swiglu"
     mlp_hidden: int | None = None  # None: 4*n_embd (swiglu: 8/3*n_embd up to a multiple of 64)
     n_kv_head: int | None = None  # None: n_head; fewer gives GQA, 1 gives MQA
     tie_weights: bool = True  # lm_head shares wte's weight
@@ -132,17 +134,20 @@ def make_norm(config):
 
 
 def rope_tables(config, device=None):
-    """cos and sin of pos * base^(-2i/head_dim), each (block_size, head_dim/2)."""
+    """exp(i * pos * base^(-2i/head_dim)) as complex numbers, (block_size, head_dim/2)."""
     inv_freq = config.rope_base ** (-torch.arange(0, config.head_dim, 2, dtype=torch.float64, device=device) / config.head_dim)
     angles = torch.outer(torch.arange(config.block_size, dtype=torch.float64, device=device), inv_freq)
-    return angles.cos().float(), angles.sin().float()
+    return torch.polar(torch.ones_like(angles), angles).to(torch.complex64)
 
 
-def apply_rope(x, cos, sin):
-    """Rotate channel pairs (2i, 2i+1) of each head: x (B, nh, T, hs), cos/sin (T, hs/2)."""
-    a, b = x[..., 0::2], x[..., 1::2]  # (B, nh, T, hs/2) each
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    return torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
+def apply_rope(x, rope):
+    """Rotate channel pairs (2i, 2i+1) of each head: x (B, nh, T, hs), rope (T, hs/2) complex.
+
+    Pair (a, b) read as a + ib times e^(i angle) is (a cos - b sin) + i(a sin + b cos):
+    one complex multiply instead of four real ones and a stack.
+    """
+    pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))  # (B, nh, T, hs/2)
+    return torch.view_as_real(pairs * rope).flatten(-2).type_as(x)
 
 
 class KVCache:
@@ -189,7 +194,7 @@ class CausalSelfAttention(nn.Module):
         k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, nkv, T, hs)
         v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, nkv, T, hs)
         if rope is not None:
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+            q, k = apply_rope(q, rope), apply_rope(k, rope)
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)  # (B, nkv, L, hs), L = positions so far
         y = self.attend(q, k, v)  # (B, nh, T, hs)
@@ -235,6 +240,8 @@ class MLP(nn.Module):
         h = self.c_fc(x)
         if self.activation == "gelu":
             h = F.gelu(h)
+        elif self.activation == "gelu_tanh":
+            h = F.gelu(h, approximate="tanh")
         elif self.activation == "relu":
             h = F.relu(h)
         elif self.activation == "relu2":
@@ -277,9 +284,7 @@ class GPT(nn.Module):
         if config.tie_weights:
             self.lm_head.weight = self.transformer.wte.weight
         if config.pos_emb == "rope":  # not persistent: recomputed, never in a checkpoint
-            cos, sin = rope_tables(config)
-            self.register_buffer("rope_cos", cos, persistent=False)
-            self.register_buffer("rope_sin", sin, persistent=False)
+            self.register_buffer("rope", rope_tables(config), persistent=False)
         self.apply(self._init_weights)
         # GPT-2: residual projections scaled by 1/sqrt(number of residual additions)
         for name, p in self.named_parameters():
@@ -317,7 +322,7 @@ class GPT(nn.Module):
         if self.config.pos_emb == "learned":
             x = x + self.transformer.wpe(torch.arange(start, start + T, device=idx.device))
         else:
-            rope = (self.rope_cos[start:start + T], self.rope_sin[start:start + T])
+            rope = self.rope[start:start + T]
         x = self.transformer.drop(x)
         for block in self.transformer.h:
             x = block(x, rope, kv_cache)
@@ -338,16 +343,69 @@ class GPT(nn.Module):
         if "wpe" in self.transformer:
             self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
         else:
-            self.rope_cos, self.rope_sin = self.rope_cos[:block_size], self.rope_sin[:block_size]
+            self.rope = self.rope[:block_size]
 
-    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
-        """AdamW; weight decay on matrices and embeddings (2+ dims), not on biases and gains."""
+    @classmethod
+    def from_pretrained(cls, name_or_path, override_args=None):
+        """GPT-2 weights: gpt2, gpt2-medium, gpt2-large, gpt2-xl, or a local Hugging Face GPT-2 directory.
+
+        Needs the optional transformers package. override_args may set dropout and attn_impl.
+        """
+        override_args = override_args or {}
+        if set(override_args) - {"dropout", "attn_impl"}:
+            raise ValueError(f"only dropout and attn_impl can be overridden, got {sorted(override_args)}")
+        try:
+            from transformers import GPT2LMHeadModel
+        except ImportError:
+            raise ImportError("loading GPT-2 weights needs transformers: pip install transformers") from None
+        hf = GPT2LMHeadModel.from_pretrained(name_or_path)
+        c = hf.config
+        activations = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
+        if c.activation_function not in activations:
+            raise ValueError(f"{name_or_path}: activation {c.activation_function!r} is not supported")
+        config = GPTConfig(block_size=c.n_positions, vocab_size=c.vocab_size, n_layer=c.n_layer, n_head=c.n_head,
+                           n_embd=c.n_embd, bias=True, norm_eps=c.layer_norm_epsilon,
+                           activation=activations[c.activation_function], mlp_hidden=c.n_inner,
+                           tie_weights=c.tie_word_embeddings, **override_args)
+        model = cls(config)
+        theirs = hf.state_dict()
+        with torch.no_grad():
+            for name, p in model.state_dict().items():
+                w = theirs[name]
+                if name.endswith(HF_CONV1D):  # Hugging Face's Conv1D stores (in, out): ours is (out, in)
+                    w = w.t()
+                if w.shape != p.shape:
+                    raise ValueError(f"{name_or_path}: {name} has shape {tuple(w.shape)}, expected {tuple(p.shape)}")
+                p.copy_(w)
+        return model
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type, optimizer="adamw",
+                             muon_lr=0.02, muon_momentum=0.95, muon_weight_decay=0.0):
+        """AdamW, decaying matrices and embeddings (2+ dims) but not biases and gains.
+
+        optimizer="muon": Muon (optim.py) for the hidden matrices of the blocks,
+        AdamW for embeddings, the head, biases and gains, as modded-nanogpt does.
+        Each group remembers its initial_lr so a schedule can scale them together.
+        """
         params = [p for p in self.parameters() if p.requires_grad]
-        groups = [
-            {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+        hidden = {id(p) for p in self.transformer.h.parameters() if p.dim() == 2} if optimizer == "muon" else set()
+        adam_groups = [
+            {"params": [p for p in params if p.dim() >= 2 and id(p) not in hidden], "weight_decay": weight_decay},
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
         ]
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == "cuda")
+        adamw = torch.optim.AdamW(adam_groups, lr=learning_rate, betas=betas, fused=device_type == "cuda")
+        if optimizer == "adamw":
+            opt = adamw
+        elif optimizer == "muon":
+            from optim import Muon, Optimizers
+            muon = Muon([p for p in params if id(p) in hidden], lr=muon_lr, momentum=muon_momentum,
+                        weight_decay=muon_weight_decay)
+            opt = Optimizers(muon=muon, adamw=adamw)
+        else:
+            raise ValueError(f"optimizer must be adamw or muon, got {optimizer!r}")
+        for group in opt.param_groups:
+            group["initial_lr"] = group["lr"]
+        return opt
 
     def flops_per_token(self):
         """Training FLOPs per token: 6 per parameter (fwd + bwd) plus attention's 12*L*H*hs*T."""

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from checkpoint import load_checkpoint, model_from_checkpoint
+from checkpoint import is_pretrained, load_checkpoint, load_pretrained, model_from_checkpoint
 from configurator import UserError, parse_args, report_overrides, run_main
 from model import check_sampling
-from tokenizer import read_meta, tokenizer_from_meta
+from tokenizer import BPETokenizer, read_meta, tokenizer_from_meta
 from train import dataset_dir, resolve_device, resolve_dtype
 
 SEPARATOR = "---------------"
@@ -25,6 +25,7 @@ SEPARATOR = "---------------"
 
 @dataclass
 class SampleConfig:
+    init_from: str = "resume"  # "resume" (out_dir's checkpoint) or GPT-2 weights: gpt2, ..., gpt2-xl, a local HF dir
     out_dir: str = "out"  # where train.py wrote the checkpoint
     ckpt: str = "ckpt.pt"  # ckpt.pt (latest) or best.pt (best val loss)
     start: str = "\n"  # the prompt, or FILE:path to read it from a file
@@ -41,6 +42,9 @@ class SampleConfig:
     use_cache: bool = True  # KV cache: one position per step instead of the whole context
 
     def __post_init__(self):
+        if self.init_from != "resume" and not is_pretrained(self.init_from):
+            raise ValueError(f"init_from must be resume, gpt2, gpt2-medium, gpt2-large, gpt2-xl or a local Hugging Face "
+                             f"GPT-2 directory, got {self.init_from!r}")
         check_sampling(self.max_new_tokens, self.temperature, self.top_k, self.top_p)
         if self.num_samples < 1:
             raise ValueError(f"num_samples must be at least 1, got {self.num_samples}")
@@ -109,19 +113,22 @@ def read_prompt(start):
 
 
 def load(cfg, device):
-    """The model and tokenizer of cfg.out_dir's checkpoint."""
-    path = os.path.join(cfg.out_dir, cfg.ckpt)
-    ckpt = load_checkpoint(path, map_location=device)
-    model = model_from_checkpoint(ckpt, path, dropout=0.0)
-    dataset = (ckpt.get("config") or {}).get("dataset")
-    meta = read_meta(dataset_dir(dataset)) if dataset else None
-    if meta is None and model.config.vocab_size < 50257:  # not a GPT-2 vocabulary: its own tokenizer is needed
-        raise UserError(f"{path} was trained on dataset {dataset!r}, whose meta.json (or meta.pkl) is not found "
-                        f"at {dataset_dir(dataset)}; re-run that dataset's prepare.py to decode its tokens")
-    tokenizer = tokenizer_from_meta(meta)
+    """The model and tokenizer of cfg.out_dir's checkpoint, or of GPT-2's weights."""
+    if cfg.init_from != "resume":
+        model, tokenizer, source = load_pretrained(cfg.init_from, dropout=0.0), BPETokenizer(), cfg.init_from
+    else:
+        source = os.path.join(cfg.out_dir, cfg.ckpt)
+        ckpt = load_checkpoint(source, map_location=device)
+        model = model_from_checkpoint(ckpt, source, dropout=0.0)
+        dataset = (ckpt.get("config") or {}).get("dataset")
+        meta = read_meta(dataset_dir(dataset)) if dataset else None
+        if meta is None and model.config.vocab_size < 50257:  # not a GPT-2 vocabulary: its own tokenizer is needed
+            raise UserError(f"{source} was trained on dataset {dataset!r}, whose meta.json (or meta.pkl) is not "
+                            f"found at {dataset_dir(dataset)}; re-run that dataset's prepare.py to decode its tokens")
+        tokenizer = tokenizer_from_meta(meta)
     if tokenizer.vocab_size > model.config.vocab_size:
-        raise UserError(f"{path} has a vocabulary of {model.config.vocab_size} tokens but its dataset's tokenizer "
-                        f"has {tokenizer.vocab_size}; was data/{dataset} re-prepared with other text?")
+        raise UserError(f"{source} has a vocabulary of {model.config.vocab_size} tokens but its tokenizer has "
+                        f"{tokenizer.vocab_size}; sample with the tokenizer (dataset) it was trained on")
     return model, tokenizer
 
 

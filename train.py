@@ -8,14 +8,18 @@
 Writes out_dir/ckpt.pt (latest), out_dir/best.pt (best val loss) and
 out_dir/log.jsonl (one JSON object per log line). Ctrl-C saves and exits.
 """
+import time
+
+PROCESS_START = time.time()  # before the heavy imports: "training time" counts from here
+
+# ruff: noqa: E402
 import json
 import math
 import os
 import random
 import signal
-import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 
 import numpy as np
 import torch
@@ -23,7 +27,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
+from checkpoint import is_pretrained, load_checkpoint, load_pretrained, model_from_checkpoint, save_checkpoint
 from configurator import UserError, parse_args, report_overrides, run_main
 from model import GPT, GPTConfig
 from tokenizer import read_meta
@@ -32,6 +36,7 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 MODEL_FIELDS = tuple(f.name for f in fields(GPTConfig) if f.name != "vocab_size")
 # fields that fix a checkpoint's tensor shapes or meaning: a resumed run cannot change them
 SHAPE_FIELDS = tuple(f for f in MODEL_FIELDS if f not in ("dropout", "attn_impl"))
+FIXED_ON_RESUME = SHAPE_FIELDS + ("optimizer",)  # the optimizer state must fit the optimizer
 # fields about this machine and this invocation: a resumed run never takes them from the checkpoint
 LOCAL_FIELDS = ("out_dir", "init_from", "eval_only", "device", "dtype", "compile", "backend", "peak_flops")
 
@@ -46,7 +51,7 @@ class TrainConfig:
     eval_only: bool = False  # evaluate once and exit
     always_save_checkpoint: bool = True  # False: at evals, write ckpt.pt only when val loss improves
     keep_best: bool = True  # also keep best.pt, the checkpoint with the best val loss
-    init_from: str = "scratch"  # "scratch" or "resume" (from out_dir/ckpt.pt)
+    init_from: str = "scratch"  # "scratch", "resume" (out_dir/ckpt.pt), or GPT-2 weights: gpt2, gpt2-medium, ..., a local HF dir
     wandb_log: bool = False
     wandb_project: str = "owt"
     wandb_run_name: str = "gpt2"
@@ -70,15 +75,22 @@ class TrainConfig:
     mlp_hidden: int | None = None
     n_kv_head: int | None = None
     tie_weights: bool = True
-    # optimizer: AdamW
+    # optimizer: AdamW, or Muon for the blocks' matrices with AdamW for the rest
+    optimizer: str = "adamw"  # "adamw" or "muon"
+    muon_lr: float = 0.02  # Muon's peak learning rate (scheduled like learning_rate)
+    muon_momentum: float = 0.95
+    muon_weight_decay: float = 0.0
     learning_rate: float = 6e-4
     max_iters: int = 600000
     weight_decay: float = 1e-1
     beta1: float = 0.9
     beta2: float = 0.95
     grad_clip: float = 1.0  # 0 disables clipping
-    # schedule: linear warmup, then cosine decay to min_lr
+    # schedule: linear warmup, then cosine decay to min_lr ("cosine"), or constant then a linear
+    # cool-down to min_lr over the last cooldown_iters before lr_decay_iters ("wsd": warmup-stable-decay)
     decay_lr: bool = True
+    lr_schedule: str = "cosine"
+    cooldown_iters: int = 0
     warmup_iters: int = 2000
     lr_decay_iters: int = 600000  # ~ max_iters, per Chinchilla
     min_lr: float = 6e-5  # ~ learning_rate / 10
@@ -89,17 +101,26 @@ class TrainConfig:
     backend: str = "auto"  # torch.distributed backend: auto (nccl on CUDA, gloo on CPU), nccl, gloo
     seed: int = 1337
     peak_flops: float | None = None  # the device's peak FLOP/s for MFU (bench.py measures it)
+    # measurement: val loss over fixed windows, and stopping at a target
+    eval_windows: int = 0  # > 0: val loss over this many fixed block_size windows spread over val, not eval_iters batches
+    target_loss: float | None = None  # stop once val loss <= target_loss (and report the training time it took)
 
     def __post_init__(self):
         self.model_config(vocab_size=1)  # validates the model fields
-        if self.init_from not in ("scratch", "resume"):
-            raise ValueError(f"init_from must be scratch or resume, got {self.init_from!r}")
+        if self.init_from not in ("scratch", "resume") and not is_pretrained(self.init_from):
+            raise ValueError(f"init_from must be scratch, resume, gpt2, gpt2-medium, gpt2-large, gpt2-xl or a local "
+                             f"Hugging Face GPT-2 directory, got {self.init_from!r}")
+        if self.optimizer not in ("adamw", "muon"):
+            raise ValueError(f"optimizer must be adamw or muon, got {self.optimizer!r}")
+        if self.lr_schedule not in ("cosine", "wsd"):
+            raise ValueError(f"lr_schedule must be cosine or wsd, got {self.lr_schedule!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
         for name in ("batch_size", "gradient_accumulation_steps", "eval_interval", "log_interval", "eval_iters"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("max_iters", "warmup_iters", "lr_decay_iters", "learning_rate", "min_lr", "grad_clip"):
+        for name in ("max_iters", "warmup_iters", "lr_decay_iters", "learning_rate", "min_lr", "grad_clip",
+                     "cooldown_iters", "eval_windows", "muon_lr"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
@@ -143,7 +164,16 @@ class Batches:
     def get(self, split, key):
         data = self.data[split]
         rng = np.random.default_rng([self.seed, *key])
-        ix = rng.integers(0, len(data) - self.block_size, self.batch_size)
+        return self.batch(data, rng.integers(0, len(data) - self.block_size, self.batch_size))
+
+    def windows(self, split, n):
+        """Batches of n fixed windows whose starts are spread evenly over the split."""
+        data = self.data[split]
+        starts = np.linspace(0, len(data) - self.block_size - 1, n).round().astype(np.int64)
+        for i in range(0, n, self.batch_size):
+            yield self.batch(data, starts[i:i + self.batch_size])
+
+    def batch(self, data, ix):
         buf = torch.from_numpy(data[ix[:, None] + self.offsets].astype(np.int64))  # (B, T+1)
         if self.device.type == "cuda":
             buf = buf.pin_memory().to(self.device, non_blocking=True)
@@ -153,17 +183,27 @@ class Batches:
 
 
 @torch.no_grad()
-def estimate_loss(model, batches, eval_iters, ctx, rank=0, world=1):
-    """Mean loss over the same eval_iters batches of each split every time, shared across ranks."""
+def estimate_loss(model, batches, cfg, ctx, rank=0, world=1):
+    """Mean loss of each split over the same batches every time, shared across ranks.
+
+    eval_iters random batches per split; with eval_windows, val uses that many
+    fixed windows spread evenly over the split instead (a low-noise measure).
+    """
     out = {}
     model.eval()
     for s, split in enumerate(("train", "val")):
-        total = torch.zeros(2, dtype=torch.float64, device=batches.device)
-        for k in range(rank, eval_iters, world):
-            x, y = batches.get(split, (1 + s, k))  # key space 1, 2: apart from training's 0
+        if split == "val" and cfg.eval_windows:
+            parts = batches.windows(split, cfg.eval_windows)
+        else:
+            parts = (batches.get(split, (1 + s, k)) for k in range(cfg.eval_iters))  # keys 1, 2: apart from training's 0
+        total = torch.zeros(2, dtype=torch.float64, device=batches.device)  # (sum of losses x windows, windows)
+        for k, (x, y) in enumerate(parts):
+            if k % world != rank:
+                continue
             with ctx:
                 _, loss = model(x, y)
-            total += torch.stack((loss.double(), torch.ones((), dtype=torch.float64, device=loss.device)))
+            total += torch.stack((loss.double() * x.size(0), torch.tensor(float(x.size(0)), device=loss.device,
+                                                                          dtype=torch.float64)))
         if world > 1:
             dist.all_reduce(total)
         out[split] = (total[0] / total[1]).item()  # sync point: once per split per eval
@@ -172,13 +212,19 @@ def estimate_loss(model, batches, eval_iters, ctx, rank=0, world=1):
 
 
 def get_lr(it, cfg):
-    """Linear warmup for warmup_iters, cosine decay to min_lr at lr_decay_iters, then min_lr."""
+    """Linear warmup for warmup_iters; then cosine decay to min_lr at lr_decay_iters, or (wsd) the
+    peak until cooldown_iters before lr_decay_iters and a linear decay to min_lr there; then min_lr."""
     if not cfg.decay_lr:
         return cfg.learning_rate
     if it < cfg.warmup_iters:
         return cfg.learning_rate * (it + 1) / (cfg.warmup_iters + 1)
     if it >= cfg.lr_decay_iters:
         return cfg.min_lr
+    if cfg.lr_schedule == "wsd":
+        left = cfg.lr_decay_iters - it  # > 0
+        if left >= cfg.cooldown_iters:
+            return cfg.learning_rate
+        return cfg.min_lr + (cfg.learning_rate - cfg.min_lr) * left / cfg.cooldown_iters
     ratio = (it - cfg.warmup_iters) / (cfg.lr_decay_iters - cfg.warmup_iters)  # > 0: it < lr_decay_iters
     return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (cfg.learning_rate - cfg.min_lr)
 
@@ -244,8 +290,9 @@ def resume_config(ckpt, overrides, path):
     default = GPTConfig()
     for key in SHAPE_FIELDS:  # model_args is the truth about the weights
         saved[key] = model_args.get(key, getattr(default, key))
+    saved.setdefault("optimizer", "adamw")  # nanoGPT's
     for key, value in overrides.items():
-        if key in SHAPE_FIELDS and value != saved[key]:
+        if key in FIXED_ON_RESUME and value != saved[key]:
             raise UserError(f"--{key}={value!r} contradicts the checkpoint's {key}={saved[key]!r} ({path}); "
                             f"a resumed run keeps the model's shape: train from scratch in a new out_dir to change it")
     try:
@@ -296,9 +343,12 @@ class StopFlag:
             signal.signal(s, handler)
 
 
-def train(cfg, overrides=None, log=print):
-    """Run training as cfg says; returns a summary dict (iters, losses, time)."""
-    t_start = time.time()
+def train(cfg, overrides=None, log=print, t_start=None):
+    """Run training as cfg says; returns a summary dict (iters, losses, time).
+
+    t_start: when the clock for "training time" started (the process start for the script).
+    """
+    t_start = t_start or time.time()
     stop = StopFlag()  # first: a signal during start-up must not kill the run unsaved
     rank, local_rank, world = setup_distributed(cfg)
     master = rank == 0
@@ -330,15 +380,32 @@ def run(cfg, overrides, rank, local_rank, world, master, log, t_start, stop):
     if ckpt is not None:
         model = model_from_checkpoint(ckpt, ckpt_path, attn_impl=cfg.attn_impl, dropout=cfg.dropout)
         check_vocab(model.config.vocab_size, meta, data_dir, ckpt_path)
+    elif cfg.init_from != "scratch":
+        model = load_pretrained(cfg.init_from, dropout=cfg.dropout, attn_impl=cfg.attn_impl)
+        check_vocab(model.config.vocab_size, meta, data_dir, cfg.init_from)
+        if cfg.block_size > model.config.block_size:
+            raise UserError(f"block_size ({cfg.block_size}) is longer than {cfg.init_from}'s context "
+                            f"({model.config.block_size}); use --block_size={model.config.block_size} or less")
+        model.crop_block_size(cfg.block_size)
+        shape = {k: getattr(model.config, k) for k in SHAPE_FIELDS}  # the checkpoint's config tells the truth
+        log("from " + cfg.init_from + ": " + ", ".join(f"{k}={v}" for k, v in shape.items() if getattr(cfg, k) != v))
+        cfg = replace(cfg, **shape)
     else:
         model = GPT(cfg.model_config(vocab_size=(meta or {}).get("vocab_size", 50304)))
     torch.manual_seed(cfg.seed + rank)  # distinct dropout masks per rank
     model.to(device)
-    optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device.type)
+    optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device.type,
+                                           cfg.optimizer, cfg.muon_lr, cfg.muon_momentum, cfg.muon_weight_decay)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     iter_num, best_val_loss = 0, float("inf")
     if ckpt is not None:
-        optimizer.load_state_dict(ckpt["optimizer"])
+        peaks = [group["initial_lr"] for group in optimizer.param_groups]  # this run's peaks, not the saved ones
+        try:
+            optimizer.load_state_dict(ckpt["optimizer"])
+        except (ValueError, KeyError) as e:
+            raise UserError(f"{ckpt_path}: its optimizer state does not fit optimizer={cfg.optimizer} ({e})") from None
+        for group, peak in zip(optimizer.param_groups, peaks):
+            group["initial_lr"] = peak
         if "scaler" in ckpt:
             scaler.load_state_dict(ckpt["scaler"])
         iter_num, best_val_loss = ckpt["iter_num"], ckpt.get("best_val_loss", float("inf"))
@@ -368,7 +435,8 @@ def run(cfg, overrides, rank, local_rank, world, master, log, t_start, stop):
     logger = JsonLog(os.path.join(cfg.out_dir, "log.jsonl"), cfg, master)
     say = tqdm.write if master else (lambda text: None)
     start_iter, loss_accum, last_val = iter_num, None, None
-    train_time = interval = 0.0  # seconds spent training (evals and saves excluded), total and since last log
+    eval_time = 0.0  # seconds spent evaluating and saving: training time is wall time since t_start less this
+    reached = None  # (iter, training seconds) when val loss first reached target_loss
 
     def save(name):
         state = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
@@ -380,17 +448,22 @@ def run(cfg, overrides, rank, local_rank, world, master, log, t_start, stop):
 
     bar = tqdm(total=cfg.max_iters, initial=iter_num, disable=not master or None, desc="train", unit="iter")
     try:
-        t_mark, iters_mark = time.time(), iter_num
+        t_mark, iters_mark, eval_mark = time.time(), iter_num, 0.0  # the last log's time, iter and eval_time
         while True:
             last = iter_num >= cfg.max_iters
             if cfg.eval_only or last or (iter_num % cfg.eval_interval == 0 and iter_num != start_iter) or iter_num == 0:
-                elapsed = time.time() - t_mark
-                train_time, interval = train_time + elapsed, interval + elapsed
-                losses = estimate_loss(model, batches, cfg.eval_iters, ctx, rank, world)
+                t_eval = time.time()
+                train_time = t_eval - t_start - eval_time
+                losses = estimate_loss(model, batches, cfg, ctx, rank, world)
                 last_val = losses["val"]
                 say(f"iter {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
                 logger.write(kind="eval", iter=iter_num, train_loss=losses["train"], val_loss=losses["val"],
-                             time=time.time() - t_start, train_time=train_time)
+                             time=t_eval - t_start, train_time=train_time)
+                if cfg.target_loss is not None and losses["val"] <= cfg.target_loss and reached is None:
+                    reached = (iter_num, train_time)
+                    say(f"reached val loss {losses['val']:.4f} <= {cfg.target_loss} at iter {iter_num} after "
+                        f"{train_time:.1f}s of training (from process start, evaluation excluded)")
+                    last = True
                 if not math.isfinite(losses["val"]):
                     raise UserError(f"val loss is {losses['val']} at iter {iter_num}; the run diverged (lower "
                                     f"learning_rate or raise warmup_iters); the last good checkpoint is kept")
@@ -403,13 +476,14 @@ def run(cfg, overrides, rank, local_rank, world, master, log, t_start, stop):
                         save("ckpt.pt")
                     if improved and cfg.keep_best:
                         save("best.pt")
-                t_mark = time.time()
+                eval_time += time.time() - t_eval
             if last or stop_agreed(stop, world, iter_num, cfg):
                 break
 
             lr = get_lr(iter_num, cfg)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
+            scale = lr / cfg.learning_rate if cfg.learning_rate else 0.0
+            for group in optimizer.param_groups:  # every group follows the schedule from its own peak
+                group["lr"] = group["initial_lr"] * scale
             loss_accum = torch.zeros((), device=device)
             for micro in range(accum):
                 x, y = batches.get("train", (0, iter_num, rank * accum + micro))
@@ -437,14 +511,14 @@ def run(cfg, overrides, rank, local_rank, world, master, log, t_start, stop):
                     raise UserError(f"training loss is {lossf} at iter {iter_num}; the run diverged (lower "
                                     f"learning_rate or raise warmup_iters); the last good checkpoint is kept")
                 now = time.time()
-                train_time += now - t_mark
-                dt = (interval + now - t_mark) / (iter_num - iters_mark)
-                t_mark, iters_mark, interval = now, iter_num, 0.0
+                dt = (now - t_mark - (eval_time - eval_mark)) / (iter_num - iters_mark)  # evals excluded
+                t_mark, iters_mark, eval_mark = now, iter_num, eval_time
                 mfu = raw_model.estimate_mfu(cfg.gradient_accumulation_steps * cfg.batch_size, dt, peak) if peak else None
                 say(f"iter {iter_num}: loss {lossf:.4f}, lr {lr:.2e}, {dt * 1000:.1f} ms/iter, "
                     f"{tokens_per_iter / dt:,.0f} tok/s" + (f", mfu {mfu * 100:.1f}%" if mfu is not None else ""))
                 logger.write(kind="train", iter=iter_num, loss=lossf, lr=lr, ms=dt * 1000,
-                             tok_s=tokens_per_iter / dt, mfu=mfu, time=now - t_start, train_time=train_time)
+                             tok_s=tokens_per_iter / dt, mfu=mfu, time=now - t_start,
+                             train_time=now - t_start - eval_time)
     finally:
         bar.close()
         logger.close()
@@ -456,7 +530,10 @@ def run(cfg, overrides, rank, local_rank, world, master, log, t_start, stop):
         log(f"interrupted: saved {cfg.out_dir}/ckpt.pt at iter {iter_num}; continue with "
             f"python train.py --init_from=resume --out_dir={cfg.out_dir}")
     summary = {"iters": iter_num, "val_loss": last_val, "best_val_loss": best_val_loss,
-               "time": time.time() - t_start, "interrupted": stop.set}
+               "time": time.time() - t_start, "train_time": time.time() - t_start - eval_time,
+               "interrupted": stop.set, "reached": reached}
+    if cfg.target_loss is not None and reached is None:
+        log(f"did not reach val loss {cfg.target_loss} in {iter_num} iters (last {last_val:.4f})")
     if last_val is not None and not cfg.eval_only:
         log(f"done: {iter_num} iters in {summary['time']:.1f}s; val loss {last_val:.4f} (best {best_val_loss:.4f}); "
             f"checkpoint {ckpt_path}")
@@ -509,7 +586,7 @@ class JsonLog:
 
 def main(argv):
     cfg, overrides = parse_args(TrainConfig, argv)
-    train(cfg, overrides)
+    train(cfg, overrides, t_start=PROCESS_START)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,8 @@ def gelu(x):
 def activation(h, kind):
     if kind == "gelu":
         return gelu(h)
+    if kind == "gelu_tanh":
+        return 0.5 * h * (1 + np.tanh(math.sqrt(2 / math.pi) * (h + 0.044715 * h ** 3)))
     if kind == "relu":
         return np.maximum(h, 0)
     if kind == "relu2":

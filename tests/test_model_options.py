@@ -13,6 +13,7 @@ OPTIONS = {
     "gpt2": {},
     "rope": dict(pos_emb="rope"),
     "rmsnorm": dict(norm="rmsnorm", bias=False),
+    "gelu_tanh": dict(activation="gelu_tanh"),
     "relu": dict(activation="relu"),
     "relu2": dict(activation="relu2"),
     "swiglu": dict(activation="swiglu"),
@@ -84,9 +85,8 @@ def test_worked_example_with_hand_set_weights():
 
 def test_rope_rotates_channel_pairs_by_position():
     cfg = GPTConfig(block_size=6, n_embd=16, n_head=2, pos_emb="rope", rope_base=100.0)
-    cos, sin = rope_tables(cfg)
     x = torch.randn(1, 2, 6, 8, dtype=torch.float32)
-    out = apply_rope(x, cos, sin)
+    out = apply_rope(x, rope_tables(cfg))
     for h in range(2):
         for t in range(6):
             np.testing.assert_allclose(out[0, h, t].numpy(), reference.rotate(x[0, h, t].double().numpy(), t, 100.0), atol=1e-5)
@@ -95,11 +95,9 @@ def test_rope_rotates_channel_pairs_by_position():
 
 def test_rope_scores_depend_only_on_relative_position():
     cfg = GPTConfig(block_size=64, n_embd=32, n_head=2, pos_emb="rope")
-    cos, sin = rope_tables(cfg)
+    rope = rope_tables(cfg)
     q, k = torch.randn(16), torch.randn(16)
-    seq_q = q.expand(1, 1, 64, 16)
-    seq_k = k.expand(1, 1, 64, 16)
-    rq, rk = apply_rope(seq_q, cos, sin)[0, 0], apply_rope(seq_k, cos, sin)[0, 0]
+    rq, rk = apply_rope(q.expand(1, 1, 64, 16), rope)[0, 0], apply_rope(k.expand(1, 1, 64, 16), rope)[0, 0]
     for m, n, shift in [(5, 2, 7), (10, 10, 30), (3, 0, 50), (20, 9, 1)]:
         assert torch.dot(rq[m], rk[n]).item() == pytest.approx(torch.dot(rq[m + shift], rk[n + shift]).item(), abs=1e-4)
     assert abs(torch.dot(rq[5], rk[2]) - torch.dot(rq[6], rk[2])) > 1e-3  # but it does depend on the offset
@@ -111,14 +109,13 @@ def test_rope_leaves_v_unrotated(tiny_config):
     attn = CausalSelfAttention(cfg).eval()
     x = torch.randn(1, 5, cfg.n_embd)
     x[:, :] = x[:, :1]  # the same input at every position
-    cos, sin = rope_tables(cfg)
     with torch.no_grad():
-        y = attn(x, rope=(cos[:5], sin[:5]))
+        y = attn(x, rope=rope_tables(cfg)[:5])
     # equal inputs give equal v, so every row's weighted sum of v is that v, whatever the weights
     torch.testing.assert_close(y, y[:, :1].expand_as(y), atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("activation", ["gelu", "relu", "relu2", "swiglu"])
+@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "relu", "relu2", "swiglu"])
 def test_mlp_activations_match_numpy(activation):
     cfg = GPTConfig(n_embd=16, n_head=2, activation=activation, mlp_hidden=24)
     torch.manual_seed(0)

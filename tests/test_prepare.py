@@ -86,3 +86,25 @@ def test_bad_inputs_are_user_errors(tmp_path):
 def test_shakespeare_counts(tmp_path, tokenizer, train, val, vocab):
     counts = prep.prepare(SHAKESPEARE, tokenizer, str(tmp_path), 0.1, log=lambda *a: None)
     assert counts == {"train": train, "val": val, "vocab_size": vocab}
+
+
+def test_openwebtext_recipe_on_a_local_dataset(tmp_path):
+    """The OpenWebText script, offline: local JSON lines stand in for the Hub download."""
+    pytest.importorskip("datasets")
+    from conftest import run_script
+    docs = [f"Document number {i}. " + "Some words of text. " * (i % 7 + 1) for i in range(40)]
+    (tmp_path / "owt.jsonl").write_text("\n".join(json.dumps({"text": d}) for d in docs) + "\n")
+    result = run_script(["data/openwebtext/prepare.py", f"--input={tmp_path / 'owt.jsonl'}", f"--out={tmp_path / 'out'}",
+                         "--num_proc=2", "--val_fraction=0.1"])
+    assert result.returncode == 0, result.stderr[-2000:]
+    enc = tiktoken.get_encoding("r50k_base")
+    splits = {s: np.fromfile(tmp_path / "out" / f"{s}.bin", dtype=np.uint16).tolist() for s in ("train", "val")}
+
+    def documents(ids):
+        text = enc.decode(ids)
+        assert text.endswith("<|endoftext|>")
+        return text.split("<|endoftext|>")[:-1]
+    train_docs, val_docs = documents(splits["train"]), documents(splits["val"])
+    assert len(val_docs) == 4 and sorted(train_docs + val_docs) == sorted(docs)
+    assert len(splits["train"]) + len(splits["val"]) == sum(len(enc.encode_ordinary(d)) + 1 for d in docs)
+    assert json.loads((tmp_path / "out" / "meta.json").read_text())["tokenizer"] == "gpt2"

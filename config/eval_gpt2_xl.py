@@ -1,0 +1,7 @@
+# Evaluate OpenAI's gpt2-xl on OpenWebText's val split (python data/openwebtext/prepare.py first).
+# python train.py config/eval_gpt2_xl.py
+batch_size = 8
+eval_iters = 500  # 500 x 8 x 1024 = 4M tokens: a low-noise estimate
+eval_only = True
+wandb_log = False
+init_from = "gpt2-xl"

@@ -1,0 +1,112 @@
+"""Interchange with Hugging Face's GPT-2: load its weights, export ours, same logits and tokens."""
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import run_script
+from model import GPT
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    """A small random GPT2LMHeadModel saved as a local Hugging Face directory."""
+    config = transformers.GPT2Config(vocab_size=300, n_positions=32, n_embd=48, n_layer=2, n_head=4,
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    with torch.no_grad():  # GPT-2 init leaves biases at zero: give them values so they are compared too
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.1)
+    path = tmp_path_factory.mktemp("hf") / "tiny-gpt2"
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def gpt2_tiny_dir(tmp_path_factory):
+    """GPT-2's vocabulary at a tiny width: stands in for gpt2 (no download here)."""
+    config = transformers.GPT2Config(vocab_size=50257, n_positions=64, n_embd=16, n_layer=1, n_head=2)
+    path = tmp_path_factory.mktemp("hf") / "gpt2-tiny"
+    transformers.GPT2LMHeadModel(config).save_pretrained(path)
+    return path
+
+
+def hf_greedy(model, idx, n):
+    for _ in range(n):
+        logits = model(idx).logits
+        idx = torch.cat((idx, logits[:, -1].argmax(-1, keepdim=True)), dim=1)
+    return idx
+
+
+def test_from_pretrained_matches_hugging_face_logits_and_greedy_tokens(hf_dir):
+    hf = transformers.GPT2LMHeadModel.from_pretrained(hf_dir).eval()
+    ours = GPT.from_pretrained(str(hf_dir)).eval()
+    assert ours.config.activation == "gelu_tanh" and ours.config.vocab_size == 300
+    idx = torch.randint(0, 300, (3, 20), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(idx)[0], hf(idx).logits, atol=1e-4, rtol=0)
+        expected = hf_greedy(hf, idx[:, :4], 12)
+    assert torch.equal(ours.generate(idx[:, :4], 12, temperature=0), expected)
+
+
+def test_export_round_trips_through_hugging_face(tmp_path, char_dataset):
+    from train import TrainConfig, train
+    cfg = TrainConfig(out_dir=str(tmp_path / "out"), dataset=str(char_dataset), n_layer=2, n_head=2, n_embd=32,
+                      block_size=16, batch_size=4, gradient_accumulation_steps=1, eval_iters=2, max_iters=3,
+                      eval_interval=3, device="cpu", bias=False)
+    train(cfg, log=lambda *a: None)
+    result = run_script(["export.py", f"--out_dir={tmp_path / 'out'}", f"--hf_dir={tmp_path / 'hf'}"])
+    assert result.returncode == 0, result.stderr
+    assert os.path.exists(tmp_path / "hf" / "model.safetensors")
+    from checkpoint import load_checkpoint, model_from_checkpoint
+    ours = model_from_checkpoint(load_checkpoint(str(tmp_path / "out" / "ckpt.pt"))).eval()
+    hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
+    idx = torch.randint(0, ours.config.vocab_size, (2, 16))
+    with torch.no_grad():
+        np.testing.assert_allclose(hf(idx).logits.numpy(), ours(idx)[0].numpy(), atol=1e-5)
+
+
+def test_export_refuses_other_architectures(tmp_path, char_dataset):
+    from train import TrainConfig, train
+    cfg = TrainConfig(out_dir=str(tmp_path / "out"), dataset=str(char_dataset), n_layer=1, n_head=2, n_embd=32,
+                      block_size=16, batch_size=4, gradient_accumulation_steps=1, eval_iters=1, max_iters=1,
+                      eval_interval=1, device="cpu", pos_emb="rope", norm="rmsnorm")
+    train(cfg, log=lambda *a: None)
+    result = run_script(["export.py", f"--out_dir={tmp_path / 'out'}", f"--hf_dir={tmp_path / 'hf'}"])
+    assert result.returncode == 2
+    assert "not a GPT-2 architecture (pos_emb=rope, norm=rmsnorm)" in result.stderr
+    assert not os.path.exists(tmp_path / "hf")
+
+
+def test_finetune_and_sample_from_pretrained_weights(tmp_path, hf_dir, gpt2_tiny_dir):
+    from data.prepare import prepare
+    from conftest import CORPUS
+    (tmp_path / "in.txt").write_text(CORPUS)
+    prepare(str(tmp_path / "in.txt"), "gpt2", str(tmp_path / "data"), log=lambda *a: None)
+    args = ["train.py", "config/finetune_shakespeare.py", f"--init_from={gpt2_tiny_dir}",
+            f"--dataset={tmp_path / 'data'}", f"--out_dir={tmp_path / 'out'}", "--device=cpu", "--block_size=32",
+            "--max_iters=2", "--eval_interval=2", "--eval_iters=2", "--gradient_accumulation_steps=2"]
+    result = run_script(args)
+    assert result.returncode == 0, result.stderr
+    sampled = run_script(["sample.py", f"--out_dir={tmp_path / 'out'}", "--num_samples=1", "--max_new_tokens=5",
+                          "--start=Hello"])
+    assert sampled.returncode == 0, sampled.stderr
+    assert sampled.stdout.startswith("Hello")
+    # a model whose vocabulary is smaller than the dataset's is refused
+    refused = run_script(["train.py", f"--init_from={hf_dir}", f"--dataset={tmp_path / 'data'}",
+                          f"--out_dir={tmp_path / 'other'}", "--device=cpu", "--block_size=32"])
+    assert refused.returncode == 2 and "vocabulary" in refused.stderr
+
+
+def test_sample_from_pretrained_weights(hf_dir, gpt2_tiny_dir):
+    args = ["sample.py", "--num_samples=1", "--max_new_tokens=5", "--start=Hello", "--temperature=0"]
+    sampled = run_script(args + [f"--init_from={gpt2_tiny_dir}"])
+    assert sampled.returncode == 0, sampled.stderr
+    assert sampled.stdout.startswith("Hello")
+    refused = run_script(args + [f"--init_from={hf_dir}"])  # 300 tokens cannot hold GPT-2 BPE ids
+    assert refused.returncode == 2 and "vocabulary of 300 tokens" in refused.stderr

@@ -1,0 +1,69 @@
+"""Muon: torch.optim.Muon's math, in float32 on CPU, batched over same-shaped matrices."""
+import pytest
+import torch
+
+from model import GPT
+from optim import Muon, orthogonalize
+
+
+def test_orthogonalize_pushes_singular_values_towards_one():
+    g = torch.randn(3, 64, 32) * torch.logspace(-1, 1, 32)  # singular values spread over 100x
+    s = torch.linalg.svdvals(orthogonalize(g))
+    assert s.min() > 0.5 and s.max() < 1.5  # the quintic's band: about (0.7, 1.2) after 5 steps
+    tall, wide = torch.randn(48, 16), torch.randn(16, 48)
+    torch.testing.assert_close(orthogonalize(tall).T, orthogonalize(tall.T.contiguous()))
+    assert orthogonalize(wide).shape == (16, 48)
+
+
+@pytest.mark.skipif(not hasattr(torch.optim, "Muon"), reason="needs torch.optim.Muon (torch >= 2.9)")
+@pytest.mark.parametrize("shape", [(32, 16), (16, 32), (24, 24)])
+def test_matches_torch_muon_in_bfloat16(shape):
+    torch.manual_seed(0)
+    ours = [torch.nn.Parameter(torch.randn(shape)) for _ in range(3)]  # same shape: one batch
+    theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    a = Muon(ours, lr=0.02, weight_decay=0.1, momentum=0.9, ns_dtype=torch.bfloat16)
+    b = torch.optim.Muon(theirs, lr=0.02, weight_decay=0.1, momentum=0.9)
+    for step in range(3):
+        grads = [torch.randn(shape) for _ in ours]
+        for p, q, g in zip(ours, theirs, grads):
+            p.grad, q.grad = g.clone(), g.clone()
+        a.step()
+        b.step()
+        for p, q in zip(ours, theirs):
+            torch.testing.assert_close(p, q, atol=2e-3, rtol=0)  # bfloat16 matmuls, batched vs one by one
+
+
+def test_float32_stays_close_to_bfloat16_math():
+    torch.manual_seed(0)
+    g = torch.randn(64, 32)
+    exact = orthogonalize(g, dtype=torch.float32)
+    rough = orthogonalize(g, dtype=torch.bfloat16)
+    assert (exact - rough).abs().max() < 0.05
+
+
+def test_muon_takes_the_blocks_matrices_and_adamw_the_rest(tiny_config):
+    model = GPT(tiny_config)
+    opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu", optimizer="muon", muon_lr=0.02)
+    muon, adamw = opt.optimizers["muon"], opt.optimizers["adamw"]
+    muon_params = {id(p) for g in muon.param_groups for p in g["params"]}
+    assert muon_params == {id(p) for p in model.transformer.h.parameters() if p.dim() == 2}
+    adam_params = {id(p) for g in adamw.param_groups for p in g["params"]}
+    assert id(model.transformer.wte.weight) in adam_params and not muon_params & adam_params
+    assert len(muon_params) + len(adam_params) == len(list(model.parameters()))
+    assert [g["initial_lr"] for g in opt.param_groups] == [0.02, 1e-3, 1e-3]
+    state = opt.state_dict()
+    assert set(state) == {"muon", "adamw"}
+    opt.load_state_dict(state)
+
+
+def test_muon_trains_a_tiny_model(tiny_config):
+    torch.manual_seed(0)
+    model = GPT(tiny_config)
+    opt = model.configure_optimizers(0.0, 3e-3, (0.9, 0.99), "cpu", optimizer="muon", muon_lr=0.02)
+    x, y = torch.randint(0, 64, (4, 16)), torch.randint(0, 64, (4, 16))
+    for _ in range(100):
+        _, loss = model(x, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.5
