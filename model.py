@@ -211,13 +211,25 @@ class CausalSelfAttention(nn.Module):
             mask = causal_mask(T, L, q.device) if 1 < T < L else None
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
                                                   is_causal=T == L and T > 1, enable_gqa=self.n_kv_head != self.n_head)
-        if self.n_kv_head != self.n_head:  # query head h reads kv head h // (nh / nkv)
-            k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
-            v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))  # (B, nh, T, L)
-        att = att.masked_fill(~causal_mask(T, L, q.device), float("-inf"))  # before softmax
-        att = self.attn_dropout(F.softmax(att, dim=-1))
-        return att @ v  # (B, nh, T, hs)
+        # the manual path, one named step per method (trace.py records each of them)
+        k, v = self.expand_kv(k), self.expand_kv(v)  # (B, nh, L, hs)
+        weights = self.attn_dropout(self.softmax(self.mask(self.scores(q, k))))  # (B, nh, T, L)
+        return weights @ v  # (B, nh, T, hs)
+
+    def expand_kv(self, t):
+        """GQA/MQA: query head h reads kv head h // (n_head / n_kv_head)."""
+        return t if self.n_kv_head == self.n_head else t.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
+
+    def scores(self, q, k):
+        return (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))  # (B, nh, T, L): q.k / sqrt(hs)
+
+    def mask(self, scores):
+        """-inf where a query would see a later position: applied before the softmax."""
+        T, L = scores.shape[-2:]
+        return scores.masked_fill(~causal_mask(T, L, scores.device), float("-inf"))
+
+    def softmax(self, scores):
+        return F.softmax(scores, dim=-1)  # each row sums to 1 over the keys it may see
 
 
 def causal_mask(T, L, device):
@@ -492,11 +504,23 @@ def check_sampling(max_new_tokens, temperature, top_k, top_p):
 
 
 def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
-    """One token per row of logits (B, V). Temperature 0 is greedy (argmax)."""
+    """One token per row of logits (B, V). Temperature 0 is greedy (argmax).
+
+    Otherwise one uniform draw u per row from the generator picks the token
+    whose cumulative probability first passes u (inverse-CDF sampling).
+    """
     if temperature == 0:
         return logits.argmax(dim=-1)
     probs = F.softmax(filter_logits(logits.float() / temperature, top_k, top_p), dim=-1)
-    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+    draw = torch.rand(probs.size(0), 1, generator=generator, device=probs.device)
+    return pick(probs, draw)
+
+
+def pick(probs, draw):
+    """The token of each row whose cumulative probability first exceeds draw (B, 1) in [0, 1)."""
+    cdf = probs.cumsum(dim=-1)
+    tok = torch.searchsorted(cdf, draw * cdf[:, -1:], right=True)  # right: a zero-probability token is never picked
+    return tok.clamp(max=probs.size(-1) - 1).squeeze(-1)
 
 
 def filter_logits(logits, top_k=None, top_p=None):

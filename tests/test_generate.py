@@ -148,3 +148,12 @@ def test_generate_restores_training_mode(tiny_config):
     a = model.generate(torch.zeros(1, 1, dtype=torch.long), 5, temperature=0)
     b = model.generate(torch.zeros(1, 1, dtype=torch.long), 5, temperature=0)
     assert torch.equal(a, b) and model.training
+
+
+def test_pick_is_inverse_cdf_and_never_picks_a_zero_probability_token():
+    from model import pick
+    probs = torch.tensor([[0.1, 0.6, 0.0, 0.3]]).expand(6, 4)
+    draws = torch.tensor([[0.0], [0.05], [0.1], [0.69], [0.71], [0.999]])  # cdf: 0.1, 0.7, 0.7, 1.0
+    assert pick(probs, draws).tolist() == [0, 0, 1, 1, 3, 3]
+    counts = torch.bincount(pick(probs[:1].expand(10000, 4), torch.rand(10000, 1, generator=torch.Generator().manual_seed(0))), minlength=4)
+    assert counts[2] == 0 and abs(counts[1].item() / 10000 - 0.6) < 0.02

@@ -1,0 +1,386 @@
+"""Follow a prompt through the model, stage by stage, then watch generation pick tokens.
+
+    python trace.py --out_dir=out-shakespeare-char --start="Cats sit on"
+    python trace.py --out_dir=OUT --start="Cats sit on" --layer=1 --head=0 --steps=2 --top=5 --html=trace.html
+
+Runs the real model.py: hooks and wrappers record what its own modules and
+functions compute (embedding, norm, q/k/v, RoPE, scores, mask, softmax, head
+outputs, merge, projection, residuals, MLP, final norm, head), nothing is
+recomputed here. Prints tables, and writes the same data as JSON (--json) and
+as one self-contained HTML page with attention heatmaps (--html).
+"""
+import html
+import json
+import math
+import os
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+import model as model_module
+from configurator import UserError, parse_args, report_overrides, run_main
+from model import filter_logits
+from sample import load
+from train import resolve_device
+
+
+@dataclass
+class TraceConfig:
+    init_from: str = "resume"  # "resume" (out_dir's checkpoint) or GPT-2 weights: gpt2, ..., a local HF dir
+    out_dir: str = "out"
+    ckpt: str = "ckpt.pt"
+    start: str = "Cats sit on"
+    layer: int | None = None  # the layer to trace; None: every layer
+    head: int | None = None  # the head to show; None: every head
+    steps: int = 2  # generation steps to trace
+    top: int = 5  # candidates shown per step, and next-token logits shown
+    temperature: float = 0.8
+    top_k: int | None = 200
+    top_p: float | None = None
+    seed: int = 1337
+    channels: int = 8  # columns printed per matrix on the console (JSON and HTML hold all)
+    precision: int = 4
+    device: str = "cpu"
+    json: str | None = None
+    html: str | None = None
+
+
+def tensor_data(t):
+    """Nested lists with -inf as the string "-inf" (JSON has no infinities)."""
+    values = t.detach().float().cpu().tolist()
+
+    def fix(v):
+        if isinstance(v, list):
+            return [fix(x) for x in v]
+        return v if math.isfinite(v) else ("-inf" if v < 0 else "inf" if v > 0 else "nan")
+    return fix(values)
+
+
+class Recorder:
+    """Hooks on one layer's modules and wrappers on its attention steps; records tensors by stage name."""
+
+    def __init__(self, model, layer):
+        self.model, self.layer, self.stages, self.handles, self.patched = model, layer, {}, [], []
+        self.in_layer = False
+
+    def put(self, name, tensor):
+        self.stages[name] = tensor.detach().clone()
+
+    def hook(self, module, name, pre=False):
+        if pre:
+            self.handles.append(module.register_forward_pre_hook(lambda m, args: self.put(name, args[0])))
+        else:
+            self.handles.append(module.register_forward_hook(lambda m, args, out: self.put(name, out)))
+
+    def wrap(self, obj, attr, record):
+        original = getattr(obj, attr)
+
+        def wrapper(*args, **kwargs):
+            out = original(*args, **kwargs)
+            record(args, out)
+            return out
+        setattr(obj, attr, wrapper)
+        self.patched.append((obj, attr, original))
+
+    def __enter__(self):
+        m, block = self.model, self.model.transformer.h[self.layer]
+        attn = block.attn
+        self.hook(m.transformer.wte, "embedding")
+        if "wpe" in m.transformer:
+            self.hook(m.transformer.wpe, "position embedding")
+        self.hook(block, "block input", pre=True)
+        self.hook(block.ln_1, "ln_1 (normed input)")
+        self.hook(attn.c_attn, "c_attn (q | k | v)")
+        self.handles.append(attn.register_forward_pre_hook(lambda mod, args: setattr(self, "in_layer", True)))
+        self.handles.append(attn.register_forward_hook(lambda mod, args, out: setattr(self, "in_layer", False)))
+        rope_calls = []
+
+        def on_rope(args, out):
+            if self.in_layer:
+                rope_calls.append((args[0], out))
+                self.put("q before RoPE" if len(rope_calls) % 2 else "k before RoPE", args[0])
+                self.put("q after RoPE" if len(rope_calls) % 2 else "k after RoPE", out)
+        self.wrap(model_module, "apply_rope", on_rope)
+        self.wrap(attn, "attend", lambda args, out: [self.put(n, t) for n, t in zip(("q", "k", "v"), args)]
+                  + [self.put("head outputs", out)])
+        self.wrap(attn, "scores", lambda args, out: self.put("scores (q.k / sqrt(hs))", out))
+        self.wrap(attn, "mask", lambda args, out: self.put("masked scores", out))
+        self.wrap(attn, "softmax", lambda args, out: self.put("attention weights", out))
+        self.hook(attn.c_proj, "merged heads", pre=True)
+        self.hook(attn.c_proj, "attention projection")
+        self.hook(block.ln_2, "residual 1 (input + attention)", pre=True)
+        self.hook(block.ln_2, "ln_2")
+        self.hook(block.mlp.c_proj, "MLP hidden activations", pre=True)
+        self.hook(block.mlp, "MLP output")
+        self.hook(block, "residual 2 (block output)")
+        self.hook(m.transformer.ln_f, "final norm")
+        self.impls = [b.attn.impl for b in m.transformer.h]
+        for b in m.transformer.h:  # the manual path materializes scores and weights
+            b.attn.impl = "manual"
+        return self
+
+    def __exit__(self, *exc):
+        for h in self.handles:
+            h.remove()
+        for obj, attr, original in reversed(self.patched):
+            if obj is model_module:
+                setattr(obj, attr, original)
+            else:
+                delattr(obj, attr)  # back to the class's method
+        for b, impl in zip(self.model.transformer.h, self.impls):
+            b.attn.impl = impl
+
+
+def trace_forward(model, idx, layer):
+    """Run the model once on idx (1, T), recording layer `layer`; returns (stages, logits)."""
+    with Recorder(model, layer) as rec, torch.no_grad():
+        logits, _ = model(idx)
+    stages = dict(rec.stages)
+    stages["ids"] = idx
+    stages["logits"] = logits
+    return stages
+
+
+@contextmanager
+def recording_sampler(steps):
+    """Wrap model.sample_next during generation: record logits, filtering, probabilities, draw and choice."""
+    original = model_module.sample_next
+
+    def traced(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
+        state = generator.get_state() if generator is not None else torch.get_rng_state()
+        token = original(logits, temperature, top_k, top_p, generator)
+        step = {"logits": logits[0].float(), "temperature": temperature, "token": token[0].item()}
+        if temperature > 0:
+            replay = torch.Generator(device=logits.device)
+            replay.set_state(state)  # the same state the real draw used: the same uniform number
+            step["draw"] = torch.rand(logits.size(0), 1, generator=replay, device=logits.device)[0, 0].item()
+            step["probs"] = F.softmax(filter_logits(logits.float() / temperature, top_k, top_p), dim=-1)[0]
+        else:
+            step["probs"] = F.one_hot(logits[0].argmax(), logits.size(-1)).float()
+        steps.append(step)
+        return token
+    model_module.sample_next = traced
+    try:
+        yield
+    finally:
+        model_module.sample_next = original
+
+
+def trace_generation(model, idx, cfg, decode):
+    steps = []
+    generator = torch.Generator(device=idx.device).manual_seed(cfg.seed)
+    with recording_sampler(steps):
+        out = model.generate(idx, cfg.steps, cfg.temperature, cfg.top_k, cfg.top_p, generator=generator)
+    history = idx[0].tolist()
+    report = []
+    for i, step in enumerate(steps):
+        probs = step["probs"]
+        kept = torch.nonzero(probs > 0).flatten()
+        order = kept[probs[kept].argsort(descending=True)][:cfg.top]
+        report.append({
+            "step": i + 1, "history": decode(history), "candidates_kept": int(kept.numel()),
+            "candidates": [{"id": int(t), "token": decode([int(t)]), "logit": step["logits"][t].item(),
+                            "prob": probs[t].item()} for t in order],
+            "draw": step.get("draw"), "greedy": step["temperature"] == 0,
+            "chosen": {"id": step["token"], "token": decode([step["token"]])}})
+        history.append(step["token"])
+    return report, out[0, idx.size(1):].tolist()
+
+
+def heads_view(t, n_head):
+    """(1, H, T, D) per head, from (1, T, C) laid out as channel c = h*D + r."""
+    B, T, C = t.shape
+    return t.view(B, T, n_head, C // n_head).transpose(1, 2)
+
+
+def build_trace(model, tokenizer, cfg, device):
+    c = model.config
+    ids = tokenizer.encode(cfg.start)
+    if not ids:
+        raise UserError("the prompt is empty; give some text with --start")
+    if len(ids) > c.block_size:
+        raise UserError(f"the prompt has {len(ids)} tokens, more than block_size ({c.block_size}); shorten it")
+    for name, value, limit in (("layer", cfg.layer, c.n_layer), ("head", cfg.head, c.n_head)):
+        if value is not None and not 0 <= value < limit:
+            raise UserError(f"--{name}={value} is out of range: the model has {limit} {name}s (0 to {limit - 1})")
+    idx = torch.tensor([ids], device=device)
+    decode = tokenizer.decode
+    layers = range(c.n_layer) if cfg.layer is None else [cfg.layer]
+    heads = list(range(c.n_head)) if cfg.head is None else [cfg.head]
+    result = {"prompt": cfg.start, "tokens": [decode([i]) for i in ids], "ids": ids,
+              "model": {k: v for k, v in c.__dict__.items()}, "heads": heads, "layers": []}
+    logits = None
+    for layer in layers:
+        stages = trace_forward(model, idx, layer)
+        logits = stages.pop("logits")
+        result["layers"].append(layer_report(stages, layer, heads, c))
+        result["final norm"] = {"shape": list(stages["final norm"].shape), "values": tensor_data(stages["final norm"][0])}
+    probs = F.softmax(logits[0, -1].float(), dim=-1)
+    top = torch.topk(probs, min(cfg.top, probs.numel()))
+    result["logits"] = logits
+    result["next token"] = [{"id": int(i), "token": decode([int(i)]), "logit": logits[0, -1, i].item(), "prob": p.item()}
+                            for p, i in zip(top.values, top.indices)]
+    result["generation"], result["generated"] = trace_generation(model, idx, cfg, decode)
+    return result
+
+
+def layer_report(stages, layer, heads, c):
+    """Shapes and values of every stage of one layer; per-head tensors limited to the shown heads."""
+    per_head = {"q before RoPE", "k before RoPE", "q after RoPE", "k after RoPE", "q", "k", "v", "head outputs",
+                "scores (q.k / sqrt(hs))", "masked scores", "attention weights"}
+    kv_heads = {"k before RoPE", "k after RoPE", "k", "v"}
+    out = {"layer": layer, "stages": []}
+    order = ["ids", "embedding", "position embedding", "block input", "ln_1 (normed input)", "c_attn (q | k | v)",
+             "q before RoPE", "k before RoPE", "q after RoPE", "k after RoPE", "q", "k", "v",
+             "scores (q.k / sqrt(hs))", "masked scores", "attention weights", "head outputs", "merged heads",
+             "attention projection", "residual 1 (input + attention)", "ln_2", "MLP hidden activations", "MLP output",
+             "residual 2 (block output)"]
+    for name in order:
+        if name not in stages:
+            continue
+        t = stages[name]
+        entry = {"name": name, "shape": list(t.shape)}
+        if name in per_head:
+            shown = [h // (c.n_head // c.kv_heads) for h in heads] if name in kv_heads else heads
+            entry["heads"] = shown
+            entry["values"] = [tensor_data(t[0, h]) for h in shown]
+        elif name == "ids":
+            entry["values"] = t[0].tolist()
+        else:  # (1, T, C) stages, and wpe's (T, C)
+            entry["values"] = tensor_data(t[0] if t.dim() == 3 else t)
+        if name == "merged heads":
+            D = c.head_dim
+            entry["channel_map"] = [{"channel": ch, "head": ch // D, "r": ch % D} for ch in range(c.n_embd)]
+            entry["per_head_view_equals_head_outputs"] = bool(torch.allclose(
+                heads_view(t, c.n_head), stages["head outputs"], atol=1e-6))
+        out["stages"].append(entry)
+    return out
+
+
+def fmt(v, p):
+    if isinstance(v, str):
+        return v
+    return f"{v:.{p}f}"
+
+
+def print_matrix(rows, labels, cfg, out):
+    width = cfg.precision + 4
+    for label, row in zip(labels, rows):
+        row = row if isinstance(row, list) else [row]
+        shown = " ".join(f"{fmt(v, cfg.precision):>{width}}" for v in row[:cfg.channels])
+        more = f" ... ({len(row)} cols)" if len(row) > cfg.channels else ""
+        out(f"  {label!r:>14} {shown}{more}")
+
+
+def print_trace(result, cfg, out=print):
+    tokens = result["tokens"]
+    out(f"prompt {result['prompt']!r}: {len(tokens)} tokens {tokens}")
+    for layer in result["layers"]:
+        out(f"\n=== layer {layer['layer']} ===")
+        for stage in layer["stages"]:
+            out(f"\n{stage['name']}  shape {tuple(stage['shape'])}")
+            if stage["name"] == "ids":
+                out(f"  {stage['values']}")
+            elif "heads" in stage:
+                for h, values in zip(stage["heads"], stage["values"]):
+                    out(f" head {h}:")
+                    print_matrix(values, tokens, cfg, out)
+            else:
+                print_matrix(stage["values"], tokens, cfg, out)
+            if "channel_map" in stage:
+                D = len(stage["channel_map"]) // result["model"]["n_head"]
+                out(f"  channel c = h*{D} + r: channels 0-{D - 1} are head 0, {D}-{2 * D - 1} head 1, ...; "
+                    f"split back into heads they equal the head outputs: {stage['per_head_view_equals_head_outputs']}")
+    out("\nnext token after the prompt:")
+    for cand in result["next token"]:
+        out(f"  {cand['token']!r:>10}  logit {cand['logit']:.{cfg.precision}f}  p {cand['prob']:.{cfg.precision}f}")
+    out(f"\ngeneration ({'greedy' if cfg.temperature == 0 else f'temperature {cfg.temperature}, top_k {cfg.top_k}, top_p {cfg.top_p}'}):")
+    for step in result["generation"]:
+        out(f" step {step['step']}: history {step['history']!r}; {step['candidates_kept']} candidates kept")
+        for cand in step["candidates"]:
+            out(f"  {cand['token']!r:>10}  p {cand['prob']:.{cfg.precision}f}")
+        how = "argmax" if step["greedy"] else f"draw u = {step['draw']:.{cfg.precision}f}"
+        out(f"  {how} -> {step['chosen']['token']!r}")
+
+
+HTML_STYLE = """body{font-family:sans-serif;margin:2em;max-width:70em}table.heatmap{border-collapse:collapse;margin:.5em 0 1.5em}
+.heatmap td,.heatmap th{width:3.2em;height:1.6em;text-align:center;font-size:11px;border:1px solid #ddd}
+.heatmap th{background:#f4f4f4;font-weight:normal}.masked{background:#eee;color:#999}.scores{display:none}
+body.show-scores .scores{display:table}body.show-scores .weights{display:none}"""
+HTML_SCRIPT = ("function toggle(b){document.body.classList.toggle('show-scores',b.checked);"
+               "document.querySelectorAll('.mask-note').forEach(function(e){e.textContent=b.checked?"
+               "'scores: before the mask in each cell\\'s title, after it as shown (-inf above the diagonal)':"
+               "'attention weights: each row sums to 1, zero above the diagonal'})}")
+
+
+def heat_table(matrix, tokens, cls, precision):
+    cells = ["<tr><th></th>" + "".join(f"<th>{html.escape(t)}</th>" for t in tokens) + "</tr>"]
+    finite = [v for row in matrix for v in row if not isinstance(v, str)]
+    hi = max(finite) if finite else 1.0
+    lo = min(finite) if finite else 0.0
+    for token, row in zip(tokens, matrix):
+        tds = []
+        for v in row:
+            if isinstance(v, str):
+                tds.append(f'<td class="masked">{v}</td>')
+            else:
+                a = (v - lo) / (hi - lo) if hi > lo else 0.0
+                tds.append(f'<td style="background:rgba(200,60,20,{a:.3f})">{v:.{precision}f}</td>')
+        cells.append(f"<tr><th>{html.escape(token)}</th>{''.join(tds)}</tr>")
+    return f'<table class="heatmap {cls}">{"".join(cells)}</table>'
+
+
+def render_html(result, cfg):
+    tokens = result["tokens"]
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>trace: {html.escape(result['prompt'])}</title>"
+             f"<style>{HTML_STYLE}</style><script>{HTML_SCRIPT}</script></head><body>",
+             f"<h1>{html.escape(result['prompt'])}</h1><p>{len(tokens)} tokens: "
+             + " ".join(f"<code>{html.escape(repr(t))}</code>" for t in tokens) + "</p>",
+             "<label><input type='checkbox' onchange='toggle(this)'> show scores (before softmax; the mask sets "
+             "-inf above the diagonal)</label><p class='mask-note'>attention weights: each row sums to 1, zero above "
+             "the diagonal</p>"]
+    for layer in result["layers"]:
+        stages = {s["name"]: s for s in layer["stages"]}
+        weights, masked = stages["attention weights"], stages["masked scores"]
+        for h, w, s in zip(weights["heads"], weights["values"], masked["values"]):
+            parts.append(f"<h2>layer {layer['layer']}, head {h}</h2>")
+            parts.append(heat_table(w, tokens, "weights", cfg.precision))
+            parts.append(heat_table(s, tokens, "scores", cfg.precision))
+    parts.append("<h2>next token</h2><ol>" + "".join(
+        f"<li><code>{html.escape(repr(c['token']))}</code> p={c['prob']:.{cfg.precision}f}</li>"
+        for c in result["next token"]) + "</ol><h2>generation</h2>")
+    for step in result["generation"]:
+        how = "argmax" if step["greedy"] else f"draw u = {step['draw']:.{cfg.precision}f}"
+        cands = "".join(f"<tr><td><code>{html.escape(repr(c['token']))}</code></td><td>{c['prob']:.{cfg.precision}f}"
+                        f"</td></tr>" for c in step["candidates"])
+        parts.append(f"<h3>step {step['step']}</h3><p>history: <code>{html.escape(step['history'])}</code></p>"
+                     f"<table class='steps'>{cands}</table><p>{how} &rarr; <code>"
+                     f"{html.escape(repr(step['chosen']['token']))}</code></p>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def main(argv):
+    cfg, overrides = parse_args(TraceConfig, argv)
+    report_overrides(overrides, TraceConfig(), log=lambda line: print(line, file=sys.stderr))
+    device = resolve_device(cfg.device)
+    from sample import SampleConfig
+    model, tokenizer = load(SampleConfig(init_from=cfg.init_from, out_dir=cfg.out_dir, ckpt=cfg.ckpt), device)
+    model.eval().to(device)
+    result = build_trace(model, tokenizer, cfg, device)
+    result.pop("logits")
+    print_trace(result, cfg)
+    if cfg.json:
+        with open(cfg.json, "w", encoding="utf-8") as f:
+            json.dump(result, f)
+    if cfg.html:
+        with open(cfg.html, "w", encoding="utf-8") as f:
+            f.write(render_html(result, cfg))
+        print(f"\nwrote {os.path.abspath(cfg.html)}")
+
+
+if __name__ == "__main__":
+    run_main(main)
