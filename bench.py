@@ -16,10 +16,12 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from batches import dataset_dir
 from configurator import UserError, parse_args, run_main
+from device import resolve_device, resolve_dtype
 from model import GPT
 from tokenizer import read_meta
-from train import TrainConfig, dataset_dir, resolve_device, resolve_dtype, train
+from train import TrainConfig, train
 
 
 @dataclass

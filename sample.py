@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from batches import dataset_dir
 from checkpoint import is_pretrained, load_checkpoint, load_pretrained, model_from_checkpoint
 from configurator import UserError, parse_args, report_overrides, run_main
+from device import resolve_device, resolve_dtype
 from model import check_sampling
 from tokenizer import BPETokenizer, read_meta, tokenizer_from_meta
-from train import dataset_dir, resolve_device, resolve_dtype
 
 SEPARATOR = "---------------"
 

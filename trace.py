@@ -20,11 +20,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-import model as model_module
 from configurator import UserError, parse_args, report_overrides, run_main
+from device import resolve_device
+import model as model_module
 from model import filter_logits
 from sample import load
-from train import resolve_device
 
 
 @dataclass

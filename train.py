@@ -27,12 +27,13 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
+from batches import Batches, dataset_dir, estimate_loss
 from checkpoint import is_pretrained, load_checkpoint, load_pretrained, model_from_checkpoint, save_checkpoint
 from configurator import UserError, parse_args, report_overrides, run_main
+from device import peak_flops_for, resolve_device, resolve_dtype
 from model import GPT, GPTConfig
 from tokenizer import read_meta
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
 MODEL_FIELDS = tuple(f.name for f in fields(GPTConfig) if f.name != "vocab_size")
 # fields that fix a checkpoint's tensor shapes or meaning: a resumed run cannot change them
 SHAPE_FIELDS = tuple(f for f in MODEL_FIELDS if f not in ("dropout", "attn_impl"))
@@ -128,89 +129,6 @@ class TrainConfig:
         return GPTConfig(vocab_size=vocab_size, **{k: getattr(self, k) for k in MODEL_FIELDS})
 
 
-def dataset_dir(dataset):
-    """data/<dataset> (beside train.py or under the working directory), or dataset itself if a directory."""
-    for path in (dataset, os.path.join("data", dataset), os.path.join(ROOT, "data", dataset)):
-        if os.path.isdir(path) and os.path.exists(os.path.join(path, "train.bin")):
-            return path
-    return os.path.join(ROOT, "data", dataset)
-
-
-class Batches:
-    """Random (x, y) windows from train.bin / val.bin, where y is x shifted by one token.
-
-    Stateless: the windows of a batch are a function of (seed, key) alone, so
-    a resumed run and every DDP rank draw exactly what an uninterrupted
-    single-process run would.
-    """
-
-    def __init__(self, data_dir, block_size, batch_size, device, seed, meta=None):
-        dtype = np.dtype((meta or {}).get("dtype", "uint16"))
-        self.data = {}
-        for split in ("train", "val"):
-            path = os.path.join(data_dir, f"{split}.bin")
-            if not os.path.exists(path):
-                name = os.path.basename(os.path.normpath(data_dir))
-                raise UserError(f"{path} not found; run python data/{name}/prepare.py "
-                                f"(or python data/prepare.py --input FILE --out {data_dir})")
-            data = np.memmap(path, dtype=dtype, mode="r")
-            if len(data) < block_size + 1:
-                raise UserError(f"{path} has {len(data)} tokens, fewer than block_size + 1 ({block_size + 1}); "
-                                f"use a smaller --block_size or more data")
-            self.data[split] = data
-        self.block_size, self.batch_size, self.device, self.seed = block_size, batch_size, device, seed
-        self.offsets = np.arange(block_size + 1)
-
-    def get(self, split, key):
-        data = self.data[split]
-        rng = np.random.default_rng([self.seed, *key])
-        return self.batch(data, rng.integers(0, len(data) - self.block_size, self.batch_size))
-
-    def windows(self, split, n):
-        """Batches of n fixed windows whose starts are spread evenly over the split."""
-        data = self.data[split]
-        starts = np.linspace(0, len(data) - self.block_size - 1, n).round().astype(np.int64)
-        for i in range(0, n, self.batch_size):
-            yield self.batch(data, starts[i:i + self.batch_size])
-
-    def batch(self, data, ix):
-        buf = torch.from_numpy(data[ix[:, None] + self.offsets].astype(np.int64))  # (B, T+1)
-        if self.device.type == "cuda":
-            buf = buf.pin_memory().to(self.device, non_blocking=True)
-        else:
-            buf = buf.to(self.device)
-        return buf[:, :-1], buf[:, 1:]
-
-
-@torch.no_grad()
-def estimate_loss(model, batches, cfg, ctx, rank=0, world=1):
-    """Mean loss of each split over the same batches every time, shared across ranks.
-
-    eval_iters random batches per split; with eval_windows, val uses that many
-    fixed windows spread evenly over the split instead (a low-noise measure).
-    """
-    out = {}
-    model.eval()
-    for s, split in enumerate(("train", "val")):
-        if split == "val" and cfg.eval_windows:
-            parts = batches.windows(split, cfg.eval_windows)
-        else:
-            parts = (batches.get(split, (1 + s, k)) for k in range(cfg.eval_iters))  # keys 1, 2: apart from training's 0
-        total = torch.zeros(2, dtype=torch.float64, device=batches.device)  # (sum of losses x windows, windows)
-        for k, (x, y) in enumerate(parts):
-            if k % world != rank:
-                continue
-            with ctx:
-                _, loss = model(x, y)
-            total += torch.stack((loss.double() * x.size(0), torch.tensor(float(x.size(0)), device=loss.device,
-                                                                          dtype=torch.float64)))
-        if world > 1:
-            dist.all_reduce(total)
-        out[split] = (total[0] / total[1]).item()  # sync point: once per split per eval
-    model.train()
-    return out
-
-
 def get_lr(it, cfg):
     """Linear warmup for warmup_iters; then cosine decay to min_lr at lr_decay_iters, or (wsd) the
     peak until cooldown_iters before lr_decay_iters and a linear decay to min_lr there; then min_lr."""
@@ -227,43 +145,6 @@ def get_lr(it, cfg):
         return cfg.min_lr + (cfg.learning_rate - cfg.min_lr) * left / cfg.cooldown_iters
     ratio = (it - cfg.warmup_iters) / (cfg.lr_decay_iters - cfg.warmup_iters)  # > 0: it < lr_decay_iters
     return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (cfg.learning_rate - cfg.min_lr)
-
-
-def resolve_device(name, local_rank=0):
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device(f"cuda:{local_rank}")
-        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise UserError(f"device {name!r} is not a device; use auto, cpu, cuda, cuda:N or mps") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"device={name} but CUDA is not available on this machine; use --device=cpu (or auto)")
-    if device.type == "mps" and not torch.backends.mps.is_available():
-        raise UserError(f"device={name} but MPS is not available on this machine; use --device=cpu (or auto)")
-    return device
-
-
-def resolve_dtype(name, device):
-    if name == "auto":
-        if device.type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.float32
-    return getattr(torch, name)
-
-
-def peak_flops_for(device, dtype):
-    """Dense bf16/fp16 tensor-core peaks of known GPUs; None where unknown (pass --peak_flops)."""
-    if device.type != "cuda" or dtype == torch.float32:
-        return None
-    name = torch.cuda.get_device_name(device)
-    for key, flops in (("H200", 989e12), ("H100", 989e12), ("A100", 312e12), ("L4", 121e12), ("4090", 165e12)):
-        if key in name:
-            return flops
-    return None
 
 
 def rng_state():

@@ -108,3 +108,17 @@ def test_openwebtext_recipe_on_a_local_dataset(tmp_path):
     assert len(val_docs) == 4 and sorted(train_docs + val_docs) == sorted(docs)
     assert len(splits["train"]) + len(splits["val"]) == sum(len(enc.encode_ordinary(d)) + 1 for d in docs)
     assert json.loads((tmp_path / "out" / "meta.json").read_text())["tokenizer"] == "gpt2"
+
+
+def test_vocabularies_over_65536_use_uint32_and_train_reads_them(tmp_path):
+    from batches import Batches
+    import torch
+    text = "".join(chr(0x10000 + i) for i in range(70_000)) * 2  # 70,000 symbols: too many for uint16
+    (tmp_path / "in.txt").write_text(text, encoding="utf-8")
+    counts = prep.prepare(str(tmp_path / "in.txt"), "char", str(tmp_path / "out"), 0.1, log=lambda *a: None)
+    meta = json.loads((tmp_path / "out" / "meta.json").read_text())
+    assert counts["vocab_size"] == 70_000 and meta["dtype"] == "uint32"
+    batches = Batches(str(tmp_path / "out"), 8, 4, torch.device("cpu"), 0, meta)
+    x, y = batches.get("train", (0, 0, 0))
+    assert x.max().item() < 70_000 and torch.equal(x[:, 1:], y[:, :-1])
+    assert ((y - x) % 70_000 == 1).all()  # consecutive code points: each next id is one more (mod the repeat)

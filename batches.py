@@ -1,0 +1,98 @@
+"""Batches for training and evaluation: windows of a dataset's train.bin / val.bin.
+
+A batch is x = data[i:i+T] and y = data[i+1:i+1+T] for random starts i that
+depend only on (seed, key): a resumed run and every DDP rank draw exactly the
+windows an uninterrupted single-process run would.
+"""
+import os
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from configurator import UserError
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def dataset_dir(dataset):
+    """data/<dataset> (beside train.py or under the working directory), or dataset itself if a directory."""
+    for path in (dataset, os.path.join("data", dataset), os.path.join(ROOT, "data", dataset)):
+        if os.path.isdir(path) and os.path.exists(os.path.join(path, "train.bin")):
+            return path
+    return os.path.join(ROOT, "data", dataset)
+
+
+class Batches:
+    """Random (x, y) windows from train.bin / val.bin, where y is x shifted by one token.
+
+    Stateless: the windows of a batch are a function of (seed, key) alone, so
+    a resumed run and every DDP rank draw exactly what an uninterrupted
+    single-process run would.
+    """
+
+    def __init__(self, data_dir, block_size, batch_size, device, seed, meta=None):
+        dtype = np.dtype((meta or {}).get("dtype", "uint16"))
+        self.data = {}
+        for split in ("train", "val"):
+            path = os.path.join(data_dir, f"{split}.bin")
+            if not os.path.exists(path):
+                name = os.path.basename(os.path.normpath(data_dir))
+                raise UserError(f"{path} not found; run python data/{name}/prepare.py "
+                                f"(or python data/prepare.py --input FILE --out {data_dir})")
+            data = np.memmap(path, dtype=dtype, mode="r")
+            if len(data) < block_size + 1:
+                raise UserError(f"{path} has {len(data)} tokens, fewer than block_size + 1 ({block_size + 1}); "
+                                f"use a smaller --block_size or more data")
+            self.data[split] = data
+        self.block_size, self.batch_size, self.device, self.seed = block_size, batch_size, device, seed
+        self.offsets = np.arange(block_size + 1)
+
+    def get(self, split, key):
+        data = self.data[split]
+        rng = np.random.default_rng([self.seed, *key])
+        return self.batch(data, rng.integers(0, len(data) - self.block_size, self.batch_size))
+
+    def windows(self, split, n):
+        """Batches of n fixed windows whose starts are spread evenly over the split."""
+        data = self.data[split]
+        starts = np.linspace(0, len(data) - self.block_size - 1, n).round().astype(np.int64)
+        for i in range(0, n, self.batch_size):
+            yield self.batch(data, starts[i:i + self.batch_size])
+
+    def batch(self, data, ix):
+        buf = torch.from_numpy(data[ix[:, None] + self.offsets].astype(np.int64))  # (B, T+1)
+        if self.device.type == "cuda":
+            buf = buf.pin_memory().to(self.device, non_blocking=True)
+        else:
+            buf = buf.to(self.device)
+        return buf[:, :-1], buf[:, 1:]
+
+
+@torch.no_grad()
+def estimate_loss(model, batches, cfg, ctx, rank=0, world=1):
+    """Mean loss of each split over the same batches every time, shared across ranks.
+
+    eval_iters random batches per split; with eval_windows, val uses that many
+    fixed windows spread evenly over the split instead (a low-noise measure).
+    """
+    out = {}
+    model.eval()
+    for s, split in enumerate(("train", "val")):
+        if split == "val" and cfg.eval_windows:
+            parts = batches.windows(split, cfg.eval_windows)
+        else:
+            parts = (batches.get(split, (1 + s, k)) for k in range(cfg.eval_iters))  # keys 1, 2: apart from training's 0
+        total = torch.zeros(2, dtype=torch.float64, device=batches.device)  # (sum of losses x windows, windows)
+        for k, (x, y) in enumerate(parts):
+            if k % world != rank:
+                continue
+            with ctx:
+                _, loss = model(x, y)
+            total += torch.stack((loss.double() * x.size(0), torch.tensor(float(x.size(0)), device=loss.device,
+                                                                          dtype=torch.float64)))
+        if world > 1:
+            dist.all_reduce(total)
+        out[split] = (total[0] / total[1]).item()  # sync point: once per split per eval
+    model.train()
+    return out

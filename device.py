@@ -1,0 +1,41 @@
+"""Which device and dtype to run on, and what the device can do."""
+import torch
+
+from configurator import UserError
+
+
+def resolve_device(name, local_rank=0):
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device(f"cuda:{local_rank}")
+        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UserError(f"device {name!r} is not a device; use auto, cpu, cuda, cuda:N or mps") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"device={name} but CUDA is not available on this machine; use --device=cpu (or auto)")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise UserError(f"device={name} but MPS is not available on this machine; use --device=cpu (or auto)")
+    return device
+
+
+def resolve_dtype(name, device):
+    if name == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    return getattr(torch, name)
+
+
+def peak_flops_for(device, dtype):
+    """Dense bf16/fp16 tensor-core peaks of known GPUs; None where unknown (pass --peak_flops)."""
+    if device.type != "cuda" or dtype == torch.float32:
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, flops in (("H200", 989e12), ("H100", 989e12), ("A100", 312e12), ("L4", 121e12), ("4090", 165e12)):
+        if key in name:
+            return flops
+    return None

@@ -1,0 +1,65 @@
+"""Overlay val loss against training time and against iterations, from runs' log.jsonl files.
+
+    python plot.py out-shakespeare-char out-shakespeare-char-speedrun --png docs/speedrun.png
+
+Training time is wall time from process start with evaluation excluded, as
+train.py logs it. Needs matplotlib (pip install matplotlib).
+"""
+import argparse
+import json
+import os
+
+from configurator import UserError, run_main
+
+
+def read_evals(out_dir):
+    """[(iter, train_time, val_loss)] of a run's log; the last run when the log holds several."""
+    path = os.path.join(out_dir, "log.jsonl")
+    if not os.path.exists(path):
+        raise UserError(f"{path} not found; train.py writes it into out_dir")
+    runs = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            record = json.loads(line)
+            if record["kind"] == "config":
+                runs.append([])
+            elif record["kind"] == "eval" and runs:
+                runs[-1].append((record["iter"], record["train_time"], record["val_loss"]))
+    if not runs or not runs[-1]:
+        raise UserError(f"{path} has no evaluations")
+    return runs[-1]
+
+
+def main(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out_dirs", nargs="+")
+    parser.add_argument("--png", required=True, help="where to write the figure")
+    parser.add_argument("--target", type=float, default=None, help="draw a horizontal line at this loss")
+    args = parser.parse_args(argv)
+    runs = {d: read_evals(d) for d in args.out_dirs}
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UserError("plot.py needs matplotlib: pip install matplotlib") from None
+    fig, (by_time, by_iter) = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    for name, evals in runs.items():
+        iters, times, losses = zip(*evals)
+        by_time.plot(times, losses, marker=".", label=os.path.basename(os.path.normpath(name)))
+        by_iter.plot(iters, losses, marker=".", label=os.path.basename(os.path.normpath(name)))
+    for ax, label in ((by_time, "training time, s (from process start, evals excluded)"), (by_iter, "iterations")):
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+        if args.target is not None:
+            ax.axhline(args.target, color="gray", linestyle="--", linewidth=1)
+    by_time.set_ylabel("val loss")
+    by_time.set_ylim(top=min(3.0, max(loss for evals in runs.values() for _, _, loss in evals)))
+    by_iter.legend()
+    fig.tight_layout()
+    fig.savefig(args.png, dpi=110)
+    print(f"wrote {args.png}")
+
+
+if __name__ == "__main__":
+    run_main(main)

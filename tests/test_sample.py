@@ -1,0 +1,44 @@
+"""sample.py's text handling: stops are never printed, streamed text never splits a character."""
+from sample import Continuation
+from tokenizer import BPETokenizer, CharTokenizer
+
+CHARS = CharTokenizer(list("abc \nXYZ"))
+
+
+def feed(cont, ids):
+    shown = [cont.add(i) for i in ids]
+    return "".join(shown) + cont.finish(), shown
+
+
+def test_stop_string_ends_the_sample_and_is_not_printed():
+    cont = Continuation(CHARS, ["\n\n"], [])
+    text, shown = feed(cont, CHARS.encode("ab c\nX\n\nabc"))
+    assert text == "ab c\nX" and cont.done
+    assert "\n\n" not in "".join(shown)
+
+
+def test_text_that_may_start_a_stop_is_held_back_until_decided():
+    cont = Continuation(CHARS, ["XYZ"], [])
+    assert cont.add(CHARS.stoi["a"]) == "a"
+    assert cont.add(CHARS.stoi["X"]) == ""  # could be the start of XYZ
+    assert cont.add(CHARS.stoi["Y"]) == ""
+    assert cont.add(CHARS.stoi["a"]) == "XYa"  # it was not
+    assert cont.add(CHARS.stoi["X"]) == ""
+    assert cont.finish() == "X"  # generation ended: what was held is shown
+
+
+def test_stop_token_ids_end_the_sample():
+    cont = Continuation(CHARS, [], [[CHARS.stoi["c"], CHARS.stoi["a"]]])
+    text, _ = feed(cont, CHARS.encode("abcbca"))
+    assert text == "abcb" and cont.done
+
+
+def test_streamed_bpe_never_prints_half_a_character():
+    tok = BPETokenizer()
+    text = "naïve café: 日本語の文章 🙂 done"
+    ids = tok.encode(text)
+    assert any(tok.decoder().feed(i) == "" for i in ids)  # some token ends mid-character
+    cont = Continuation(tok, [], [])
+    streamed, shown = feed(cont, ids)
+    assert streamed == text
+    assert all("\ufffd" not in piece for piece in shown)
