@@ -444,11 +444,22 @@ def stop_agreed(stop, world, iter_num, cfg):
 
 
 class JsonLog:
-    """Metrics as JSON lines in out_dir/log.jsonl; opened on first write, so errors leave out_dir alone."""
+    """Metrics as JSON lines in out_dir/log.jsonl, and to Weights & Biases with wandb_log.
+
+    Opened on the first write, so a run that fails before it leaves out_dir (and wandb) alone.
+    """
 
     def __init__(self, path, cfg, active):
         self.path, self.active, self.file = path, active, None
         self.header = {"kind": "config", **asdict(cfg)}
+        self.wandb = None
+        if active and cfg.wandb_log:
+            try:
+                import wandb
+            except ImportError:
+                raise UserError("wandb_log=True needs wandb: pip install wandb (or drop --wandb_log)") from None
+            self.wandb, self.wandb_args = wandb, dict(project=cfg.wandb_project, name=cfg.wandb_run_name,
+                                                      config=asdict(cfg))
 
     def write(self, **record):
         if not self.active:
@@ -457,8 +468,13 @@ class JsonLog:
             os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
             self.file = open(self.path, "a", encoding="utf-8")
             self.file.write(json.dumps(self.header) + "\n")
+            if self.wandb is not None:
+                self.wandb.init(**self.wandb_args)
         self.file.write(json.dumps(record) + "\n")
         self.file.flush()
+        if self.wandb is not None:  # e.g. train/loss, eval/val_loss, at step iter
+            self.wandb.log({f"{record['kind']}/{k}": v for k, v in record.items() if k not in ("kind", "iter")},
+                           step=record["iter"])
 
     def close(self):
         if self.file is not None:

@@ -122,3 +122,40 @@ def test_train_script_runs_from_a_config_file(tmp_path, char_dataset):
                          "--max_iters=3", "--eval_interval=3"])
     assert result.returncode == 0, result.stderr
     assert "done: 3 iters" in result.stdout and os.path.exists(tmp_path / "o" / "ckpt.pt")
+
+
+def test_wandb_gets_the_same_metrics_as_the_json_log(tmp_path, char_dataset, monkeypatch):
+    import sys
+    import types
+    calls = []
+    fake = types.ModuleType("wandb")
+    fake.init = lambda **kw: calls.append(("init", kw["project"], kw["name"]))
+    fake.log = lambda data, step: calls.append(("log", step, data))
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    train(tiny_cfg(tmp_path, char_dataset, wandb_log=True, wandb_project="p", wandb_run_name="r"), log=quiet)
+    assert calls[0] == ("init", "p", "r") and sum(c[0] == "init" for c in calls) == 1
+    logged = {(c[1], k): v for c in calls[1:] for k, v in c[2].items()}
+    records = [json.loads(line) for line in open(tmp_path / "out" / "log.jsonl")][1:]
+    for r in records:
+        assert logged[(r["iter"], f"{r['kind']}/loss" if r["kind"] == "train" else "eval/val_loss")] == \
+            (r["loss"] if r["kind"] == "train" else r["val_loss"])
+
+
+def test_wandb_log_without_wandb_is_a_clear_error(tmp_path, char_dataset, monkeypatch):
+    import sys
+    from configurator import UserError
+    monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb raises ImportError
+    with pytest.raises(UserError, match="wandb_log=True needs wandb: pip install wandb"):
+        train(tiny_cfg(tmp_path, char_dataset, wandb_log=True), log=quiet)
+    assert not os.path.exists(tmp_path / "out")
+
+
+def test_sample_rebuilds_a_modern_model_from_its_checkpoint(tmp_path, char_dataset):
+    options = dict(pos_emb="rope", norm="rmsnorm", activation="swiglu", n_kv_head=1, tie_weights=False, bias=False)
+    train(tiny_cfg(tmp_path, char_dataset, max_iters=2, **options), log=quiet)
+    ckpt = load_checkpoint(str(tmp_path / "out" / "ckpt.pt"))
+    assert {k: ckpt["model_args"][k] for k in options} == options
+    result = run_script(["sample.py", f"--out_dir={tmp_path / 'out'}", "--start=All", "--num_samples=1",
+                         "--max_new_tokens=10"])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("All")
