@@ -39,6 +39,7 @@ class SampleConfig:
     seed: int = 1337
     device: str = "auto"
     dtype: str = "auto"
+    compile: bool = False  # torch.compile the model (pays off only for long generations)
     stream: bool = False  # print each token as it is generated (samples one after another)
     use_cache: bool = True  # KV cache: one position per step instead of the whole context
 
@@ -140,6 +141,8 @@ def main(argv):
     dtype = resolve_dtype(cfg.dtype, device)
     model, tokenizer = load(cfg, device)
     model.eval().to(device)
+    if cfg.compile:
+        model.compile(dynamic=True)  # in place: generate's own calls go through the compiled forward
     prompt = read_prompt(cfg.start)
     ids = tokenizer.encode(prompt) or ([tokenizer.eot] if tokenizer.eot is not None else [])
     if not ids:
