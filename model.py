@@ -440,6 +440,9 @@ class GPT(nn.Module):
         sample stopped early.
         """
         stops = [list(s) for s in (stop or []) if len(s)]
+        if not stops:  # no host sync per step: the tokens stay on the device until the end
+            steps = list(self.stream(idx, max_new_tokens, temperature, top_k, top_p, generator, use_cache))
+            return torch.cat([idx] + [t[:, None] for t in steps], dim=1)
         rows = [[] for _ in range(idx.size(0))]
         done = [False] * idx.size(0)
         for tok in self.stream(idx, max_new_tokens, temperature, top_k, top_p, generator, use_cache):
@@ -452,7 +455,7 @@ class GPT(nn.Module):
                         done[b] = True
             if all(done):
                 break
-        n = max(len(r) for r in rows) if stops else len(rows[0])
+        n = max(len(r) for r in rows)
         new = torch.tensor([r + [-1] * (n - len(r)) for r in rows], dtype=idx.dtype, device=idx.device)
         return torch.cat((idx, new.view(idx.size(0), n)), dim=1)
 

@@ -175,7 +175,8 @@ def resume_config(ckpt, overrides, path):
     for key, value in overrides.items():
         if key in FIXED_ON_RESUME and value != saved[key]:
             raise UserError(f"--{key}={value!r} contradicts the checkpoint's {key}={saved[key]!r} ({path}); "
-                            f"a resumed run keeps the model's shape: train from scratch in a new out_dir to change it")
+                            f"a resumed run keeps the model's shape and optimizer: train from scratch in a new "
+                            f"out_dir to change them")
     try:
         base = TrainConfig(**saved)
         return base, TrainConfig(**{**saved, **overrides})
@@ -268,8 +269,10 @@ def run(cfg, overrides, rank, local_rank, world, master, log, t_start, stop):
             raise UserError(f"block_size ({cfg.block_size}) is longer than {cfg.init_from}'s context "
                             f"({model.config.block_size}); use --block_size={model.config.block_size} or less")
         model.crop_block_size(cfg.block_size)
-        shape = {k: getattr(model.config, k) for k in SHAPE_FIELDS}  # the checkpoint's config tells the truth
-        log("from " + cfg.init_from + ": " + ", ".join(f"{k}={v}" for k, v in shape.items() if getattr(cfg, k) != v))
+        shape = {k: getattr(model.config, k) for k in SHAPE_FIELDS}  # the weights decide the model's shape
+        changed = [f"{k}={v}" for k, v in shape.items() if getattr(cfg, k) != v]
+        if changed:
+            log(f"from {cfg.init_from}: {', '.join(changed)}")
         cfg = replace(cfg, **shape)
     else:
         model = GPT(cfg.model_config(vocab_size=(meta or {}).get("vocab_size", 50304)))
@@ -289,7 +292,7 @@ def run(cfg, overrides, rank, local_rank, world, master, log, t_start, stop):
             group["initial_lr"] = peak
         if "scaler" in ckpt:
             scaler.load_state_dict(ckpt["scaler"])
-        iter_num, best_val_loss = ckpt["iter_num"], ckpt.get("best_val_loss", float("inf"))
+        iter_num, best_val_loss = int(ckpt["iter_num"]), float(ckpt.get("best_val_loss", float("inf")))  # nanoGPT: a tensor
         if "rng" in ckpt and rank < len(ckpt["rng"]):
             set_rng_state(ckpt["rng"][rank])
         else:
