@@ -1,6 +1,5 @@
 """Data parallelism through torchrun (gloo on CPU): the same result as one process, clean failures."""
 import json
-import sys
 
 import torch
 

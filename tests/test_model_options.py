@@ -1,5 +1,4 @@
 """Architecture options (RoPE, RMSNorm, activations, GQA/MQA, untied head) against independent math."""
-import math
 from dataclasses import replace
 
 import numpy as np
