@@ -308,16 +308,22 @@ def print_trace(result, cfg, out=print):
 
 HTML_STYLE = """body{font-family:sans-serif;margin:2em;max-width:70em}table.heatmap{border-collapse:collapse;margin:.5em 0 1.5em}
 .heatmap td,.heatmap th{width:3.2em;height:1.6em;text-align:center;font-size:11px;border:1px solid #ddd}
-.heatmap th{background:#f4f4f4;font-weight:normal}.masked{background:#eee;color:#999}.scores{display:none}
-body.show-scores .scores{display:table}body.show-scores .weights{display:none}"""
-HTML_SCRIPT = ("function toggle(b){document.body.classList.toggle('show-scores',b.checked);"
-               "document.querySelectorAll('.mask-note').forEach(function(e){e.textContent=b.checked?"
-               "'scores: before the mask in each cell\\'s title, after it as shown (-inf above the diagonal)':"
-               "'attention weights: each row sums to 1, zero above the diagonal'})}")
+.heatmap th{background:#f4f4f4;font-weight:normal}td.inf{background:#eee;color:#999}
+.heatmap.raw,.heatmap.masked{display:none}body.view-raw .heatmap.raw,body.view-masked .heatmap.masked{display:table}
+body.view-raw .heatmap.weights,body.view-masked .heatmap.weights{display:none}"""
+HTML_SCRIPT = "function show(r){document.body.className='view-'+r.value}"
+VIEWS = (("weights", "attention weights (each row sums to 1; zero above the diagonal)"),
+         ("raw", "scores q.k/sqrt(hs), before the causal mask"),
+         ("masked", "scores after the causal mask (-inf above the diagonal), as the softmax sees them"))
+
+
+def visible(token):
+    """A token as a heatmap label: spaces and newlines made visible."""
+    return html.escape(token.replace(" ", "\u2423").replace("\n", "\u21b5"))
 
 
 def heat_table(matrix, tokens, cls, precision):
-    cells = ["<tr><th></th>" + "".join(f"<th>{html.escape(t)}</th>" for t in tokens) + "</tr>"]
+    cells = ["<tr><th></th>" + "".join(f"<th>{visible(t)}</th>" for t in tokens) + "</tr>"]
     finite = [v for row in matrix for v in row if not isinstance(v, str)]
     hi = max(finite) if finite else 1.0
     lo = min(finite) if finite else 0.0
@@ -325,11 +331,11 @@ def heat_table(matrix, tokens, cls, precision):
         tds = []
         for v in row:
             if isinstance(v, str):
-                tds.append(f'<td class="masked">{v}</td>')
+                tds.append(f'<td class="inf">{v}</td>')
             else:
                 a = (v - lo) / (hi - lo) if hi > lo else 0.0
                 tds.append(f'<td style="background:rgba(200,60,20,{a:.3f})">{v:.{precision}f}</td>')
-        cells.append(f"<tr><th>{html.escape(token)}</th>{''.join(tds)}</tr>")
+        cells.append(f"<tr><th>{visible(token)}</th>{''.join(tds)}</tr>")
     return f'<table class="heatmap {cls}">{"".join(cells)}</table>'
 
 
@@ -339,16 +345,15 @@ def render_html(result, cfg):
              f"<style>{HTML_STYLE}</style><script>{HTML_SCRIPT}</script></head><body>",
              f"<h1>{html.escape(result['prompt'])}</h1><p>{len(tokens)} tokens: "
              + " ".join(f"<code>{html.escape(repr(t))}</code>" for t in tokens) + "</p>",
-             "<label><input type='checkbox' onchange='toggle(this)'> show scores (before softmax; the mask sets "
-             "-inf above the diagonal)</label><p class='mask-note'>attention weights: each row sums to 1, zero above "
-             "the diagonal</p>"]
+             "<p>" + " ".join(f"<label><input type='radio' name='view' value='{v}' onchange='show(this)'"
+                              f"{' checked' if v == 'weights' else ''}> {text}</label><br>" for v, text in VIEWS) + "</p>"]
     for layer in result["layers"]:
         stages = {s["name"]: s for s in layer["stages"]}
-        weights, masked = stages["attention weights"], stages["masked scores"]
-        for h, w, s in zip(weights["heads"], weights["values"], masked["values"]):
+        weights, raw, masked = (stages[n] for n in ("attention weights", "scores (q.k / sqrt(hs))", "masked scores"))
+        for i, h in enumerate(weights["heads"]):
             parts.append(f"<h2>layer {layer['layer']}, head {h}</h2>")
-            parts.append(heat_table(w, tokens, "weights", cfg.precision))
-            parts.append(heat_table(s, tokens, "scores", cfg.precision))
+            for cls, stage in (("weights", weights), ("raw", raw), ("masked", masked)):
+                parts.append(heat_table(stage["values"][i], tokens, cls, cfg.precision))
     parts.append("<h2>next token</h2><ol>" + "".join(
         f"<li><code>{html.escape(repr(c['token']))}</code> p={c['prob']:.{cfg.precision}f}</li>"
         for c in result["next token"]) + "</ol><h2>generation</h2>")

@@ -114,8 +114,10 @@ def test_html_has_one_heatmap_per_traced_head(tiny_config):
     parser = Counter()
     parser.feed(page)
     parser.close()
-    assert parser.tables.count("heatmap weights") == tiny_config.n_head
-    assert parser.tables.count("heatmap scores") == tiny_config.n_head  # the before/after-mask switch shows these
+    assert parser.tables.count("heatmap weights") == tiny_config.n_head  # one heatmap per traced head
+    assert parser.tables.count("heatmap raw") == tiny_config.n_head  # the switch: scores before the mask
+    assert parser.tables.count("heatmap masked") == tiny_config.n_head  # and after it
+    assert page.count("-inf") >= tiny_config.n_head * 11 * 10 // 2  # every masked table shows the upper triangle
     assert Counter.external == 0 and "http" not in page
 
 
