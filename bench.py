@@ -76,7 +76,11 @@ def read_bandwidth(device, nbytes=1 << 28):
 
 
 def plain_loop_ms(cfg, model, device, ctx):
-    """ms per iteration of the bare minimum: forward, backward, clip, AdamW step on random batches."""
+    """ms per iteration of the bare minimum: forward, backward, clip, optimizer step on random batches.
+
+    Compiled as train.py would compile it (cfg.compile; None means on CUDA).
+    """
+    step_model = torch.compile(model) if cfg.compile or (cfg.compile is None and device.type == "cuda") else model
     optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device.type,
                                            cfg.optimizer, cfg.muon_lr, cfg.muon_momentum, cfg.muon_weight_decay)
     x = torch.randint(0, model.config.vocab_size, (cfg.batch_size, cfg.block_size), device=device)
@@ -86,7 +90,7 @@ def plain_loop_ms(cfg, model, device, ctx):
         t0 = time.perf_counter()
         for _ in range(cfg.gradient_accumulation_steps):
             with ctx:
-                _, loss = model(x, x)
+                _, loss = step_model(x, x)
             (loss / cfg.gradient_accumulation_steps).backward()
         if cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)

@@ -98,7 +98,7 @@ class TrainConfig:
     # system
     device: str = "auto"  # auto (cuda, else mps, else cpu), cpu, cuda, cuda:1, mps
     dtype: str = "auto"  # auto (bfloat16 on CUDA where supported, else float16; float32 on CPU)
-    compile: bool = False  # torch.compile the model (pays off on long GPU runs)
+    compile: bool | None = None  # torch.compile the model; None: on CUDA yes (it pays off), elsewhere no
     backend: str = "auto"  # torch.distributed backend: auto (nccl on CUDA, gloo on CPU), nccl, gloo
     seed: int = 1337
     peak_flops: float | None = None  # the device's peak FLOP/s for MFU (bench.py measures it)
@@ -300,7 +300,7 @@ def run(cfg, overrides, rank, local_rank, world, master, log, t_start, stop):
         log(f"resuming from {ckpt_path} at iter {iter_num}")
     del ckpt
     raw_model = model
-    if cfg.compile:
+    if cfg.compile or (cfg.compile is None and device.type == "cuda"):
         log("compiling the model... (takes a minute)")
         model = torch.compile(model)
     if world > 1:
