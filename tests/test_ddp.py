@@ -44,6 +44,25 @@ def test_two_processes_equal_one_process_with_two_micro_batches(tmp_path, char_d
                 assert abs(a[key] - b[key]) < 1e-5, (key, a, b)
 
 
+def test_resume_under_ddp_continues_exactly(tmp_path, char_dataset):
+    """5 iters under torchrun straight vs 3, stop, resume to 5 under torchrun: identical weights and losses."""
+    common = [f"--dataset={char_dataset}", "--gradient_accumulation_steps=2", "--dropout=0.1"]
+    straight = torchrun("train.py", *common, f"--out_dir={tmp_path / 'a'}")
+    first = torchrun("train.py", *common, f"--out_dir={tmp_path / 'b'}", "--max_iters=3")
+    resumed = torchrun("train.py", f"--out_dir={tmp_path / 'b'}", "--init_from=resume", "--max_iters=5")
+    for result in (straight, first, resumed):
+        assert result.returncode == 0, result.stderr[-3000:]
+    a = load_checkpoint(str(tmp_path / "a" / "ckpt.pt"))
+    b = load_checkpoint(str(tmp_path / "b" / "ckpt.pt"))
+    assert a["iter_num"] == b["iter_num"] == 5
+    for key, value in a["model"].items():
+        assert torch.equal(value, b["model"][key]), key
+
+    def losses(path):
+        return [r["loss"] for r in map(json.loads, open(path / "log.jsonl")) if r["kind"] == "train"]
+    assert losses(tmp_path / "a") == losses(tmp_path / "b")
+
+
 def test_accumulation_must_divide_by_world_size(tmp_path, char_dataset):
     result = torchrun("train.py", f"--dataset={char_dataset}", f"--out_dir={tmp_path / 'o'}",
                       "--gradient_accumulation_steps=3")
