@@ -1,0 +1,33 @@
+"""bench.py on a tiny config: every figure present and sane, the FLOP count worked by hand."""
+import json
+
+from bench import BenchConfig, bench, decode_bytes_per_token
+from model import GPT
+from tokenizer import read_meta
+
+
+def test_bench_reports_every_figure(tmp_path, char_dataset):
+    out = tmp_path / "bench.json"
+    cfg = BenchConfig(dataset=str(char_dataset), n_layer=2, n_head=2, n_embd=32, block_size=16, batch_size=4,
+                      gradient_accumulation_steps=1, device="cpu", bench_iters=4, bench_warmup=2, new_tokens=20,
+                      gen_batch=4, json=str(out))
+    lines = []
+    result = bench(cfg, log=lines.append)
+    assert json.loads(out.read_text()) == result
+    for key in ("peak_flops", "read_bandwidth", "plain_ms", "train_ms", "uncached_tok_s", "cached_tok_s",
+                "batched_tok_s", "bandwidth_bound_tok_s"):
+        assert result[key] > 0, key
+    assert 0 < result["plain_mfu"] < 1
+    assert any(line.startswith("train.py loop") for line in lines)
+    # 6 FLOPs per parameter per token, plus attention's 12 * layers * heads * head_dim * block_size
+    model = GPT(cfg.model_config(vocab_size=read_meta(str(char_dataset))["vocab_size"]))
+    n = model.get_num_params()
+    assert result["params"] == n
+    assert result["flops_per_token"] == 6 * n + 12 * 2 * 2 * 16 * 16
+
+
+def test_decode_bytes_count_each_weight_once_plus_the_cache(tiny_config):
+    model = GPT(tiny_config)
+    weights = sum(p.numel() for p in model.parameters()) * 4 + model.lm_head.weight.numel() * 4  # tied: read twice
+    cache = 2 * tiny_config.n_layer * tiny_config.n_head * tiny_config.head_dim * (16 / 2) * 4
+    assert decode_bytes_per_token(model, 100) == weights + cache
