@@ -40,7 +40,7 @@ def parse_args(cls, argv):
             key, sep, text = item[2:].partition("=")
             source = f"--{key}"
             if not sep:
-                raise UserError(f"{item}: expected --key=value (e.g. --{key}=True)")
+                raise UserError(f"{item}: expected --{key}=VALUE, with '=' and no spaces")
             check_key(key, hints, source)
             overrides[key] = convert(parse_literal(text, hints[key]), hints[key], key, source)
         else:

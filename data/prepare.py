@@ -41,6 +41,8 @@ def find_or_download(argv, here, url=SHAKESPEARE_URL):
         try:
             urllib.request.urlretrieve(url, path + ".tmp")
         except OSError as e:
+            if os.path.exists(path + ".tmp"):
+                os.remove(path + ".tmp")
             raise UserError(f"download failed ({e}); offline, pass a local copy with --input PATH") from None
         os.replace(path + ".tmp", path)
     return path

@@ -58,7 +58,7 @@ def test_bools_from_words_and_digits(text, value):
                                          ("--batch_size=2.5", "batch_size expects int"),
                                          ("--batch_size=None", "batch_size cannot be None"),
                                          ("--learning_rate=fast", "learning_rate expects float"),
-                                         ("--batch_size", "expected --key=value")])
+                                         ("--batch_size", "expected --batch_size=VALUE, with '=' and no spaces")])
 def test_wrong_types_are_errors(item, match):
     with pytest.raises(UserError, match=match):
         parse_args(Demo, [item])
