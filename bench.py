@@ -11,14 +11,13 @@ import os
 import statistics
 import tempfile
 import time
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 
 import torch
 
 from batches import dataset_dir
 from configurator import UserError, parse_args, run_main
-from device import resolve_device, resolve_dtype
+from device import autocast, resolve_device, resolve_dtype, should_compile
 from model import GPT
 from tokenizer import read_meta
 from train import TrainConfig, train
@@ -80,7 +79,7 @@ def plain_loop_ms(cfg, model, device, ctx):
 
     Compiled as train.py would compile it (cfg.compile; None means on CUDA).
     """
-    step_model = torch.compile(model) if cfg.compile or (cfg.compile is None and device.type == "cuda") else model
+    step_model = torch.compile(model) if should_compile(cfg.compile, device) else model
     optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device.type,
                                            cfg.optimizer, cfg.muon_lr, cfg.muon_momentum, cfg.muon_weight_decay)
     x = torch.randint(0, model.config.vocab_size, (cfg.batch_size, cfg.block_size), device=device)
@@ -141,7 +140,7 @@ def decode_bytes_per_token(model, new_tokens):
 def bench(cfg, log=print):
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
-    ctx = torch.autocast(device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
+    ctx = autocast(device, dtype)
     meta = read_meta(dataset_dir(cfg.dataset))
     torch.manual_seed(cfg.seed)
     model = GPT(cfg.model_config(vocab_size=(meta or {}).get("vocab_size", 50304))).to(device)

@@ -1,4 +1,6 @@
 """Which device and dtype to run on, and what the device can do."""
+from contextlib import nullcontext
+
 import torch
 
 from configurator import UserError
@@ -39,3 +41,13 @@ def peak_flops_for(device, dtype):
         if key in name:
             return flops
     return None
+
+
+def autocast(device, dtype):
+    """Mixed precision in dtype on device; nothing to do for float32."""
+    return torch.autocast(device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
+
+
+def should_compile(setting, device):
+    """compile=True/False as given; None means on CUDA, where it pays for itself, and not elsewhere."""
+    return setting if setting is not None else device.type == "cuda"

@@ -9,7 +9,6 @@ meta.json / meta.pkl), else GPT-2 BPE. The same seed gives the same text.
 """
 import os
 import sys
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -17,7 +16,7 @@ import torch
 from batches import dataset_dir
 from checkpoint import is_pretrained, load_checkpoint, load_pretrained, model_from_checkpoint
 from configurator import UserError, parse_args, report_overrides, run_main
-from device import resolve_device, resolve_dtype
+from device import autocast, resolve_device, resolve_dtype
 from model import check_sampling
 from tokenizer import BPETokenizer, read_meta, tokenizer_from_meta
 
@@ -154,7 +153,7 @@ def main(argv):
     stop_ids = [[s] for s in cfg.stop if isinstance(s, int)]
     torch.manual_seed(cfg.seed)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
-    ctx = torch.autocast(device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
+    ctx = autocast(device, dtype)
     x = torch.tensor(ids, dtype=torch.long, device=device)[None]
     args = dict(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
                 generator=generator, use_cache=cfg.use_cache)

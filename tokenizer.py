@@ -79,11 +79,16 @@ class StreamDecoder:
         return self.utf8.decode(b"", final=True)
 
 
+def tokenizer_kind(meta):
+    """"char" or "gpt2": meta.json names it; nanoGPT's meta.pkl is char-level (itos); no metadata is GPT-2."""
+    if meta is None:
+        return "gpt2"
+    return meta.get("tokenizer") or ("char" if "chars" in meta or "itos" in meta else "gpt2")
+
+
 def tokenizer_from_meta(meta):
     """The tokenizer a dataset's metadata describes; GPT-2 BPE when there is none."""
-    if meta is None:
-        return BPETokenizer()
-    kind = meta.get("tokenizer") or ("char" if "chars" in meta or "itos" in meta else "gpt2")
+    kind = tokenizer_kind(meta)
     if kind == "gpt2":
         return BPETokenizer()
     if kind != "char":

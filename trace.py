@@ -15,7 +15,7 @@ import math
 import os
 import sys
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
@@ -24,7 +24,7 @@ from configurator import UserError, parse_args, report_overrides, run_main
 from device import resolve_device
 import model as model_module
 from model import filter_logits
-from sample import load
+from sample import SampleConfig, load
 
 
 @dataclass
@@ -211,7 +211,7 @@ def build_trace(model, tokenizer, cfg, device):
     layers = range(c.n_layer) if cfg.layer is None else [cfg.layer]
     heads = list(range(c.n_head)) if cfg.head is None else [cfg.head]
     result = {"prompt": cfg.start, "tokens": [decode([i]) for i in ids], "ids": ids,
-              "model": {k: v for k, v in c.__dict__.items()}, "heads": heads, "layers": []}
+              "model": asdict(c), "heads": heads, "layers": []}
     logits = None
     for layer in layers:
         stages = trace_forward(model, idx, layer)
@@ -372,7 +372,6 @@ def main(argv):
     cfg, overrides = parse_args(TraceConfig, argv)
     report_overrides(overrides, TraceConfig(), log=lambda line: print(line, file=sys.stderr))
     device = resolve_device(cfg.device)
-    from sample import SampleConfig
     model, tokenizer = load(SampleConfig(init_from=cfg.init_from, out_dir=cfg.out_dir, ckpt=cfg.ckpt), device)
     model.eval().to(device)
     result = build_trace(model, tokenizer, cfg, device)

@@ -30,9 +30,9 @@ from tqdm import tqdm
 from batches import Batches, dataset_dir, estimate_loss
 from checkpoint import is_pretrained, load_checkpoint, load_pretrained, model_from_checkpoint, save_checkpoint
 from configurator import UserError, parse_args, report_overrides, run_main
-from device import peak_flops_for, resolve_device, resolve_dtype
+from device import autocast, peak_flops_for, resolve_device, resolve_dtype, should_compile
 from model import GPT, GPTConfig
-from tokenizer import read_meta
+from tokenizer import read_meta, tokenizer_kind
 
 MODEL_FIELDS = tuple(f.name for f in fields(GPTConfig) if f.name != "vocab_size")
 # fields that fix a checkpoint's tensor shapes or meaning: a resumed run cannot change them
@@ -188,7 +188,7 @@ def check_vocab(model_vocab, meta, data_dir, path):
     if meta is None:
         return
     vocab = meta.get("vocab_size")
-    char = meta.get("tokenizer", "char" if "itos" in meta else "gpt2") == "char"
+    char = tokenizer_kind(meta) == "char"
     if vocab is not None and (vocab > model_vocab or (char and vocab != model_vocab)):
         raise UserError(f"{path} was trained on a vocabulary of {model_vocab} tokens but {data_dir} has {vocab}; "
                         f"resume with the dataset it was trained on (--dataset)")
@@ -300,12 +300,12 @@ def run(cfg, overrides, rank, local_rank, world, master, log, t_start, stop):
         log(f"resuming from {ckpt_path} at iter {iter_num}")
     del ckpt
     raw_model = model
-    if cfg.compile or (cfg.compile is None and device.type == "cuda"):
+    if should_compile(cfg.compile, device):
         log("compiling the model... (takes a minute)")
         model = torch.compile(model)
     if world > 1:
         model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
-    ctx = torch.autocast(device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
+    ctx = autocast(device, dtype)
     accum = cfg.gradient_accumulation_steps // world
     tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
     peak = cfg.peak_flops or peak_flops_for(device, dtype)
