@@ -4,7 +4,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from model import GPT, filter_logits, sample_next
+import model as model_module
+from model import GPT, Linear, filter_logits, onednn_available, sample_next
 from test_model_options import OPTIONS, perturbed
 
 
@@ -93,10 +94,11 @@ def test_cached_generation_gives_the_same_tokens(tiny_config, option):
     torch.testing.assert_close(sampled[0], sampled[1])
 
 
-def test_beyond_block_size_the_cache_keeps_the_last_three_quarters(tiny_config):
-    """Documented policy: when the window is full, recompute its last 3/4 and continue from there."""
-    model = perturbed(replace(tiny_config, pos_emb="rope"))
-    block, keep = tiny_config.block_size, 3 * tiny_config.block_size // 4
+@pytest.mark.parametrize("pos_emb", ["learned", "rope"])
+def test_beyond_block_size_the_cache_keeps_the_last_half(tiny_config, pos_emb):
+    """Documented policy: when the window is full, recompute its last half and continue from there."""
+    model = perturbed(replace(tiny_config, pos_emb=pos_emb))
+    block, keep = tiny_config.block_size, tiny_config.block_size // 2
     idx = torch.randint(0, 64, (1, 5))
     out = model.generate(idx, 40, temperature=0)
     seq, start = idx, 0
@@ -157,3 +159,51 @@ def test_pick_is_inverse_cdf_and_never_picks_a_zero_probability_token():
     assert pick(probs, draws).tolist() == [0, 0, 1, 1, 3, 3]
     counts = torch.bincount(pick(probs[:1].expand(10000, 4), torch.rand(10000, 1, generator=torch.Generator().manual_seed(0))), minlength=4)
     assert counts[2] == 0 and abs(counts[1].item() / 10000 - 0.6) < 0.02
+
+
+needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this PyTorch build has no oneDNN")
+
+
+@needs_onednn
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("rows", [1, 3, 8, 100])
+def test_packed_linear_computes_the_float32_product(monkeypatch, rows, bias):
+    """The packed weights give x W^T + b (float64 reference), only in inference mode, only while W is unchanged."""
+    torch.manual_seed(0)
+    lin = Linear(48, 80, bias=bias)
+    x = torch.randn(2, rows, 48)
+    def reference():
+        y = x.double() @ lin.weight.double().T
+        return y + lin.bias.double() if bias else y
+    calls = []
+    plain = torch.nn.functional.linear
+    monkeypatch.setattr(torch.nn.functional, "linear", lambda *a: calls.append(1) or plain(*a))
+    assert lin.pack(rows)
+    with torch.inference_mode():
+        y = lin(x)
+    assert not calls and y.dtype == torch.float32 and y.shape == (2, rows, 80)
+    torch.testing.assert_close(y.double(), reference(), atol=1e-5, rtol=0)
+    with torch.no_grad():
+        lin.weight.mul_(-2)  # an optimizer step: the packed copy is stale and must not be used
+    with torch.inference_mode():
+        torch.testing.assert_close(lin(x).double(), reference(), atol=1e-5, rtol=0)
+    assert len(calls) == 1
+    lin.pack(rows)
+    lin(x).sum().backward()  # training: autograd through the plain weights
+    assert len(calls) == 2 and lin.weight.grad is not None
+
+
+@needs_onednn
+@pytest.mark.parametrize("option", ["gpt2", "modern", "gqa"])
+def test_generation_on_packed_weights_matches_plain_weights(monkeypatch, tiny_config, option):
+    model = perturbed(replace(tiny_config, **OPTIONS[option]))
+    idx = torch.randint(0, 64, (3, 4))
+    calls = []
+    plain = torch.nn.functional.linear
+    monkeypatch.setattr(torch.nn.functional, "linear", lambda *a: calls.append(1) or plain(*a))
+    packed = model.generate(idx, 12, temperature=0)  # 16 positions: the whole window, no shift
+    assert not calls  # every linear layer ran on its packed weights
+    assert all(m.packed is None for m in model.modules() if isinstance(m, Linear))  # the copy is freed
+    monkeypatch.setattr(model_module, "onednn_available", lambda: False)
+    torch.testing.assert_close(packed, model.generate(idx, 12, temperature=0))
+    torch.testing.assert_close(packed, greedy_by_hand(model, idx, 12))
