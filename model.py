@@ -144,8 +144,8 @@ class Linear(nn.Linear):
 
     def forward(self, x):
         p = self.packed
-        if (p is not None and p[0] is self.weight and p[1] == self.weight._version
-                and x.dtype == torch.float32 and torch.is_inference_mode_enabled()):
+        if (p is not None and not torch.compiler.is_compiling() and p[0] is self.weight
+                and p[1] == self.weight._version and x.dtype == torch.float32 and torch.is_inference_mode_enabled()):
             return torch.ops.mkldnn._linear_pointwise(x.contiguous(), p[2], self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
 
@@ -242,9 +242,14 @@ class CausalSelfAttention(nn.Module):
         if self.impl == "sdpa":
             # is_causal aligns its mask top-left, which is right only when T == L;
             # one query (a decode step) sees every key, so it needs no mask
-            mask = causal_mask(T, L, q.device) if 1 < T < L else None
+            # (branches, not expressions: under torch.compile(dynamic=True) T == L is symbolic)
+            mask, causal = None, False
+            if T == L and T > 1:
+                causal = True
+            elif 1 < T:
+                mask = causal_mask(T, L, q.device)
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
-                                                  is_causal=T == L and T > 1, enable_gqa=self.n_kv_head != self.n_head)
+                                                  is_causal=causal, enable_gqa=self.n_kv_head != self.n_head)
         # the manual path, one named step per method (trace.py records each of them)
         k, v = self.expand_kv(k), self.expand_kv(v)  # (B, nh, L, hs)
         weights = self.attn_dropout(self.softmax(self.mask(self.scores(q, k))))  # (B, nh, T, L)

@@ -181,3 +181,18 @@ def test_estimate_mfu_uses_the_given_peak(tiny_config):
     model = GPT(tiny_config)
     flops = model.flops_per_token() * tiny_config.block_size * 4
     assert model.estimate_mfu(4, 2.0, flops) == pytest.approx(0.5)
+
+
+def test_forward_compiles_without_graph_breaks(tiny_config):
+    """torch.compile(dynamic=True) as sample.py uses it: training, prefill and decode each trace as one graph."""
+    from model import KVCache
+    model = GPT(tiny_config).eval()
+    compiled = torch.compile(model, backend="eager", dynamic=True, fullgraph=True)  # a graph break raises
+    idx = torch.randint(0, tiny_config.vocab_size, (2, 8))
+    cache = KVCache(model.config, 2, "cpu", torch.float32)
+    with torch.no_grad():
+        full, _ = compiled(idx)
+        compiled(idx[:, :5], kv_cache=cache, last_only=True)
+        for t in range(5, 8):
+            step, _ = compiled(idx[:, t:t + 1], kv_cache=cache)
+            torch.testing.assert_close(step[:, 0], full[:, t], atol=1e-4, rtol=0)
