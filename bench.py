@@ -18,7 +18,7 @@ import torch
 from batches import dataset_dir
 from configurator import UserError, parse_args, run_main
 from device import autocast, resolve_device, resolve_dtype, should_compile
-from model import GPT
+from model import GPT, Linear, window_start
 from tokenizer import read_meta
 from train import TrainConfig, train
 
@@ -126,13 +126,41 @@ def decode_tok_s(model, device, batch, new_tokens, use_cache):
     return batch * new_tokens / (time.perf_counter() - t0)
 
 
+def decode_matmuls_tok_s(model, device, batch=1):
+    """Tokens/s of decoding if a step were its linear layers alone, on the weights generation uses.
+
+    The gap between this and the bandwidth bound is the matmul kernels'; the gap
+    between this and the cached figure is everything else a step does.
+    """
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    try:
+        for m in linears:
+            m.pack(batch)
+        xs = [torch.randn(batch, 1, m.in_features, device=device) for m in linears]
+        with torch.inference_mode():
+            seconds = best_time(lambda: [m(x) for m, x in zip(linears, xs)], device, repeats=20)
+    finally:
+        for m in linears:
+            m.packed = None
+    return batch / seconds
+
+
 def decode_bytes_per_token(model, new_tokens):
     """Bytes one cached decode step reads for one sequence: every weight once, plus the cache so far (mean)."""
     c = model.config
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    if c.tie_weights:  # lm_head reads wte's matrix a second time
-        weights += model.lm_head.weight.numel() * model.lm_head.weight.element_size()
-    mean_context = min(c.block_size, new_tokens) / 2
+    read = {id(p): p.numel() * p.element_size() for p in model.parameters()}
+    for name in ("wte", "wpe"):  # an embedding reads one row per token...
+        if name in model.transformer:
+            w = model.transformer[name].weight
+            read[id(w)] = w.size(1) * w.element_size()
+    head = model.lm_head.weight  # ...but the head, tied to wte or not, reads its whole matrix
+    read[id(head)] = head.numel() * head.element_size()
+    weights = sum(read.values())
+    start, context = 0, 0
+    for n in range(1, 1 + new_tokens):  # from a 1-token prompt, as generate's cached path moves its window
+        start = window_start(n, start, c.block_size)
+        context += n - start
+    mean_context = context / new_tokens
     cache = 2 * c.n_layer * c.kv_heads * c.head_dim * mean_context * 4
     return weights + cache
 
@@ -142,6 +170,9 @@ def bench(cfg, log=print):
     dtype = resolve_dtype(cfg.dtype, device)
     ctx = autocast(device, dtype)
     meta = read_meta(dataset_dir(cfg.dataset))
+    if meta is None:
+        log(f"note: {dataset_dir(cfg.dataset)} has no meta.json or meta.pkl; measuring with GPT-2's vocabulary "
+            f"(50304); prepare the dataset for its own")
     torch.manual_seed(cfg.seed)
     model = GPT(cfg.model_config(vocab_size=(meta or {}).get("vocab_size", 50304))).to(device)
     result = {"device": str(device), "dtype": str(dtype)[6:], "threads": torch.get_num_threads(),
@@ -171,13 +202,15 @@ def bench(cfg, log=print):
             uncached = decode_tok_s(model, device, 1, cfg.new_tokens, use_cache=False)
             cached = decode_tok_s(model, device, 1, cfg.new_tokens, use_cache=True)
             batched = decode_tok_s(model, device, cfg.gen_batch, cfg.new_tokens, use_cache=True)
+            matmuls = decode_matmuls_tok_s(model, device)
         bound = result["read_bandwidth"] / decode_bytes_per_token(model, cfg.new_tokens)
         result.update(uncached_tok_s=uncached, cached_tok_s=cached, batched_tok_s=batched, gen_batch=cfg.gen_batch,
-                      bandwidth_bound_tok_s=bound, new_tokens=cfg.new_tokens)
+                      matmuls_tok_s=matmuls, bandwidth_bound_tok_s=bound, new_tokens=cfg.new_tokens)
         rows += [("generate, uncached", f"{uncached:,.1f} tok/s"),
                  ("generate, KV cache", f"{cached:,.1f} tok/s ({cached / uncached:.1f}x uncached, "
                                         f"{bound / cached:.2f}x from the bandwidth bound)"),
                  (f"generate, KV cache, batch {cfg.gen_batch}", f"{batched:,.1f} tok/s ({batched / cached:.1f}x batch 1)"),
+                 ("linear layers alone, batch 1", f"{matmuls:,.1f} tok/s ({bound / matmuls:.2f}x from the bound)"),
                  ("bandwidth bound, batch 1", f"{bound:,.1f} tok/s")]
     width = max(len(k) for k, _ in rows)
     for key, value in rows:

@@ -182,6 +182,12 @@ def apply_rope(x, rope):
     return torch.view_as_real(pairs * rope).flatten(-2).type_as(x)
 
 
+def window_start(n, start, block):
+    """First position the cache holds when predicting token n: unchanged while the window
+    fits in block, else the last half of it, recomputed once (llama.cpp's context shift)."""
+    return start if n - start <= block else n - max(1, block // 2)
+
+
 class KVCache:
     """Keys and values of every layer for the positions seen so far.
 
@@ -191,8 +197,9 @@ class KVCache:
 
     def __init__(self, config, batch_size, device, dtype):
         shape = (config.n_layer, batch_size, config.kv_heads, config.block_size, config.head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        # uninitialized: update() writes positions before anything reads them
+        self.k = torch.empty(shape, device=device, dtype=dtype)
+        self.v = torch.empty(shape, device=device, dtype=dtype)
         self.pos = 0
 
     def update(self, layer, k, v):
@@ -540,8 +547,8 @@ class GPT(nn.Module):
                 elif cache is None or n - start > block:  # prefill, or shift a full window
                     if cache is None:
                         cache = KVCache(self.config, B, idx.device, self.lm_head.weight.dtype)
-                    else:  # keep half: the fewer recomputations, the faster (llama.cpp's choice too)
-                        start, cache.pos = n - max(1, block // 2), 0
+                    else:  # keep half: the fewer recomputations, the faster
+                        start, cache.pos = window_start(n, start, block), 0
                     logits, _ = self(seq[:, start:n], kv_cache=cache, last_only=True)
                 else:
                     logits, _ = self(seq[:, n - 1:n], kv_cache=cache)

@@ -1,5 +1,8 @@
 """bench.py on a tiny config: every figure present and sane, the FLOP count worked by hand."""
 import json
+from dataclasses import replace
+
+import pytest
 
 from bench import BenchConfig, bench, decode_bytes_per_token
 from model import GPT
@@ -15,7 +18,7 @@ def test_bench_reports_every_figure(tmp_path, char_dataset):
     result = bench(cfg, log=lines.append)
     assert json.loads(out.read_text()) == result
     for key in ("peak_flops", "read_bandwidth", "plain_ms", "train_ms", "uncached_tok_s", "cached_tok_s",
-                "batched_tok_s", "bandwidth_bound_tok_s"):
+                "batched_tok_s", "matmuls_tok_s", "bandwidth_bound_tok_s"):
         assert result[key] > 0, key
     assert 0 < result["plain_mfu"] < 1
     assert any(line.startswith("train.py loop") for line in lines)
@@ -28,6 +31,12 @@ def test_bench_reports_every_figure(tmp_path, char_dataset):
 
 def test_decode_bytes_count_each_weight_once_plus_the_cache(tiny_config):
     model = GPT(tiny_config)
-    weights = sum(p.numel() for p in model.parameters()) * 4 + model.lm_head.weight.numel() * 4  # tied: read twice
-    cache = 2 * tiny_config.n_layer * tiny_config.n_head * tiny_config.head_dim * (16 / 2) * 4
-    assert decode_bytes_per_token(model, 100) == weights + cache
+    c = tiny_config  # tied head: wte's matrix is read whole by the head; wpe gives one row
+    weights = (sum(p.numel() for p in model.parameters()) - c.block_size * c.n_embd + c.n_embd) * 4
+    # block 16, 100 tokens from a 1-token prompt: contexts 1..16, then 8..16 (the window keeps its last half)
+    # nine times over and 8, 9, 10: (136 + 9 * 108 + 27) / 100 = 11.35 positions on average
+    cache = 2 * tiny_config.n_layer * tiny_config.n_head * tiny_config.head_dim * 11.35 * 4
+    assert decode_bytes_per_token(model, 100) == pytest.approx(weights + cache)
+    untied = GPT(replace(tiny_config, tie_weights=False))  # the embedding gives one row, the head reads all of its own
+    rows = sum(p.numel() for p in untied.parameters()) - (c.block_size + c.vocab_size) * c.n_embd + 2 * c.n_embd
+    assert decode_bytes_per_token(untied, 100) == pytest.approx(rows * 4 + cache)
