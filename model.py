@@ -122,6 +122,11 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
+# bytes of linear weights GPT.stream copies into packed form; beyond this (gpt2-large
+# holds 3.1 GB, gpt2-xl 6.2 GB) a second copy could exhaust a laptop's memory
+PACKED_COPY_LIMIT = 2 << 30
+
+
 class Linear(nn.Linear):
     """nn.Linear with a CPU fast path for generation.
 
@@ -526,7 +531,7 @@ class GPT(nn.Module):
         context shift does (the uncached path slides the window by one each
         step, so the two differ beyond block_size). On CPU the linear layers
         run on packed float32 weights (Linear.pack), a second copy of them
-        held while the generator runs.
+        held while the generator runs, up to PACKED_COPY_LIMIT bytes.
         The yielded tensors are inference tensors: call .tolist() or .clone().
         """
         check_sampling(max_new_tokens, temperature, top_k, top_p)
@@ -535,6 +540,8 @@ class GPT(nn.Module):
         was_training = self.training
         self.eval()
         linears = [m for m in self.modules() if isinstance(m, Linear)]
+        if sum(m.weight.numel() * m.weight.element_size() for m in linears) > PACKED_COPY_LIMIT:
+            linears = []
         try:
             for m in linears:  # decoding feeds B rows per step
                 m.pack(B)

@@ -207,3 +207,16 @@ def test_generation_on_packed_weights_matches_plain_weights(monkeypatch, tiny_co
     monkeypatch.setattr(model_module, "onednn_available", lambda: False)
     torch.testing.assert_close(packed, model.generate(idx, 12, temperature=0))
     torch.testing.assert_close(packed, greedy_by_hand(model, idx, 12))
+
+
+@needs_onednn
+def test_models_beyond_the_copy_limit_decode_on_their_plain_weights(monkeypatch, tiny_config):
+    model = perturbed(tiny_config)
+    idx = torch.randint(0, 64, (2, 3))
+    packed = model.generate(idx, 10, temperature=0)
+    calls = []
+    plain = torch.nn.functional.linear
+    monkeypatch.setattr(torch.nn.functional, "linear", lambda *a: calls.append(1) or plain(*a))
+    monkeypatch.setattr(model_module, "PACKED_COPY_LIMIT", 1000)  # bytes: less than this model's weights
+    torch.testing.assert_close(model.generate(idx, 10, temperature=0), packed)
+    assert len(calls) == 10 * 9  # 10 steps x (4 linear layers x 2 blocks + the head)
