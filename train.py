@@ -236,7 +236,10 @@ def train(cfg, overrides=None, log=print, t_start=None):
     master = rank == 0
     log = log if master else (lambda *a, **k: None)
     try:
-        return run(cfg, overrides or {}, rank, local_rank, world, master, log, t_start, stop)
+        summary = run(cfg, overrides or {}, rank, local_rank, world, master, log, t_start, stop)
+        if world > 1:  # rank 0 saves last: no rank tears down its connections while another still uses them
+            dist.barrier()
+        return summary
     finally:
         stop.restore()
         if world > 1:
