@@ -134,7 +134,7 @@ class Linear(nn.Linear):
     bandwidth when the input has few rows, as in decoding one token per step.
     GPT.stream gives each Linear a copy of its weight laid out for oneDNN
     (pack), used under inference mode for as long as the weight is unchanged:
-    the same float32 numbers, 2-2.5x faster here (see README, Generation speed).
+    the same float32 numbers, 2-2.5x faster here (README, "Generation: KV cache").
     """
 
     packed = None  # (weight, its version, oneDNN copy) while GPT.stream runs
