@@ -38,7 +38,7 @@ class SampleConfig:
     seed: int = 1337
     device: str = "auto"
     dtype: str = "auto"
-    compile: bool = False  # torch.compile the model (pays off only for long generations)
+    compile: bool = False  # torch.compile the model: for long generations on CUDA; on CPU it is slower
     stream: bool = False  # print each token as it is generated (samples one after another)
     use_cache: bool = True  # KV cache: one position per step instead of the whole context
 
@@ -141,6 +141,9 @@ def main(argv):
     model, tokenizer = load(cfg, device)
     model.eval().to(device)
     if cfg.compile:
+        if device.type == "cpu":
+            print("note: compile=True makes generation on CPU slower: compiled graphs cannot use the packed "
+                  "weights (README, Generation)", file=sys.stderr)
         model.compile(dynamic=True)  # in place: generate's own calls go through the compiled forward
     prompt = read_prompt(cfg.start)
     ids = tokenizer.encode(prompt) or ([tokenizer.eot] if tokenizer.eot is not None else [])
