@@ -18,7 +18,7 @@ import torch
 from batches import dataset_dir
 from configurator import UserError, parse_args, run_main
 from device import autocast, resolve_device, resolve_dtype, should_compile
-from model import GPT, Linear, window_start
+from model import GPT, Linear, packed_weights, window_start
 from tokenizer import read_meta
 from train import TrainConfig, train
 
@@ -133,15 +133,9 @@ def decode_matmuls_tok_s(model, device, batch=1):
     between this and the cached figure is everything else a step does.
     """
     linears = [m for m in model.modules() if isinstance(m, Linear)]
-    try:
-        for m in linears:
-            m.pack(batch)
-        xs = [torch.randn(batch, 1, m.in_features, device=device) for m in linears]
-        with torch.inference_mode():
-            seconds = best_time(lambda: [m(x) for m, x in zip(linears, xs)], device, repeats=20)
-    finally:
-        for m in linears:
-            m.packed = None
+    xs = [torch.randn(batch, 1, m.in_features, device=device) for m in linears]
+    with packed_weights(model, batch), torch.inference_mode():
+        seconds = best_time(lambda: [m(x) for m, x in zip(linears, xs)], device, repeats=20)
     return batch / seconds
 
 
@@ -169,9 +163,10 @@ def bench(cfg, log=print):
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
     ctx = autocast(device, dtype)
-    meta = read_meta(dataset_dir(cfg.dataset))
+    data_dir = dataset_dir(cfg.dataset)
+    meta = read_meta(data_dir)
     if meta is None:
-        log(f"note: {dataset_dir(cfg.dataset)} has no meta.json or meta.pkl; measuring with GPT-2's vocabulary "
+        log(f"note: {data_dir} has no meta.json or meta.pkl; measuring with GPT-2's vocabulary "
             f"(50304); prepare the dataset for its own")
     torch.manual_seed(cfg.seed)
     model = GPT(cfg.model_config(vocab_size=(meta or {}).get("vocab_size", 50304))).to(device)

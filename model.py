@@ -7,6 +7,7 @@ Module names follow GPT-2 (wte, wpe, h, ln_1, attn.c_attn, ...) so GPT-2 and
 nanoGPT checkpoints load key for key.
 """
 import math
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields, replace
 
 import torch
@@ -133,7 +134,7 @@ class Linear(nn.Linear):
     On CPU, PyTorch's float32 matmul reads a weight matrix far below memory
     bandwidth when the input has few rows, as in decoding one token per step.
     GPT.stream gives each Linear a copy of its weight laid out for oneDNN
-    (pack), used under inference mode for as long as the weight is unchanged:
+    (pack, through packed_weights), used under inference mode for as long as the weight is unchanged:
     the same float32 numbers, 2-2.5x faster here (README, "Generation: KV cache").
     """
 
@@ -153,6 +154,24 @@ class Linear(nn.Linear):
                 and p[1] == self.weight._version and x.dtype == torch.float32 and torch.is_inference_mode_enabled()):
             return torch.ops.mkldnn._linear_pointwise(x.contiguous(), p[2], self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
+
+
+@contextmanager
+def packed_weights(model, rows):
+    """Within: model's Linear layers run on packed copies of their weights (Linear.pack), freed at the end.
+
+    Nothing is packed beyond PACKED_COPY_LIMIT bytes of weights, or where pack cannot.
+    """
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    if sum(m.weight.numel() * m.weight.element_size() for m in linears) > PACKED_COPY_LIMIT:
+        linears = []
+    try:
+        for m in linears:
+            m.pack(rows)
+        yield
+    finally:
+        for m in linears:
+            m.packed = None
 
 
 def onednn_available():
@@ -530,7 +549,7 @@ class GPT(nn.Module):
         half of the window, recomputes it once and continues, as llama.cpp's
         context shift does (the uncached path slides the window by one each
         step, so the two differ beyond block_size). On CPU the linear layers
-        run on packed float32 weights (Linear.pack), a second copy of them
+        run on packed float32 weights (packed_weights), a second copy of them
         held while the generator runs, up to PACKED_COPY_LIMIT bytes.
         The yielded tensors are inference tensors: call .tolist() or .clone().
         """
@@ -539,32 +558,26 @@ class GPT(nn.Module):
         B, T = idx.shape
         was_training = self.training
         self.eval()
-        linears = [m for m in self.modules() if isinstance(m, Linear)]
-        if sum(m.weight.numel() * m.weight.element_size() for m in linears) > PACKED_COPY_LIMIT:
-            linears = []
         try:
-            for m in linears:  # decoding feeds B rows per step
-                m.pack(B)
-            seq = torch.empty(B, T + max_new_tokens, dtype=idx.dtype, device=idx.device)  # (B, T + n)
-            seq[:, :T] = idx
-            cache, start = None, max(0, T - block)  # the cache holds seq[:, start:n - 1]
-            for n in range(T, T + max_new_tokens):
-                if not use_cache:
-                    logits, _ = self(seq[:, max(0, n - block):n], last_only=True)
-                elif cache is None or n - start > block:  # prefill, or shift a full window
-                    if cache is None:
-                        cache = KVCache(self.config, B, idx.device, self.lm_head.weight.dtype)
-                    else:  # keep half: the fewer recomputations, the faster
-                        start, cache.pos = window_start(n, start, block), 0
-                    logits, _ = self(seq[:, start:n], kv_cache=cache, last_only=True)
-                else:
-                    logits, _ = self(seq[:, n - 1:n], kv_cache=cache)
-                tok = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator)  # (B,)
-                seq[:, n] = tok
-                yield tok
+            with packed_weights(self, B):  # decoding feeds B rows per step
+                seq = torch.empty(B, T + max_new_tokens, dtype=idx.dtype, device=idx.device)  # (B, T + n)
+                seq[:, :T] = idx
+                cache, start = None, max(0, T - block)  # the cache holds seq[:, start:n - 1]
+                for n in range(T, T + max_new_tokens):
+                    if not use_cache:
+                        logits, _ = self(seq[:, max(0, n - block):n], last_only=True)
+                    elif cache is None or n - start > block:  # prefill, or shift a full window
+                        if cache is None:
+                            cache = KVCache(self.config, B, idx.device, self.lm_head.weight.dtype)
+                        else:  # keep half: the fewer recomputations, the faster
+                            start, cache.pos = window_start(n, start, block), 0
+                        logits, _ = self(seq[:, start:n], kv_cache=cache, last_only=True)
+                    else:
+                        logits, _ = self(seq[:, n - 1:n], kv_cache=cache)
+                    tok = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator)  # (B,)
+                    seq[:, n] = tok
+                    yield tok
         finally:
-            for m in linears:
-                m.packed = None
             self.train(was_training)
 
 

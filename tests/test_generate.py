@@ -164,10 +164,19 @@ def test_pick_is_inverse_cdf_and_never_picks_a_zero_probability_token():
 needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this PyTorch build has no oneDNN")
 
 
+@pytest.fixture
+def plain_linear_calls(monkeypatch):
+    """A list that grows by one at each F.linear call: each linear layer that ran on its plain weights."""
+    calls = []
+    plain = torch.nn.functional.linear
+    monkeypatch.setattr(torch.nn.functional, "linear", lambda *a: calls.append(1) or plain(*a))
+    return calls
+
+
 @needs_onednn
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("rows", [1, 3, 8, 100])
-def test_packed_linear_computes_the_float32_product(monkeypatch, rows, bias):
+def test_packed_linear_computes_the_float32_product(plain_linear_calls, rows, bias):
     """The packed weights give x W^T + b (float64 reference), only in inference mode, only while W is unchanged."""
     torch.manual_seed(0)
     lin = Linear(48, 80, bias=bias)
@@ -175,34 +184,28 @@ def test_packed_linear_computes_the_float32_product(monkeypatch, rows, bias):
     def reference():
         y = x.double() @ lin.weight.double().T
         return y + lin.bias.double() if bias else y
-    calls = []
-    plain = torch.nn.functional.linear
-    monkeypatch.setattr(torch.nn.functional, "linear", lambda *a: calls.append(1) or plain(*a))
     assert lin.pack(rows)
     with torch.inference_mode():
         y = lin(x)
-    assert not calls and y.dtype == torch.float32 and y.shape == (2, rows, 80)
+    assert not plain_linear_calls and y.dtype == torch.float32 and y.shape == (2, rows, 80)
     torch.testing.assert_close(y.double(), reference(), atol=1e-5, rtol=0)
     with torch.no_grad():
         lin.weight.mul_(-2)  # an optimizer step: the packed copy is stale and must not be used
     with torch.inference_mode():
         torch.testing.assert_close(lin(x).double(), reference(), atol=1e-5, rtol=0)
-    assert len(calls) == 1
+    assert len(plain_linear_calls) == 1
     lin.pack(rows)
     lin(x).sum().backward()  # training: autograd through the plain weights
-    assert len(calls) == 2 and lin.weight.grad is not None
+    assert len(plain_linear_calls) == 2 and lin.weight.grad is not None
 
 
 @needs_onednn
 @pytest.mark.parametrize("option", ["gpt2", "modern", "gqa"])
-def test_generation_on_packed_weights_matches_plain_weights(monkeypatch, tiny_config, option):
+def test_generation_on_packed_weights_matches_plain_weights(monkeypatch, plain_linear_calls, tiny_config, option):
     model = perturbed(replace(tiny_config, **OPTIONS[option]))
     idx = torch.randint(0, 64, (3, 4))
-    calls = []
-    plain = torch.nn.functional.linear
-    monkeypatch.setattr(torch.nn.functional, "linear", lambda *a: calls.append(1) or plain(*a))
     packed = model.generate(idx, 12, temperature=0)  # 16 positions: the whole window, no shift
-    assert not calls  # every linear layer ran on its packed weights
+    assert not plain_linear_calls  # every linear layer ran on its packed weights
     assert all(m.packed is None for m in model.modules() if isinstance(m, Linear))  # the copy is freed
     monkeypatch.setattr(model_module, "onednn_available", lambda: False)
     torch.testing.assert_close(packed, model.generate(idx, 12, temperature=0))
@@ -210,13 +213,11 @@ def test_generation_on_packed_weights_matches_plain_weights(monkeypatch, tiny_co
 
 
 @needs_onednn
-def test_models_beyond_the_copy_limit_decode_on_their_plain_weights(monkeypatch, tiny_config):
+def test_models_beyond_the_copy_limit_decode_on_their_plain_weights(monkeypatch, plain_linear_calls, tiny_config):
     model = perturbed(tiny_config)
     idx = torch.randint(0, 64, (2, 3))
     packed = model.generate(idx, 10, temperature=0)
-    calls = []
-    plain = torch.nn.functional.linear
-    monkeypatch.setattr(torch.nn.functional, "linear", lambda *a: calls.append(1) or plain(*a))
+    assert not plain_linear_calls
     monkeypatch.setattr(model_module, "PACKED_COPY_LIMIT", 1000)  # bytes: less than this model's weights
     torch.testing.assert_close(model.generate(idx, 10, temperature=0), packed)
-    assert len(calls) == 10 * 9  # 10 steps x (4 linear layers x 2 blocks + the head)
+    assert len(plain_linear_calls) == 10 * 9  # 10 steps x (4 linear layers x 2 blocks + the head)
