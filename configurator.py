@@ -8,8 +8,12 @@ item `--key=value` is split on the first '=', parsed with ast.literal_eval
 keys and values of the wrong type are errors that say what to do.
 """
 import ast
+import dataclasses
 import difflib
+import inspect
+import io
 import sys
+import tokenize
 import types
 import typing
 
@@ -34,6 +38,9 @@ def parse_args(cls, argv):
     CLI to its final value, in the order first set.
     """
     hints = typing.get_type_hints(cls)
+    if "-h" in argv or "--help" in argv:
+        print(help_text(cls))
+        raise SystemExit(0)
     overrides = {}
     for item in argv:
         if item.startswith("--"):
@@ -51,6 +58,64 @@ def parse_args(cls, argv):
         return cls(**overrides), overrides
     except ValueError as e:
         raise UserError(str(e)) from None
+
+
+def help_text(cls, doc=None):
+    """The script's docstring, then every key with its default and comment, grouped as in cls.
+
+    A field without a comment takes the one of the same name in the classes of
+    cls's help_from attribute (TrainConfig's model fields: GPTConfig's).
+    """
+    main = sys.modules.get("__main__")
+    doc = doc if doc is not None else (getattr(main, "__doc__", None) or "")
+    script = getattr(main, "__file__", None)
+    name = f"python {script.rsplit('/', 1)[-1]}" if script else "python SCRIPT.py"
+    lines = [f"usage: {name} [CONFIG_FILE ...] [--key=value ...]", ""]
+    if doc.strip():
+        lines += [doc.strip(), ""]
+    lines += ["Config files (plain Python assignments) and --key=value items apply in order, over these defaults:"]
+    groups, comments = field_layout(cls)
+    for source in getattr(cls, "help_from", ()):
+        comments = {**field_layout(source)[1], **comments}
+    defaults = {f.name: (f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
+                for f in dataclasses.fields(cls)}
+    for title, names in groups:
+        lines.append("")
+        if title:
+            lines.append(f"{title}:")
+        for key in names:
+            item = f"  --{key}={defaults[key]!r}"
+            lines.append(f"{item:<40} {comments[key]}".rstrip() if comments.get(key) else item)
+    return "\n".join(lines)
+
+
+def field_layout(cls):
+    """([(group title, [field names])], {field: comment}) read from cls's source, in order."""
+    try:
+        source = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return [("", [f.name for f in dataclasses.fields(cls)])], {}
+    names = {f.name for f in dataclasses.fields(cls)}
+    comments_by_line = {tok.start[0]: tok.string.lstrip("# ").strip()
+                        for tok in tokenize.generate_tokens(io.StringIO(source).readline) if tok.type == tokenize.COMMENT}
+    groups, comments, title = [("", [])], {}, []
+    for number, line in enumerate(source.splitlines(), start=1):
+        stripped = line.strip()
+        key = stripped.split(":", 1)[0].strip()
+        if stripped.startswith("#"):
+            title.append(stripped.lstrip("# ").strip())
+        elif key in names and ":" in stripped:
+            if title:
+                groups.append((" ".join(title), []))
+                title = []
+            groups[-1][1].append(key)
+            if number in comments_by_line:
+                comments[key] = comments_by_line[number]
+        elif stripped.startswith("def "):
+            break
+        else:
+            title = []
+    return [g for g in groups if g[1]], comments
 
 
 def report_overrides(overrides, base, log=print):

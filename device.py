@@ -1,4 +1,5 @@
 """Which device and dtype to run on, and what the device can do."""
+import time
 from contextlib import nullcontext
 
 import torch
@@ -51,3 +52,16 @@ def autocast(device, dtype):
 def should_compile(setting, device):
     """compile=True/False as given; None means on CUDA, where it pays for itself, and not elsewhere."""
     return setting if setting is not None else device.type == "cuda"
+
+
+def cpu_matmul_flops(n=512, reps=5):
+    """FLOP/s of one float32 n x n matmul on the CPU, best of reps (a few ms): a yardstick for estimates."""
+    g = torch.Generator().manual_seed(0)  # its own: the global RNG belongs to training (exact resume)
+    a, b = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)
+    a @ b  # warm-up
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t)
+    return 2 * n ** 3 / best

@@ -13,9 +13,13 @@ from dataclasses import dataclass
 
 import torch
 
+from batches import dataset_dir
 from checkpoint import load_checkpoint, model_from_checkpoint
 from configurator import UserError, parse_args, run_main
 from model import HF_CONV1D
+from tokenizer import read_meta, tokenizer_kind
+
+GPT2_EOT = 50256  # <|endoftext|> in GPT-2's BPE
 
 HF_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}
 
@@ -41,8 +45,21 @@ def gpt2_incompatibilities(config):
     return reasons
 
 
-def to_hf(model):
-    """A transformers GPT2LMHeadModel holding model's weights."""
+def end_of_text(ckpt, vocab_size):
+    """The end-of-text id of the checkpoint's tokenizer, or None where it has none (characters)."""
+    dataset = (ckpt.get("config") or {}).get("dataset")
+    meta = read_meta(dataset_dir(dataset)) if dataset else None
+    if tokenizer_kind(meta) == "gpt2" and vocab_size > GPT2_EOT:
+        return GPT2_EOT
+    return None
+
+
+def to_hf(model, eot_token=None):
+    """A transformers GPT2LMHeadModel holding model's weights.
+
+    eot_token: the tokenizer's end-of-text id, written as bos/eos_token_id (None
+    for vocabularies without one, such as characters).
+    """
     try:
         from transformers import GPT2Config, GPT2LMHeadModel
     except ImportError:
@@ -51,13 +68,14 @@ def to_hf(model):
     hf_config = GPT2Config(vocab_size=c.vocab_size, n_positions=c.block_size, n_embd=c.n_embd, n_layer=c.n_layer,
                            n_head=c.n_head, n_inner=c.hidden, activation_function=HF_ACTIVATIONS[c.activation],
                            layer_norm_epsilon=c.norm_eps, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                           tie_word_embeddings=c.tie_weights)
+                           tie_word_embeddings=c.tie_weights, bos_token_id=eot_token, eos_token_id=eot_token)
     hf = GPT2LMHeadModel(hf_config).eval()
     ours = model.state_dict()
+    buffers = {name for name, _ in hf.named_buffers()}  # causal-mask buffers of older transformers versions
     with torch.no_grad():
         for name, p in hf.state_dict().items():
-            if name.endswith(("attn.bias", "attn.masked_bias")):
-                continue  # causal-mask buffers of older transformers versions
+            if name in buffers:
+                continue
             if name not in ours:
                 p.zero_()  # a bias-free model: zero biases compute the same
                 continue
@@ -71,12 +89,13 @@ def main(argv):
     if not cfg.hf_dir:
         raise UserError("say where to write the Hugging Face directory: --hf_dir=DIR")
     path = os.path.join(cfg.out_dir, cfg.ckpt)
-    model = model_from_checkpoint(load_checkpoint(path), path)
+    ckpt = load_checkpoint(path)
+    model = model_from_checkpoint(ckpt, path)
     reasons = gpt2_incompatibilities(model.config)
     if reasons:
         raise UserError(f"{path} is not a GPT-2 architecture ({', '.join(reasons)}); only GPT-2-style models export "
                         f"to Hugging Face's GPT2LMHeadModel")
-    to_hf(model).save_pretrained(cfg.hf_dir, safe_serialization=True)
+    to_hf(model, end_of_text(ckpt, model.config.vocab_size)).save_pretrained(cfg.hf_dir, safe_serialization=True)
     print(f"wrote {cfg.hf_dir}: load it with transformers.GPT2LMHeadModel.from_pretrained({cfg.hf_dir!r})")
 
 

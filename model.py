@@ -32,18 +32,18 @@ CHOICES = {
 
 @dataclass
 class GPTConfig:
-    block_size: int = 1024
+    block_size: int = 1024  # context length: the most positions the model sees at once
     vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 64 for speed
-    n_layer: int = 12
-    n_head: int = 12
-    n_embd: int = 768
-    dropout: float = 0.0
+    n_layer: int = 12  # transformer blocks
+    n_head: int = 12  # attention heads per block; each reads n_embd / n_head channels
+    n_embd: int = 768  # width of the residual stream
+    dropout: float = 0.0  # probability of zeroing an activation in training (0 for pretraining)
     bias: bool = True  # biases in Linears and LayerNorms, as GPT-2
     attn_impl: str = "sdpa"  # "sdpa" (fused kernels) or "manual" (explicit mask)
     pos_emb: str = "learned"  # "learned" (wpe) or "rope"
-    rope_base: float = 10000.0
+    rope_base: float = 10000.0  # RoPE: pair i rotates by pos * rope_base^(-2i/head_dim)
     norm: str = "layernorm"  # or "rmsnorm"
-    norm_eps: float = 1e-5
+    norm_eps: float = 1e-5  # added to the variance before the square root
     activation: str = "gelu"  # or "gelu_tanh" (OpenAI's GPT-2 weights), "relu", "relu2", "swiglu"
     mlp_hidden: int | None = None  # None: 4*n_embd (swiglu: 8/3*n_embd up to a multiple of 64)
     n_kv_head: int | None = None  # None: n_head; fewer gives GQA, 1 gives MQA
@@ -595,14 +595,24 @@ def check_sampling(max_new_tokens, temperature, top_k, top_p):
 def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
     """One token per row of logits (B, V). Temperature 0 is greedy (argmax).
 
-    Otherwise one uniform draw u per row from the generator picks the token
+    Otherwise one uniform draw u per row from the generator (or the row's own,
+    given a list of B generators) picks the token
     whose cumulative probability first passes u (inverse-CDF sampling).
     """
     if temperature == 0:
         return logits.argmax(dim=-1)
     probs = F.softmax(filter_logits(logits.float() / temperature, top_k, top_p), dim=-1)
-    draw = torch.rand(probs.size(0), 1, generator=generator, device=probs.device)
-    return pick(probs, draw)
+    return pick(probs, uniform_draws(probs.size(0), generator, probs.device))
+
+
+def uniform_draws(rows, generator, device):
+    """(rows, 1) uniforms in [0, 1): from one generator, or one per row from a list of generators,
+    so that each row's draws depend on its own seed alone, whatever else is in the batch."""
+    if isinstance(generator, (list, tuple)):
+        if len(generator) != rows:
+            raise ValueError(f"{len(generator)} generators for {rows} rows; give one per row")
+        return torch.cat([torch.rand(1, 1, generator=g, device=device) for g in generator])
+    return torch.rand(rows, 1, generator=generator, device=device)
 
 
 def pick(probs, draw):

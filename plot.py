@@ -30,19 +30,19 @@ def read_evals(out_dir):
     return runs[-1]
 
 
-def main(argv):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("out_dirs", nargs="+")
-    parser.add_argument("--png", required=True, help="where to write the figure")
-    parser.add_argument("--target", type=float, default=None, help="draw a horizontal line at this loss")
-    args = parser.parse_args(argv)
-    runs = {d: read_evals(d) for d in args.out_dirs}
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise UserError("plot.py needs matplotlib: pip install matplotlib") from None
+def loss_limits(runs):
+    """(bottom, top) of the loss axis: every point inside, with a 5% margin."""
+    losses = [loss for evals in runs.values() for _, _, loss in evals]
+    lo, hi = min(losses), max(losses)
+    margin = 0.05 * (hi - lo) or 0.05 * abs(hi) or 0.1
+    return lo - margin, hi + margin
+
+
+def draw(runs, target=None):
+    """The figure: val loss against training time and against iterations, one line per run."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     fig, (by_time, by_iter) = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     for name, evals in runs.items():
         iters, times, losses = zip(*evals)
@@ -51,13 +51,27 @@ def main(argv):
     for ax, label in ((by_time, "training time, s (from process start, evals excluded)"), (by_iter, "iterations")):
         ax.set_xlabel(label)
         ax.grid(alpha=0.3)
-        if args.target is not None:
-            ax.axhline(args.target, color="gray", linestyle="--", linewidth=1)
+        if target is not None:
+            ax.axhline(target, color="gray", linestyle="--", linewidth=1)
     by_time.set_ylabel("val loss")
-    by_time.set_ylim(top=min(3.0, max(loss for evals in runs.values() for _, _, loss in evals)))
+    by_time.set_ylim(*loss_limits(runs))
     by_iter.legend()
     fig.tight_layout()
-    fig.savefig(args.png, dpi=110)
+    return fig
+
+
+def main(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out_dirs", nargs="+")
+    parser.add_argument("--png", required=True, help="where to write the figure")
+    parser.add_argument("--target", type=float, default=None, help="draw a horizontal line at this loss")
+    args = parser.parse_args(argv)
+    runs = {d: read_evals(d) for d in args.out_dirs}
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise UserError("plot.py needs matplotlib: pip install matplotlib") from None
+    draw(runs, args.target).savefig(args.png, dpi=110)
     print(f"wrote {args.png}")
 
 

@@ -34,7 +34,7 @@ class SampleConfig:
     temperature: float = 0.8  # 1.0 as trained, < 1 more conservative, 0 greedy
     top_k: int | None = 200  # keep the k most likely tokens (ties kept); None keeps all
     top_p: float | None = None  # keep the smallest set of tokens whose probability reaches p
-    stop: list[str | int] = field(default_factory=list)  # strings or token ids that end a sample
+    stop: list[str | int] = field(default_factory=list)  # strings (escapes such as \n work) or token ids that end a sample
     seed: int = 1337
     device: str = "auto"
     dtype: str = "auto"
@@ -49,6 +49,10 @@ class SampleConfig:
         check_sampling(self.max_new_tokens, self.temperature, self.top_k, self.top_p)
         if self.num_samples < 1:
             raise ValueError(f"num_samples must be at least 1, got {self.num_samples}")
+        self.stop = [unescape(s) if isinstance(s, str) else s for s in self.stop]
+        if any(s == "" for s in self.stop):
+            raise ValueError("--stop has an empty string, which would end every sample before it starts; "
+                             "give the text that should end a sample, e.g. --stop='\\n\\n'")
 
 
 class Continuation:
@@ -102,6 +106,19 @@ def longest_partial(seq, stops):
     return max((k for s in stops for k in range(1, len(s)) if len(seq) >= k and seq[-k:] == s[:k]), default=0)
 
 
+def sample_seed(seed, i):
+    """Sample i's seed: the seed itself for the first, then steps of 2^64 / golden ratio (mod 2^64)."""
+    return (seed + i * 0x9E3779B97F4A7C15) % (1 << 64)
+
+
+def unescape(text):
+    r"""Backslash escapes as typed in a shell (\n, \t, \r, \\, \u4e00) made the characters they name."""
+    try:
+        return text.encode("latin-1", "backslashreplace").decode("unicode_escape")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--stop={text!r}: bad escape ({e.reason}); write \\\\ for a backslash") from None
+
+
 def read_prompt(start):
     if not start.startswith("FILE:"):
         return start
@@ -152,28 +169,34 @@ def main(argv):
     if len(ids) > model.config.block_size:
         print(f"note: the prompt has {len(ids)} tokens; the model sees its last {model.config.block_size}",
               file=sys.stderr)
-    stop_texts = [s.replace("\\n", "\n").replace("\\t", "\t") for s in cfg.stop if isinstance(s, str)]
+    stop_texts = [s for s in cfg.stop if isinstance(s, str)]
     stop_ids = [[s] for s in cfg.stop if isinstance(s, int)]
+    num_samples = cfg.num_samples
+    if cfg.temperature == 0 and num_samples > 1:
+        print(f"note: greedy decoding (temperature=0) writes the same text every time: printing 1 sample, "
+              f"not {num_samples}", file=sys.stderr)
+        num_samples = 1
     torch.manual_seed(cfg.seed)
-    generator = torch.Generator(device=device).manual_seed(cfg.seed)
+    # one generator per sample: sample i is the same text whether streamed alone or decoded in a batch
+    generators = [torch.Generator(device=device).manual_seed(sample_seed(cfg.seed, i)) for i in range(num_samples)]
     ctx = autocast(device, dtype)
     x = torch.tensor(ids, dtype=torch.long, device=device)[None]
     args = dict(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-                generator=generator, use_cache=cfg.use_cache)
+                use_cache=cfg.use_cache)
     with ctx:
         if cfg.stream:
-            for _ in range(cfg.num_samples):
+            for generator in generators:
                 text = Continuation(tokenizer, stop_texts, stop_ids)
                 print(prompt, end="", flush=True)
-                for tok in model.stream(x, **args):
+                for tok in model.stream(x, generator=[generator], **args):
                     print(text.add(tok.item()), end="", flush=True)
                     if text.done:
                         break
                 print(text.finish())
                 print(SEPARATOR)
         else:
-            texts = [Continuation(tokenizer, stop_texts, stop_ids) for _ in range(cfg.num_samples)]
-            for tok in model.stream(x.expand(cfg.num_samples, -1), **args):  # all samples in one batch
+            texts = [Continuation(tokenizer, stop_texts, stop_ids) for _ in range(num_samples)]
+            for tok in model.stream(x.expand(num_samples, -1), generator=generators, **args):  # one batch
                 for text, t in zip(texts, tok.tolist()):
                     text.add(t)
                 if all(text.done for text in texts):

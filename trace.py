@@ -30,22 +30,22 @@ from sample import SampleConfig, load
 @dataclass
 class TraceConfig:
     init_from: str = "resume"  # "resume" (out_dir's checkpoint) or GPT-2 weights: gpt2, ..., a local HF dir
-    out_dir: str = "out"
-    ckpt: str = "ckpt.pt"
-    start: str = "Cats sit on"
+    out_dir: str = "out"  # where train.py wrote the checkpoint
+    ckpt: str = "ckpt.pt"  # ckpt.pt (latest) or best.pt (best val loss)
+    start: str = "Cats sit on"  # the prompt to follow through the model
     layer: int | None = None  # the layer to trace; None: every layer
     head: int | None = None  # the head to show; None: every head
     steps: int = 2  # generation steps to trace
     top: int = 5  # candidates shown per step, and next-token logits shown
-    temperature: float = 0.8
+    temperature: float = 0.8  # as in sample.py: 0 is greedy
     top_k: int | None = 200
     top_p: float | None = None
     seed: int = 1337
     channels: int = 8  # columns printed per matrix on the console (JSON and HTML hold all)
     precision: int = 4
     device: str = "cpu"
-    json: str | None = None
-    html: str | None = None
+    json: str | None = None  # also write the whole trace as JSON here (a bare name goes into out_dir)
+    html: str | None = None  # also write a page with attention heatmaps here (a bare name goes into out_dir)
 
 
 def tensor_data(t):
@@ -378,12 +378,22 @@ def main(argv):
     result.pop("logits")
     print_trace(result, cfg)
     if cfg.json:
-        with open(cfg.json, "w", encoding="utf-8") as f:
+        path = output_path(cfg.json, cfg)
+        with open(path, "w", encoding="utf-8") as f:
             json.dump(result, f)
+        print(f"\nwrote {os.path.abspath(path)}")
     if cfg.html:
-        with open(cfg.html, "w", encoding="utf-8") as f:
+        path = output_path(cfg.html, cfg)
+        with open(path, "w", encoding="utf-8") as f:
             f.write(render_html(result, cfg))
-        print(f"\nwrote {os.path.abspath(cfg.html)}")
+        print(f"\nwrote {os.path.abspath(path)}")
+
+
+def output_path(path, cfg):
+    """A bare file name goes beside the checkpoint, in out_dir (as train.py's outputs do); a path as given."""
+    if cfg.init_from == "resume" and not os.path.dirname(path):
+        return os.path.join(cfg.out_dir, path)
+    return path
 
 
 if __name__ == "__main__":

@@ -17,8 +17,9 @@ import json
 import math
 import os
 import random
+import shlex
 import signal
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, fields, replace
 
 import numpy as np
@@ -30,10 +31,11 @@ from tqdm import tqdm
 from batches import Batches, dataset_dir, estimate_loss
 from checkpoint import is_pretrained, load_checkpoint, load_pretrained, model_from_checkpoint, save_checkpoint
 from configurator import UserError, parse_args, report_overrides, run_main
-from device import autocast, peak_flops_for, resolve_device, resolve_dtype, should_compile
+from device import autocast, cpu_matmul_flops, peak_flops_for, resolve_device, resolve_dtype, should_compile
 from model import GPT, GPTConfig
 from tokenizer import read_meta, tokenizer_kind
 
+ROOT = os.path.dirname(os.path.abspath(__file__))
 MODEL_FIELDS = tuple(f.name for f in fields(GPTConfig) if f.name != "vocab_size")
 # fields that fix a checkpoint's tensor shapes or meaning: a resumed run cannot change them
 SHAPE_FIELDS = tuple(f for f in MODEL_FIELDS if f not in ("dropout", "attn_impl"))
@@ -44,23 +46,24 @@ LOCAL_FIELDS = ("out_dir", "init_from", "eval_only", "device", "dtype", "compile
 
 @dataclass
 class TrainConfig:
+    help_from = (GPTConfig,)  # --help takes the model fields' comments from there
     # I/O
-    out_dir: str = "out"
-    eval_interval: int = 2000
-    log_interval: int = 1
-    eval_iters: int = 200
+    out_dir: str = "out"  # checkpoints and log.jsonl go here
+    eval_interval: int = 2000  # evaluate (and save) every this many iters
+    log_interval: int = 1  # print and log the training loss every this many iters
+    eval_iters: int = 200  # batches per split in each evaluation
     eval_only: bool = False  # evaluate once and exit
     always_save_checkpoint: bool = True  # False: at evals, write ckpt.pt only when val loss improves
     keep_best: bool = True  # also keep best.pt, the checkpoint with the best val loss
     init_from: str = "scratch"  # "scratch", "resume" (out_dir/ckpt.pt), or GPT-2 weights: gpt2, gpt2-medium, ..., a local HF dir
-    wandb_log: bool = False
+    wandb_log: bool = False  # also log to Weights & Biases (pip install wandb)
     wandb_project: str = "owt"
     wandb_run_name: str = "gpt2"
     # data
     dataset: str = "openwebtext"  # data/<dataset>/, or a path to a directory
     gradient_accumulation_steps: int = 5 * 8  # micro-batches per iter, over all processes
     batch_size: int = 12  # micro-batch size, per process
-    block_size: int = 1024
+    block_size: int = 1024  # context length of the training windows (and the model)
     # model (see GPTConfig)
     n_layer: int = 12
     n_head: int = 12
@@ -81,18 +84,18 @@ class TrainConfig:
     muon_lr: float = 0.02  # Muon's peak learning rate (scheduled like learning_rate)
     muon_momentum: float = 0.95
     muon_weight_decay: float = 0.0
-    learning_rate: float = 6e-4
-    max_iters: int = 600000
-    weight_decay: float = 1e-1
-    beta1: float = 0.9
-    beta2: float = 0.95
+    learning_rate: float = 6e-4  # AdamW's peak learning rate
+    max_iters: int = 600000  # total optimizer steps
+    weight_decay: float = 1e-1  # AdamW's decoupled decay, for matrices and embeddings only
+    beta1: float = 0.9  # AdamW's first-moment decay
+    beta2: float = 0.95  # AdamW's second-moment decay
     grad_clip: float = 1.0  # 0 disables clipping
     # schedule: linear warmup, then cosine decay to min_lr ("cosine"), or constant then a linear
     # cool-down to min_lr over the last cooldown_iters before lr_decay_iters ("wsd": warmup-stable-decay)
-    decay_lr: bool = True
-    lr_schedule: str = "cosine"
-    cooldown_iters: int = 0
-    warmup_iters: int = 2000
+    decay_lr: bool = True  # False: learning_rate throughout
+    lr_schedule: str = "cosine"  # "cosine" or "wsd"
+    cooldown_iters: int = 0  # wsd: iters of linear decay at the end
+    warmup_iters: int = 2000  # iters of linear warmup from 0
     lr_decay_iters: int = 600000  # ~ max_iters, per Chinchilla
     min_lr: float = 6e-5  # ~ learning_rate / 10
     # system
@@ -100,7 +103,7 @@ class TrainConfig:
     dtype: str = "auto"  # auto (bfloat16 on CUDA where supported, else float16; float32 on CPU)
     compile: bool | None = None  # torch.compile the model; None: on CUDA yes (it pays off), elsewhere no
     backend: str = "auto"  # torch.distributed backend: auto (nccl on CUDA, gloo on CPU), nccl, gloo
-    seed: int = 1337
+    seed: int = 1337  # initial weights, batches and dropout all follow from it
     peak_flops: float | None = None  # the device's peak FLOP/s for MFU (bench.py measures it)
     # measurement: val loss over fixed windows, and stopping at a target
     eval_windows: int = 0  # > 0: val loss over this many fixed block_size windows spread over val, not eval_iters batches
@@ -210,15 +213,41 @@ def setup_distributed(cfg):
     return rank, local_rank, world
 
 
+class Interrupted(Exception):
+    """Raised by the first SIGINT/SIGTERM in work that can be abandoned."""
+
+
 class StopFlag:
-    """Set by SIGINT/SIGTERM; the loop finishes its iteration, saves and exits."""
+    """SIGINT/SIGTERM: the first stops the run within moments, the second at once.
+
+    The first abandons what is in flight (start-up, a compile, an evaluation,
+    the forward and backward of an iteration, whose weights are untouched until
+    the optimizer step) by raising Interrupted; inside a `finishing()` section
+    (the optimizer step, a save) it waits for the section's end. Under DDP
+    (abandon=False) ranks must stop together, so it only sets the flag and the
+    ranks agree at a log iteration. A second signal raises KeyboardInterrupt
+    wherever the run is: nothing more is saved.
+    """
 
     def __init__(self):
-        self.set = False
+        self.set, self.abandon, self.finishing_depth = False, True, 0
         self.previous = {s: signal.signal(s, self.handle) for s in (signal.SIGINT, signal.SIGTERM)}
 
     def handle(self, signum, frame):
+        if self.set:
+            raise KeyboardInterrupt(f"stopped at once by a second {signal.Signals(signum).name}; nothing more saved")
         self.set = True
+        if self.abandon and not self.finishing_depth:
+            raise Interrupted()
+
+    @contextmanager
+    def finishing(self):
+        """A section a first signal lets finish."""
+        self.finishing_depth += 1
+        try:
+            yield
+        finally:
+            self.finishing_depth -= 1
 
     def restore(self):
         for s, handler in self.previous.items():
@@ -231,15 +260,21 @@ def train(cfg, overrides=None, log=print, t_start=None):
     t_start: when the clock for "training time" started (the process start for the script).
     """
     t_start = t_start or time.time()
-    stop = StopFlag()  # first: a signal during start-up must not kill the run unsaved
-    rank, local_rank, world = setup_distributed(cfg)
-    master = rank == 0
-    log = log if master else (lambda *a, **k: None)
+    stop = StopFlag()  # first: a signal during start-up stops the run at once, with nothing saved
+    world = 1
     try:
+        rank, local_rank, world = setup_distributed(cfg)
+        stop.abandon = world == 1  # DDP ranks stop together, at a log iteration
+        master = rank == 0
+        log = log if master else (lambda *a, **k: None)
         summary = run(cfg, overrides or {}, rank, local_rank, world, master, log, t_start, stop)
         if world > 1:  # rank 0 saves last: no rank tears down its connections while another still uses them
             dist.barrier()
         return summary
+    except Interrupted:
+        log("interrupted during start-up: nothing saved")
+        return {"iters": None, "val_loss": None, "best_val_loss": None, "time": time.time() - t_start,
+                "train_time": None, "interrupted": True, "reached": None}
     finally:
         stop.restore()
         if world > 1:
@@ -315,6 +350,9 @@ def run(cfg, overrides, rank, local_rank, world, master, log, t_start, stop):
     log(f"model: {raw_model.get_num_params() / 1e6:.2f}M parameters; device {device}, {str(dtype)[6:]}, "
         f"{world} process(es); {tokens_per_iter:,} tokens per iter")
 
+    for note in startup_notes(cfg, raw_model, device, tokens_per_iter, ckpt_path):
+        log(f"note: {note}")
+
     if master and os.path.isdir(cfg.out_dir):  # partial writes of a run that was killed mid-save
         for name in os.listdir(cfg.out_dir):
             if name.startswith((".ckpt.pt.", ".best.pt.")) and name.endswith(".tmp"):
@@ -325,15 +363,21 @@ def run(cfg, overrides, rank, local_rank, world, master, log, t_start, stop):
     eval_time = 0.0  # seconds spent evaluating and saving: training time is wall time since t_start less this
     reached = None  # (iter, training seconds) when val loss first reached target_loss
 
-    def save(name):
+    def save(name, rng=None):
+        bad = [n for n, p in raw_model.named_parameters() if not torch.isfinite(p).all()]
+        if bad:
+            raise UserError(f"the weights are not finite at iter {iter_num} ({bad[0]}); not saving {name}: the last "
+                            f"good checkpoint is kept (lower learning_rate or raise warmup_iters)")
         state = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
                  "model_args": raw_model.config.model_args(), "iter_num": iter_num,
                  "best_val_loss": best_val_loss, "config": asdict(cfg), "scaler": scaler.state_dict(),
-                 "rng": gather_rng(world)}
+                 "rng": rng or gather_rng(world)}
         if master:
-            save_checkpoint(state, os.path.join(cfg.out_dir, name))
+            with stop.finishing():
+                save_checkpoint(state, os.path.join(cfg.out_dir, name))
 
     bar = tqdm(total=cfg.max_iters, initial=iter_num, disable=not master or None, desc="train", unit="iter")
+    rng_at_iter = None  # RNG state when the iteration in flight began: an abandoned one is saved with it
     try:
         t_mark, iters_mark, eval_mark = time.time(), iter_num, 0.0  # the last log's time, iter and eval_time
         while True:
@@ -367,6 +411,8 @@ def run(cfg, overrides, rank, local_rank, world, master, log, t_start, stop):
             if last or stop_agreed(stop, world, iter_num, cfg):
                 break
 
+            if stop.abandon:
+                rng_at_iter = [rng_state()]
             lr = get_lr(iter_num, cfg)
             scale = lr / cfg.learning_rate if cfg.learning_rate else 0.0
             for group in optimizer.param_groups:  # every group follows the schedule from its own peak
@@ -380,51 +426,90 @@ def run(cfg, overrides, rank, local_rank, world, master, log, t_start, stop):
                     loss = loss / accum
                 scaler.scale(loss).backward()
                 loss_accum += loss.detach()
-            if cfg.grad_clip > 0:
-                scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
-            iter_num += 1
-            bar.update(1)
+            with stop.finishing():  # from the optimizer step on, the iteration completes
+                if cfg.grad_clip > 0:
+                    scaler.unscale_(optimizer)
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+                scaler.step(optimizer)
+                scaler.update()
+                optimizer.zero_grad(set_to_none=True)
+                iter_num += 1
+                rng_at_iter = None
+                bar.update(1)
 
-            if iter_num % cfg.log_interval == 0:
-                if world > 1:  # log the loss of the whole global batch, not rank 0's share
-                    dist.all_reduce(loss_accum)
-                    loss_accum /= world
-                lossf = loss_accum.item()  # sync point: only on log iterations
-                if not math.isfinite(lossf):
-                    raise UserError(f"training loss is {lossf} at iter {iter_num}; the run diverged (lower "
-                                    f"learning_rate or raise warmup_iters); the last good checkpoint is kept")
-                now = time.time()
-                dt = (now - t_mark - (eval_time - eval_mark)) / (iter_num - iters_mark)  # evals excluded
-                t_mark, iters_mark, eval_mark = now, iter_num, eval_time
-                mfu = raw_model.estimate_mfu(cfg.gradient_accumulation_steps * cfg.batch_size, dt, peak) if peak else None
-                say(f"iter {iter_num}: loss {lossf:.4f}, lr {lr:.2e}, {dt * 1000:.1f} ms/iter, "
-                    f"{tokens_per_iter / dt:,.0f} tok/s" + (f", mfu {mfu * 100:.1f}%" if mfu is not None else ""))
-                logger.write(kind="train", iter=iter_num, loss=lossf, lr=lr, ms=dt * 1000,
-                             tok_s=tokens_per_iter / dt, mfu=mfu, time=now - t_start,
-                             train_time=now - t_start - eval_time)
+                if iter_num % cfg.log_interval == 0:
+                    if world > 1:  # log the loss of the whole global batch, not rank 0's share
+                        dist.all_reduce(loss_accum)
+                        loss_accum /= world
+                    lossf = loss_accum.item()  # sync point: only on log iterations
+                    if not math.isfinite(lossf):
+                        raise UserError(f"training loss is {lossf} at iter {iter_num}; the run diverged (lower "
+                                        f"learning_rate or raise warmup_iters); the last good checkpoint is kept")
+                    now = time.time()
+                    dt = (now - t_mark - (eval_time - eval_mark)) / (iter_num - iters_mark)  # evals excluded
+                    t_mark, iters_mark, eval_mark = now, iter_num, eval_time
+                    mfu = raw_model.estimate_mfu(cfg.gradient_accumulation_steps * cfg.batch_size, dt, peak) if peak else None
+                    say(f"iter {iter_num}: loss {lossf:.4f}, lr {lr:.2e}, {dt * 1000:.1f} ms/iter, "
+                        f"{tokens_per_iter / dt:,.0f} tok/s" + (f", mfu {mfu * 100:.1f}%" if mfu is not None else ""))
+                    logger.write(kind="train", iter=iter_num, loss=lossf, lr=lr, ms=dt * 1000,
+                                 tok_s=tokens_per_iter / dt, mfu=mfu, time=now - t_start,
+                                 train_time=now - t_start - eval_time)
+    except Interrupted:  # the iteration in flight (or the evaluation) is abandoned; the weights are untouched
+        optimizer.zero_grad(set_to_none=True)
     finally:
         bar.close()
         logger.close()
 
     if stop.set and not cfg.eval_only:
-        if loss_accum is not None and not math.isfinite(loss_accum.item()):
-            raise UserError(f"training loss is not finite at iter {iter_num}; not saving; the last good checkpoint is kept")
-        save("ckpt.pt")
-        log(f"interrupted: saved {cfg.out_dir}/ckpt.pt at iter {iter_num}; continue with "
-            f"python train.py --init_from=resume --out_dir={cfg.out_dir}")
+        if iter_num > start_iter:
+            save("ckpt.pt", rng=rng_at_iter)
+            log(f"interrupted: saved {os.path.join(cfg.out_dir, 'ckpt.pt')} at iter {iter_num}; continue with "
+                f"python train.py --init_from=resume --out_dir={shlex.quote(cfg.out_dir)}")
+        else:
+            log(f"interrupted at iter {iter_num}, before this run completed an iteration: nothing saved")
     summary = {"iters": iter_num, "val_loss": last_val, "best_val_loss": best_val_loss,
                "time": time.time() - t_start, "train_time": time.time() - t_start - eval_time,
                "interrupted": stop.set, "reached": reached}
-    if cfg.target_loss is not None and reached is None:
+    if cfg.target_loss is not None and reached is None and last_val is not None:
         log(f"did not reach val loss {cfg.target_loss} in {iter_num} iters (last {last_val:.4f})")
-    if last_val is not None and not cfg.eval_only:
+    if last_val is not None and not cfg.eval_only and not stop.set:
         log(f"done: {iter_num} iters in {summary['time']:.1f}s; val loss {last_val:.4f} (best {best_val_loss:.4f}); "
             f"checkpoint {ckpt_path}")
     return summary
+
+
+# a training iteration on a CPU reaches about this fraction of a plain matmul's FLOP/s
+CPU_TRAINING_EFFICIENCY = 0.5
+
+
+def startup_notes(cfg, model, device, tokens_per_iter, ckpt_path):
+    """Warnings worth a line before a run starts: a GPU-sized run on a CPU, a warmup longer than the run,
+    a scratch run about to replace a checkpoint."""
+    notes = []
+    if device.type == "cpu" and not cfg.eval_only:
+        flops_per_token = model.flops_per_token()
+        rate = CPU_TRAINING_EFFICIENCY * cpu_matmul_flops()
+        per_iter = flops_per_token * tokens_per_iter / rate
+        per_eval = 2 * cfg.eval_iters * cfg.batch_size * cfg.block_size * flops_per_token / 3 / rate  # forward only
+        if per_iter > 1.0:
+            laptop = f"config/{os.path.basename(os.path.normpath(cfg.dataset))}_cpu.py"
+            if not os.path.exists(os.path.join(ROOT, laptop)):
+                laptop = "a smaller batch_size, block_size, n_layer and n_embd (see config/shakespeare_char_cpu.py)"
+            notes.append(f"this run is sized for a GPU: on this CPU an iter takes about {fmt_seconds(per_iter)} and "
+                         f"each evaluation about {fmt_seconds(per_eval)}, {fmt_seconds(cfg.max_iters * per_iter)} "
+                         f"for {cfg.max_iters} iters; for a laptop-sized run use {laptop}")
+    if cfg.decay_lr and 0 < cfg.max_iters <= cfg.warmup_iters:
+        reached = get_lr(cfg.max_iters - 1, cfg)
+        notes.append(f"warmup_iters ({cfg.warmup_iters}) >= max_iters ({cfg.max_iters}): the learning rate rises "
+                     f"only to {reached:.2e} of its {cfg.learning_rate:.2e}; lower warmup_iters to reach it")
+    if cfg.init_from != "resume" and not cfg.eval_only and os.path.exists(ckpt_path):
+        notes.append(f"{ckpt_path} holds an earlier run; this {cfg.init_from} run replaces it at its first save "
+                     f"(--init_from=resume would continue it instead; --out_dir=DIR keeps both)")
+    return notes
+
+
+def fmt_seconds(s):
+    return f"{s:.1f} s" if s < 90 else f"{s / 60:.0f} min" if s < 5400 else f"{s / 3600:.1f} h"
 
 
 def gather_rng(world):

@@ -27,4 +27,4 @@ min_lr = 1e-4  # learning_rate / 10
 beta2 = 0.99  # few tokens per iter: average the second moment over more iters
 warmup_iters = 100
 
-compile = True  # pays for itself within a few hundred iters on a GPU
+# compile is left to the device: on by default on CUDA, where it pays for itself within a few hundred iters

@@ -1,6 +1,6 @@
 # The laptop recipe: a small GPT-2-style model on Shakespeare's characters, a few minutes on 2 CPU cores.
 # python train.py config/shakespeare_char_cpu.py
-out_dir = "out-shakespeare-char"
+out_dir = "out-shakespeare-char-cpu"  # its own: the GPU recipe writes out-shakespeare-char
 dataset = "shakespeare_char"
 eval_interval = 250  # the model is small: evaluating often costs little
 eval_iters = 20  # 20 batches of 12 x 64 tokens: a quick, noisy estimate

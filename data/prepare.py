@@ -11,6 +11,7 @@ separates the files. Input is streamed in chunks: memory stays bounded.
 import argparse
 import codecs
 import os
+import shlex
 import sys
 import urllib.request
 
@@ -181,6 +182,28 @@ def write_splits(files, encode, eot, split_at, out_dir, dtype, bar):
     return counts
 
 
+def torch_cuda_available():
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def train_command(out, counts, cuda=False):
+    """A train.py command for this dataset on this machine: a recipe sized for it, with a context that fits."""
+    recipe, block = ("config/shakespeare_char.py", 256) if cuda else ("config/shakespeare_char_cpu.py", 64)
+    fits = min(counts["train"], counts["val"]) - 1  # a window needs block_size + 1 tokens
+    if fits < 8:
+        raise UserError(f"{out} has {counts['train']} train and {counts['val']} val tokens: too few to train on "
+                        f"(a context of 8 needs 9 in each); give more text or a larger --val_fraction")
+    name = os.path.basename(os.path.normpath(out))
+    command = f"python train.py {recipe} --dataset={shlex.quote(out)} --out_dir={shlex.quote('out-' + name)}"
+    if fits < block:
+        command += f" --block_size={1 << (fits.bit_length() - 1)}"  # the largest power of 2 that fits
+    return command
+
+
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--input", required=True, help="a UTF-8 text file or a directory of them")
@@ -188,8 +211,8 @@ def main(argv):
     parser.add_argument("--out", required=True, help="output directory, e.g. data/mytext")
     parser.add_argument("--val_fraction", type=float, default=0.1)
     args = parser.parse_args(argv)
-    prepare(args.input, args.tokenizer, args.out, args.val_fraction)
-    print(f"done: python train.py --dataset={args.out}")
+    counts = prepare(args.input, args.tokenizer, args.out, args.val_fraction)
+    print(f"done; train on it with: {train_command(args.out, counts, torch_cuda_available())}")
 
 
 if __name__ == "__main__":

@@ -108,7 +108,7 @@ def test_sigkill_at_any_moment_leaves_a_loadable_checkpoint(tmp_path, char_datas
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_interrupt_finishes_the_iteration_saves_and_exits_0(tmp_path, char_dataset, sig):
+def test_interrupt_saves_the_last_completed_iteration_and_exits_0(tmp_path, char_dataset, sig):
     proc = start_training(tmp_path, char_dataset, "--eval_interval=1000")
     try:
         seen = wait_for_line(proc, "iter 5:")
@@ -121,6 +121,113 @@ def test_interrupt_finishes_the_iteration_saves_and_exits_0(tmp_path, char_datas
     ckpt = load_checkpoint(str(tmp_path / "out" / "ckpt.pt"))
     last_logged = [line for line in (seen + out).splitlines() if line.startswith("iter ") and "loss" in line][-1]
     assert ckpt["iter_num"] == int(last_logged.split()[1].rstrip(":"))
+
+
+def test_interrupt_abandons_an_iteration_of_minutes_within_seconds_and_keeps_the_checkpoint(tmp_path, char_dataset):
+    cfg = TrainConfig(**TINY, dataset=str(char_dataset), out_dir=str(tmp_path / "out"), max_iters=2, eval_interval=2)
+    train(cfg, log=lambda *a: None)
+    before = open(tmp_path / "out" / "ckpt.pt", "rb").read()
+    # one iteration of 10^6 micro-batches takes most of an hour: only abandoning it stops in time
+    proc = subprocess.Popen([sys.executable, "train.py", "--init_from=resume", f"--out_dir={tmp_path / 'out'}",
+                             "--max_iters=4", "--gradient_accumulation_steps=1000000"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        wait_for_line(proc, "resuming from")
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGTERM)
+        start = time.time()
+        out, err = proc.communicate(timeout=60)
+        took = time.time() - start
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert took < 20, f"took {took:.1f}s to stop"
+    assert "before this run completed an iteration: nothing saved" in out
+    assert open(tmp_path / "out" / "ckpt.pt", "rb").read() == before
+
+
+def test_interrupt_in_the_first_evaluation_of_a_scratch_run_replaces_nothing(tmp_path, char_dataset):
+    cfg = TrainConfig(**TINY, dataset=str(char_dataset), out_dir=str(tmp_path / "out"), max_iters=2, eval_interval=2)
+    train(cfg, log=lambda *a: None)
+    before = {name: open(tmp_path / "out" / name, "rb").read() for name in ("ckpt.pt", "best.pt")}
+    proc = start_training(tmp_path, char_dataset, "--eval_iters=10000000")  # an evaluation that never ends
+    try:
+        note = wait_for_line(proc, "note:")
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert "holds an earlier run" in note and "--init_from=resume" in note
+    assert "nothing saved" in out, (out, err)
+    assert {name: open(tmp_path / "out" / name, "rb").read() for name in before} == before
+
+
+def interrupting_forward(monkeypatch, at_call):
+    """GPT.forward that sends this process SIGINT during its at_call-th call (counting from 1)."""
+    original, calls = GPT.forward, []
+
+    def forward(self, idx, targets=None, **kw):
+        calls.append(1)
+        if len(calls) == at_call:
+            os.kill(os.getpid(), signal.SIGINT)
+        return original(self, idx, targets, **kw)
+    monkeypatch.setattr(GPT, "forward", forward)
+
+
+def test_resume_after_an_abandoned_iteration_matches_an_uninterrupted_run(tmp_path, char_dataset, monkeypatch):
+    common = dict(TINY, dataset=str(char_dataset), max_iters=6, eval_interval=100, eval_iters=1, dropout=0.1)
+    whole = train(TrainConfig(**common, out_dir=str(tmp_path / "whole")), log=lambda *a: None)
+    interrupting_forward(monkeypatch, at_call=2 + 4)  # the iter-0 evaluation makes 2 calls; then iteration 3's
+    lines = []
+    summary = train(TrainConfig(**common, out_dir=str(tmp_path / "cut")), log=lines.append)
+    assert summary["interrupted"] and summary["iters"] == 3
+    assert load_checkpoint(str(tmp_path / "cut" / "ckpt.pt"))["iter_num"] == 3
+    monkeypatch.undo()
+    cfg, overrides = parse_args(TrainConfig, ["--init_from=resume", f"--out_dir={tmp_path / 'cut'}"])
+    resumed = train(cfg, overrides, log=lambda *a: None)
+    assert resumed["val_loss"] == whole["val_loss"]
+    a = load_checkpoint(str(tmp_path / "whole" / "ckpt.pt"))["model"]
+    b = load_checkpoint(str(tmp_path / "cut" / "ckpt.pt"))["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_second_signal_stops_at_once_and_saves_nothing_more(tmp_path, char_dataset, monkeypatch):
+    original = torch.optim.AdamW.step
+
+    def step_with_two_signals(self, *args, **kwargs):  # both arrive while the optimizer step must finish
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return original(self, *args, **kwargs)
+    monkeypatch.setattr(torch.optim.AdamW, "step", step_with_two_signals)
+    cfg = TrainConfig(**TINY, dataset=str(char_dataset), out_dir=str(tmp_path / "out"), max_iters=5, eval_interval=100)
+    with pytest.raises(KeyboardInterrupt, match="second SIGTERM"):
+        train(cfg, log=lambda *a: None)
+    assert not os.path.exists(tmp_path / "out" / "ckpt.pt")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handlers are restored
+
+
+def test_interrupt_never_saves_non_finite_weights(tmp_path, char_dataset, monkeypatch):
+    cfg = TrainConfig(**TINY, dataset=str(char_dataset), out_dir=str(tmp_path / "out"), max_iters=4, eval_interval=2)
+    train(cfg, log=lambda *a: None)
+    good = open(tmp_path / "out" / "ckpt.pt", "rb").read()
+    original = torch.optim.AdamW.step
+
+    def poisoning_step(self, *args, **kwargs):  # the step that makes the weights NaN, with SIGTERM arriving in it
+        result = original(self, *args, **kwargs)
+        if self.state and next(iter(self.state.values()))["step"] >= 6:
+            os.kill(os.getpid(), signal.SIGTERM)
+            with torch.no_grad():
+                self.param_groups[0]["params"][0].fill_(float("nan"))
+        return result
+    monkeypatch.setattr(torch.optim.AdamW, "step", poisoning_step)
+    cfg, overrides = parse_args(TrainConfig, ["--init_from=resume", f"--out_dir={tmp_path / 'out'}", "--max_iters=100", "--eval_interval=1000",
+                                              "--log_interval=1000"])
+    with pytest.raises(UserError, match="weights are not finite at iter 6"):
+        train(cfg, overrides, log=lambda *a: None)
+    assert open(tmp_path / "out" / "ckpt.pt", "rb").read() == good
+    assert not [f for f in os.listdir(tmp_path / "out") if f.endswith(".tmp")]
 
 
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, char_dataset, monkeypatch):

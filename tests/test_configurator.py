@@ -96,3 +96,33 @@ def test_each_override_is_printed_once(tmp_path):
     lines = []
     report_overrides(overrides, Demo(), lines.append)
     assert lines == ["override: batch_size = 48 (was 12)"]
+
+
+@pytest.mark.parametrize("script, keys", [
+    ("train.py", {"batch_size=12": "micro-batch size, per process", "n_head=12": "attention heads per block",
+                  "learning_rate=0.0006": "AdamW's peak learning rate"}),
+    ("sample.py", {"temperature=0.8": "0 greedy", "stop=[]": "token ids that end a sample"}),
+    ("trace.py", {"html=None": "attention heatmaps"}),
+    ("export.py", {"hf_dir=''": "where to write the Hugging Face directory"}),
+    ("bench.py", {"gen_batch=8": "sequences decoded together"}),
+])
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_help_lists_every_key_with_its_default_and_comment_and_exits_0(script, keys, flag):
+    from conftest import run_script
+    result = run_script([script, flag])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"usage: python {script} [CONFIG_FILE ...] [--key=value ...]")
+    lines = result.stdout.splitlines()
+    for key, comment in keys.items():
+        line = next(line for line in lines if line.strip().startswith(f"--{key} ") or line.strip() == f"--{key}")
+        assert comment in line, line
+
+
+def test_help_groups_keys_as_the_dataclass_does():
+    from configurator import help_text
+    from train import TrainConfig
+    text = help_text(TrainConfig, doc="")
+    groups = [line for line in text.splitlines() if line.endswith(":") and not line.startswith(("  ", "Config"))]
+    assert groups[:3] == ["I/O:", "data:", "model (see GPTConfig):"]
+    assert text.index("\ndata:\n") < text.index("--dataset=") < text.index("\nmodel (see GPTConfig):\n")
+    assert text.count("\n  --") == len(TrainConfig.__dataclass_fields__)  # every key once

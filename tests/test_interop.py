@@ -11,17 +11,28 @@ from model import GPT
 transformers = pytest.importorskip("transformers")
 
 
+def randomize(model, seed=0):
+    """Every parameter random: biases and norm gains too (both inits leave them 0 and 1, which hides bugs)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g)
+            if name.endswith("bias"):
+                p.copy_(0.1 * noise)
+            elif p.dim() == 1:  # norm gains
+                p.copy_(1.0 + 0.1 * noise)
+            else:
+                p.copy_(0.15 * noise)
+    return model
+
+
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory):
-    """A small random GPT2LMHeadModel saved as a local Hugging Face directory."""
+    """A small GPT2LMHeadModel, every parameter random, saved as a local Hugging Face directory."""
     config = transformers.GPT2Config(vocab_size=300, n_positions=32, n_embd=48, n_layer=2, n_head=4,
                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
     torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(config).eval()
-    with torch.no_grad():  # GPT-2 init leaves biases at zero: give them values so they are compared too
-        for name, p in model.named_parameters():
-            if name.endswith("bias"):
-                p.normal_(0, 0.1)
+    model = randomize(transformers.GPT2LMHeadModel(config).eval())
     path = tmp_path_factory.mktemp("hf") / "tiny-gpt2"
     model.save_pretrained(path)
     return path
@@ -54,21 +65,52 @@ def test_from_pretrained_matches_hugging_face_logits_and_greedy_tokens(hf_dir):
     assert torch.equal(ours.generate(idx[:, :4], 12, temperature=0), expected)
 
 
-def test_export_round_trips_through_hugging_face(tmp_path, char_dataset):
+def trained_then_randomized(tmp_path, char_dataset, **options):
+    """A checkpoint as train.py writes it, its every parameter then made random; returns (out_dir, model)."""
+    from checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
     from train import TrainConfig, train
     cfg = TrainConfig(out_dir=str(tmp_path / "out"), dataset=str(char_dataset), n_layer=2, n_head=2, n_embd=32,
                       block_size=16, batch_size=4, gradient_accumulation_steps=1, eval_iters=2, max_iters=3,
-                      eval_interval=3, device="cpu", bias=False)
+                      eval_interval=3, device="cpu", **options)
     train(cfg, log=lambda *a: None)
-    result = run_script(["export.py", f"--out_dir={tmp_path / 'out'}", f"--hf_dir={tmp_path / 'hf'}"])
+    path = str(tmp_path / "out" / "ckpt.pt")
+    ckpt = load_checkpoint(path)
+    model = randomize(model_from_checkpoint(ckpt, path).eval())
+    ckpt["model"] = model.state_dict()
+    save_checkpoint(ckpt, path)
+    return tmp_path / "out", model
+
+
+@pytest.mark.parametrize("options", [dict(bias=True), dict(bias=False), dict(bias=True, tie_weights=False)],
+                         ids=["bias", "no-bias", "untied"])
+def test_export_round_trips_through_hugging_face(tmp_path, char_dataset, options):
+    out, ours = trained_then_randomized(tmp_path, char_dataset, **options)
+    result = run_script(["export.py", f"--out_dir={out}", f"--hf_dir={tmp_path / 'hf'}"])
     assert result.returncode == 0, result.stderr
     assert os.path.exists(tmp_path / "hf" / "model.safetensors")
-    from checkpoint import load_checkpoint, model_from_checkpoint
-    ours = model_from_checkpoint(load_checkpoint(str(tmp_path / "out" / "ckpt.pt"))).eval()
     hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
-    idx = torch.randint(0, ours.config.vocab_size, (2, 16))
+    idx = torch.randint(0, ours.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         np.testing.assert_allclose(hf(idx).logits.numpy(), ours(idx)[0].numpy(), atol=1e-5)
+    # a char vocabulary has no end-of-text token: none is claimed
+    assert hf.config.bos_token_id is None and hf.config.eos_token_id is None
+
+
+def test_exported_model_writes_the_same_greedy_text_as_sample_py(tmp_path, char_dataset):
+    """End to end: sample.py --temperature=0 and Hugging Face's generate on the exported directory."""
+    import json
+    out, _ = trained_then_randomized(tmp_path, char_dataset, bias=True)
+    assert run_script(["export.py", f"--out_dir={out}", f"--hf_dir={tmp_path / 'hf'}"]).returncode == 0
+    prompt, n = "Speak", 12
+    sampled = run_script(["sample.py", f"--out_dir={out}", f"--start={prompt}", "--temperature=0", "--num_samples=1",
+                          f"--max_new_tokens={n}", "--device=cpu"])
+    assert sampled.returncode == 0, sampled.stderr
+    chars = json.loads((char_dataset / "meta.json").read_text(encoding="utf-8"))["chars"]
+    hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
+    idx = torch.tensor([[chars.index(c) for c in prompt]])
+    with torch.no_grad():
+        tokens = hf.generate(idx, max_new_tokens=n, do_sample=False, pad_token_id=0)[0].tolist()
+    assert sampled.stdout.split("\n---------------")[0] == "".join(chars[t] for t in tokens)
 
 
 def test_export_refuses_other_architectures(tmp_path, char_dataset):

@@ -122,3 +122,26 @@ def test_vocabularies_over_65536_use_uint32_and_train_reads_them(tmp_path):
     x, y = batches.get("train", (0, 0, 0))
     assert x.max().item() < 70_000 and torch.equal(x[:, 1:], y[:, :-1])
     assert ((y - x) % 70_000 == 1).all()  # consecutive code points: each next id is one more (mod the repeat)
+
+
+def test_suggested_command_trains_on_this_data_on_this_machine(tmp_path):
+    from conftest import run_script
+    (tmp_path / "mine.txt").write_text(CORPUS[:3000], encoding="utf-8")  # a few KB
+    result = run_script(["data/prepare.py", "--input", str(tmp_path / "mine.txt"), "--out", str(tmp_path / "my texts")])
+    assert result.returncode == 0, result.stderr
+    command = result.stdout.strip().splitlines()[-1].split("train on it with: ")[1]
+    assert command.startswith("python train.py config/shakespeare_char_cpu.py --dataset=")
+    import shlex
+    args = shlex.split(command)[1:] + ["--max_iters=2", "--eval_iters=1", f"--out_dir={tmp_path / 'out'}"]
+    trained = run_script(args)
+    assert trained.returncode == 0, trained.stderr
+    assert "done: 2 iters" in trained.stdout
+
+
+def test_suggested_context_fits_the_smallest_split():
+    # 300 val tokens leave 299 for a window: the GPU recipe's 256 fits, the CPU recipe's 64 too
+    assert "--block_size" not in prep.train_command("data/x", {"train": 2700, "val": 300}, cuda=True)
+    # 40 val tokens: the largest power of 2 below 40 is 32
+    assert prep.train_command("data/x", {"train": 400, "val": 40}).endswith("--out_dir=out-x --block_size=32")
+    with pytest.raises(prep.UserError, match="too few to train on"):
+        prep.train_command("data/x", {"train": 100, "val": 5})

@@ -42,3 +42,19 @@ def test_streamed_bpe_never_prints_half_a_character():
     streamed, shown = feed(cont, ids)
     assert streamed == text
     assert all("\ufffd" not in piece for piece in shown)
+
+
+def test_stop_escapes_typed_in_a_shell_are_the_characters_they_name():
+    from configurator import parse_args
+    from sample import SampleConfig
+    for typed, stop in [(r"--stop=\n\n", ["\n\n"]), (r"--stop='\n\n'", ["\n\n"]), (r"--stop=['\t', 7]", ["\t", 7]),
+                        (r"--stop=\u4e00\\", ["\u4e00\\"]), ("--stop=END", ["END"]), ("--stop=詩\\n", ["詩\n"])]:
+        assert parse_args(SampleConfig, [typed])[0].stop == stop, typed
+
+
+def test_empty_stop_is_refused():
+    import pytest
+    from configurator import UserError, parse_args
+    from sample import SampleConfig
+    with pytest.raises(UserError, match="empty string"):
+        parse_args(SampleConfig, ["--stop="])

@@ -1,0 +1,32 @@
+"""plot.py: the loss axis always holds every evaluation."""
+import json
+
+import pytest
+
+pytest.importorskip("matplotlib")
+import plot  # noqa: E402
+
+
+def write_log(directory, losses):
+    directory.mkdir()
+    records = [{"kind": "config"}] + [{"kind": "eval", "iter": 100 * i, "train_time": 2.0 * i, "val_loss": v}
+                                      for i, v in enumerate(losses)]
+    (directory / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+@pytest.mark.parametrize("losses", [[10.8, 7.2, 5.9, 4.1], [4.2, 2.5, 1.9], [1.5, 1.2], [3.3]],
+                         ids=["bpe-above-3", "char", "low", "one-point"])
+def test_loss_axis_contains_every_point(tmp_path, losses):
+    write_log(tmp_path / "run", losses)
+    fig = plot.draw({str(tmp_path / "run"): plot.read_evals(str(tmp_path / "run"))})
+    bottom, top = fig.axes[0].get_ylim()
+    assert bottom < min(losses) and max(losses) < top
+
+
+def test_plot_writes_a_png(tmp_path):
+    write_log(tmp_path / "a", [10.8, 6.0])
+    write_log(tmp_path / "b", [10.9, 5.0])
+    from conftest import run_script
+    result = run_script(["plot.py", str(tmp_path / "a"), str(tmp_path / "b"), "--png", str(tmp_path / "x.png")])
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "x.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
