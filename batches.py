@@ -31,15 +31,19 @@ class Batches:
     single-process run would.
     """
 
-    def __init__(self, data_dir, block_size, batch_size, device, seed, meta=None):
+    def __init__(self, data_dir, block_size, batch_size, device, seed, meta=None, vocab_size=None):
         dtype = np.dtype((meta or {}).get("dtype", "uint16"))
-        self.data = {}
+        self.data, self.paths, self.vocab_size = {}, {}, vocab_size
         for split in ("train", "val"):
-            path = os.path.join(data_dir, f"{split}.bin")
+            path = self.paths[split] = os.path.join(data_dir, f"{split}.bin")
             if not os.path.exists(path):
                 name = os.path.basename(os.path.normpath(data_dir))
                 raise UserError(f"{path} not found; run python data/{name}/prepare.py "
                                 f"(or python data/prepare.py --input FILE --out {data_dir})")
+            size = os.path.getsize(path)
+            if size == 0 or size % dtype.itemsize:
+                raise UserError(f"{path} has {size} bytes, not a whole number of {dtype} tokens: it is empty, "
+                                f"truncated or not a token file; re-run the dataset's prepare.py")
             data = np.memmap(path, dtype=dtype, mode="r")
             if len(data) < block_size + 1:
                 raise UserError(f"{path} has {len(data)} tokens, fewer than block_size + 1 ({block_size + 1}); "
@@ -51,17 +55,23 @@ class Batches:
     def get(self, split, key):
         data = self.data[split]
         rng = np.random.default_rng([self.seed, *key])
-        return self.batch(data, rng.integers(0, len(data) - self.block_size, self.batch_size))
+        return self.batch(split, rng.integers(0, len(data) - self.block_size, self.batch_size))
 
     def windows(self, split, n):
         """Batches of n fixed windows whose starts are spread evenly over the split."""
         data = self.data[split]
         starts = np.linspace(0, len(data) - self.block_size - 1, n).round().astype(np.int64)
         for i in range(0, n, self.batch_size):
-            yield self.batch(data, starts[i:i + self.batch_size])
+            yield self.batch(split, starts[i:i + self.batch_size])
 
-    def batch(self, data, ix):
-        buf = torch.from_numpy(data[ix[:, None] + self.offsets].astype(np.int64))  # (B, T+1)
+    def batch(self, split, ix):
+        tokens = self.data[split][ix[:, None] + self.offsets].astype(np.int64)  # (B, T+1)
+        if self.vocab_size is not None and tokens.max() >= self.vocab_size:  # checked per batch: no full scan
+            row, col = np.unravel_index(tokens.argmax(), tokens.shape)
+            raise UserError(f"{self.paths[split]} holds token id {tokens.max()} (at token {ix[row] + col}), beyond the "
+                            f"model's vocabulary of {self.vocab_size}; the dataset and its meta disagree: re-run "
+                            f"its prepare.py, or train on the dataset the model was made for")
+        buf = torch.from_numpy(tokens)
         if self.device.type == "cuda":
             buf = buf.pin_memory().to(self.device, non_blocking=True)
         else:

@@ -5,11 +5,15 @@ A checkpoint is a dict of tensors and plain types with nanoGPT's keys
 state exact resume needs (rng, scaler). It loads with weights_only=True.
 """
 import os
+import socket
 import tempfile
+import time
+import typing
+from dataclasses import replace
 
 import torch
 
-from configurator import UserError
+from configurator import UserError, convert, describe_os_error
 from model import GPT, GPTConfig
 
 # prefixes torch.compile and DDP add to state_dict keys
@@ -18,22 +22,29 @@ GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 
 
 def save_checkpoint(obj, path):
-    """Write to a temporary file beside path, fsync, then rename over it: never half-written."""
+    """Write to a temporary file beside path, fsync, then rename over it: never half-written.
+
+    A failure (disk full, no permission) is a UserError; the previous file at path is intact.
+    """
     directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; give it a normal file's mode
+    tmp = None
     try:
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; give it a normal file's mode
         with os.fdopen(fd, "wb") as f:
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
+    except BaseException as e:
+        if tmp is not None and os.path.exists(tmp):
             os.remove(tmp)
+        if isinstance(e, OSError):
+            previous = "the previous one is intact" if os.path.exists(path) else "nothing was written"
+            raise UserError(f"saving {path} failed: {describe_os_error(e)}; {previous}") from None
         raise
     dir_fd = os.open(directory, os.O_RDONLY)
     try:
@@ -57,7 +68,20 @@ def load_checkpoint(path, map_location="cpu"):
                         f"restore it from a backup or train again") from None
     if not isinstance(ckpt, dict) or "model" not in ckpt or "model_args" not in ckpt:
         raise UserError(f"{path} is not a training checkpoint (needs 'model' and 'model_args' keys)")
+    for key, types in FIELD_TYPES.items():
+        value = ckpt.get(key)
+        if value is not None and (not isinstance(value, types) or isinstance(value, bool)
+                                  or (isinstance(value, torch.Tensor) and value.numel() != 1)):
+            raise UserError(f"{path}: {key} is a {type(value).__name__}, expected "
+                            f"{' or '.join(t.__name__ for t in types)}; the file is damaged")
+    if isinstance(ckpt.get("iter_num"), (int, torch.Tensor)) and int(ckpt["iter_num"]) < 0:
+        raise UserError(f"{path}: iter_num is {int(ckpt['iter_num'])}, below 0; the file is damaged")
     return ckpt
+
+
+# the types of a checkpoint's fields (nanoGPT writes best_val_loss as a 0-d tensor)
+FIELD_TYPES = {"model": (dict,), "model_args": (dict,), "optimizer": (dict,), "config": (dict,), "scaler": (dict,),
+               "iter_num": (int, torch.Tensor), "best_val_loss": (int, float, torch.Tensor), "rng": (list,)}
 
 
 def clean_state_dict(state_dict):
@@ -74,20 +98,77 @@ def clean_state_dict(state_dict):
 
 
 def model_from_checkpoint(ckpt, path="checkpoint", **runtime):
-    """Rebuild the GPT a checkpoint describes and load its weights."""
-    try:
-        config = GPTConfig.from_model_args(ckpt["model_args"], **runtime)
-    except (TypeError, ValueError) as e:
-        raise UserError(f"{path}: bad model_args: {e}") from None
-    model = GPT(config)
+    """Rebuild the GPT a checkpoint describes and load its weights.
+
+    model_args are checked against the weights' names and shapes before any
+    memory is allocated for the model: a file's claimed sizes are not trusted.
+    """
+    config = config_from_model_args(ckpt["model_args"], path, runtime)
+    if not isinstance(ckpt["model"], dict) or not all(isinstance(v, torch.Tensor) for v in ckpt["model"].values()):
+        raise UserError(f"{path}: 'model' is not a dict of tensors; the file is not a training checkpoint")
     state = clean_state_dict(ckpt["model"])
     if config.tie_weights and "lm_head.weight" not in state and "transformer.wte.weight" in state:
         state["lm_head.weight"] = state["transformer.wte.weight"]
+    check_shapes(config, state, path)
+    model = GPT(config)
     try:
         model.load_state_dict(state)
     except RuntimeError as e:
         raise UserError(f"{path}: weights do not match its model_args: {str(e).splitlines()[0]}") from None
+    bad = [name for name, p in model.named_parameters() if not torch.isfinite(p).all()]
+    if bad:
+        raise UserError(f"{path} holds non-finite weights ({bad[0]}): the run that wrote it diverged; "
+                        f"use an earlier checkpoint (best.pt?) or train again")
     return model
+
+
+# a RoPE model's block_size is not visible in its weights; its rotation table grows with it
+MAX_ROPE_POSITIONS = 1 << 20
+
+
+def config_from_model_args(model_args, path, runtime):
+    """GPTConfig from a checkpoint's model_args, each value checked against its field's type."""
+    if not isinstance(model_args, dict):
+        raise UserError(f"{path}: model_args is a {type(model_args).__name__}, not a dict")
+    hints = typing.get_type_hints(GPTConfig)
+    unknown = sorted(str(k) for k in model_args if k not in hints)
+    if unknown:
+        raise UserError(f"{path}: model_args has unknown keys {unknown}; was it written by a newer version?")
+    args = {k: convert(v, hints[k], k, f"{path}: model_args") for k, v in model_args.items()}
+    try:
+        config = GPTConfig(**{**args, **runtime})
+    except (TypeError, ValueError) as e:
+        raise UserError(f"{path}: bad model_args: {e}") from None
+    if config.pos_emb == "rope" and config.block_size > MAX_ROPE_POSITIONS:
+        raise UserError(f"{path}: model_args claims block_size={config.block_size}, beyond {MAX_ROPE_POSITIONS} "
+                        f"positions; the file is damaged or not a checkpoint of this project")
+    return config
+
+
+def check_shapes(config, state, path):
+    """Every weight GPT(config) expects is in state with its shape, and nothing else is: compared on a
+    one-block model built on the meta device (no memory), whose block stands for each of the n_layer."""
+    layers = {int(k.split(".")[2]) for k in state if k.startswith("transformer.h.") and k.split(".")[2].isdigit()}
+    if layers != set(range(config.n_layer)):
+        raise UserError(f"{path}: model_args claims n_layer={config.n_layer} but the weights hold "
+                        f"{len(layers)} blocks; the file is damaged or its model_args were edited")
+    with torch.device("meta"):
+        one = GPT(replace(config, n_layer=1)).state_dict()
+    expected = {}
+    for name, t in one.items():
+        if name.startswith("transformer.h.0."):
+            for i in range(config.n_layer):
+                expected[f"transformer.h.{i}.{name[len('transformer.h.0.'):]}"] = tuple(t.shape)
+        else:
+            expected[name] = tuple(t.shape)
+    missing = [k for k in expected if k not in state]
+    extra = [k for k in state if k not in expected]
+    wrong = [k for k in expected if k in state and tuple(state[k].shape) != expected[k]]
+    if missing or extra or wrong:
+        what = (f"{wrong[0]} has shape {tuple(state[wrong[0]].shape)}, model_args make it {expected[wrong[0]]}"
+                if wrong else f"missing {missing[0]}" if missing else f"unexpected {extra[0]}")
+        raise UserError(f"{path}: weights do not match its model_args ({what}; {len(missing)} missing, "
+                        f"{len(extra)} unexpected, {len(wrong)} of another shape)")
 
 
 def is_pretrained(init_from):
@@ -97,6 +178,12 @@ def is_pretrained(init_from):
 
 def load_pretrained(name_or_path, **override_args):
     """GPT.from_pretrained, with its failures as one-line UserErrors."""
+    if os.path.isdir(name_or_path) and not os.path.exists(os.path.join(name_or_path, "model.safetensors")):
+        pickles = [f for f in os.listdir(name_or_path) if f.endswith((".bin", ".pt", ".pth", ".ckpt"))]
+        if pickles:
+            raise UserError(f"{name_or_path} holds its weights as a pickle ({pickles[0]}), which can run code when "
+                            f"loaded; only model.safetensors is read: convert it where you trust the file "
+                            f"(transformers: model.save_pretrained(dir, safe_serialization=True))")
     try:
         return GPT.from_pretrained(name_or_path, override_args)
     except ImportError as e:
@@ -105,3 +192,52 @@ def load_pretrained(name_or_path, **override_args):
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(f"cannot load GPT-2 weights {name_or_path!r}: {first}; offline, download them where there "
                         f"is internet and pass the local directory") from None
+
+
+class OutDirLock:
+    """An exclusive lock on out_dir for a writer's lifetime (train.py): a second writer is refused in one line
+    naming the holder. The lock dies with its process (flock), so a killed run leaves none behind; the
+    file .lock stays, naming the last holder. Only the holder removes stale temporary files of saves.
+    Readers (sample.py, eval_only, trace.py, export.py) take no lock and delete nothing."""
+
+    def __init__(self, out_dir):
+        self.out_dir, self.file = out_dir, None
+
+    def acquire(self):
+        try:
+            import fcntl
+        except ImportError:  # no flock (Windows): writers are not guarded
+            return self
+        try:
+            os.makedirs(self.out_dir, exist_ok=True)
+            self.file = open(os.path.join(self.out_dir, ".lock"), "a+", encoding="utf-8")
+        except OSError as e:
+            raise UserError(f"cannot write to out_dir {self.out_dir}: {e.strerror}; choose another --out_dir") from None
+        try:
+            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self.file.seek(0)
+            holder = self.file.read().strip() or "another process"
+            self.file.close()
+            raise UserError(f"{self.out_dir} is in use by {holder}; wait for it to end (or stop it), or train "
+                            f"into another --out_dir") from None
+        self.file.seek(0)
+        self.file.truncate()
+        self.file.write(f"train.py (pid {os.getpid()} on {socket.gethostname()}, since "
+                        f"{time.strftime('%Y-%m-%d %H:%M:%S')})")
+        self.file.flush()
+        remove_partial_saves(self.out_dir)
+        return self
+
+    def release(self):
+        if self.file is not None:
+            self.file.close()  # closing releases the flock
+            self.file = None
+
+
+def remove_partial_saves(out_dir):
+    """Delete temporary files of saves that a killed run left (only the lock holder may: a live run's
+    temporary file looks the same)."""
+    for name in os.listdir(out_dir):
+        if name.startswith((".ckpt.pt.", ".best.pt.")) and name.endswith(".tmp"):
+            os.remove(os.path.join(out_dir, name))

@@ -10,8 +10,10 @@ keys and values of the wrong type are errors that say what to do.
 import ast
 import dataclasses
 import difflib
+import errno
 import inspect
 import io
+import math
 import sys
 import tokenize
 import types
@@ -23,12 +25,38 @@ class UserError(Exception):
 
 
 def run_main(main, argv=None):
-    """Run a script's main(argv); a UserError becomes one line on stderr and exit code 2."""
+    """Run a script's main(argv): a UserError, or an OSError from the machine (disk full, no permission),
+    becomes one line on stderr and exit code 2; a second Ctrl-C one line and exit code 130."""
     try:
         main(sys.argv[1:] if argv is None else argv)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except OSError as e:
+        print(f"error: {describe_os_error(e)}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt as e:
+        print(f"interrupted: {e}" if str(e) else "interrupted", file=sys.stderr)
+        sys.exit(130)
+
+
+OS_ERROR_HINTS = {
+    errno.ENOSPC: "free some disk space, or write elsewhere",
+    errno.EDQUOT: "free some disk space, or write elsewhere",
+    errno.EACCES: "check the permissions, or write elsewhere",
+    errno.EPERM: "check the permissions, or write elsewhere",
+    errno.EROFS: "the file system is read-only: write elsewhere",
+    errno.ENOTDIR: "a file stands where a directory is expected: choose another path",
+    errno.EEXIST: "a file stands where a directory is expected: choose another path",
+    errno.EISDIR: "a directory stands where a file is expected: choose another path",
+}
+
+
+def describe_os_error(e):
+    """'cannot write out/ckpt.pt: No space left on device; free some disk space, or write elsewhere'."""
+    where = f" {e.filename}" if e.filename else ""
+    hint = OS_ERROR_HINTS.get(e.errno, "")
+    return f"cannot access{where}: {e.strerror or e}" + (f"; {hint}" if hint else "")
 
 
 def parse_args(cls, argv):
@@ -138,6 +166,8 @@ def read_config_file(path):
     try:
         with open(path, encoding="utf-8") as f:
             source = f.read()
+    except UnicodeDecodeError as e:
+        raise UserError(f"config file {path} is not UTF-8 text (bad byte at offset {e.start}); save it as UTF-8") from None
     except FileNotFoundError:
         hint = " (CLI overrides need a leading --, e.g. --batch_size=32)" if "=" in path else ""
         raise UserError(f"config file {path} not found{hint}") from None
@@ -178,7 +208,9 @@ def convert(value, hint, key, source):
             return convert_one(value, option)
         except (TypeError, ValueError):
             continue
-    raise UserError(f"{source}: {key} expects {type_name(hint)}, got {value!r}")
+    shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+    finite = "a finite " if float in options and isinstance(value, float) else ""
+    raise UserError(f"{source}: {key} expects {finite}{type_name(hint)}, got {shown}")
 
 
 def convert_one(value, t):
@@ -201,7 +233,13 @@ def convert_one(value, t):
         raise TypeError(value)
     if t is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+            try:
+                value = float(value)
+            except OverflowError:  # an int beyond float's range
+                raise ValueError(value) from None
+            if not math.isfinite(value):  # no setting means nan or inf
+                raise ValueError(value)
+            return value
         raise TypeError(value)
     if t is str:
         if isinstance(value, str):

@@ -66,6 +66,8 @@ class GPTConfig:
             raise ValueError(f"mlp_hidden must be at least 1, got {self.mlp_hidden}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if not (self.norm_eps > 0 and self.rope_base > 0):
+            raise ValueError(f"norm_eps ({self.norm_eps}) and rope_base ({self.rope_base}) must be > 0")
 
     @property
     def head_dim(self):
@@ -451,7 +453,7 @@ class GPT(nn.Module):
             from transformers import GPT2LMHeadModel
         except ImportError:
             raise ImportError("loading GPT-2 weights needs transformers: pip install transformers") from None
-        hf = GPT2LMHeadModel.from_pretrained(name_or_path)
+        hf = GPT2LMHeadModel.from_pretrained(name_or_path, use_safetensors=True)  # never a pickle: it can run code
         c = hf.config
         activations = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
         if c.activation_function not in activations:
@@ -560,22 +562,25 @@ class GPT(nn.Module):
         self.eval()
         try:
             with packed_weights(self, B):  # decoding feeds B rows per step
-                seq = torch.empty(B, T + max_new_tokens, dtype=idx.dtype, device=idx.device)  # (B, T + n)
-                seq[:, :T] = idx
-                cache, start = None, max(0, T - block)  # the cache holds seq[:, start:n - 1]
+                # the last `block` tokens are all any forward reads: nothing grows with max_new_tokens
+                window = torch.empty(B, block, dtype=idx.dtype, device=idx.device)  # tokens n - block .. n - 1
+                held = min(T, block)
+                window[:, block - held:] = idx[:, T - held:]
+                cache, start = None, max(0, T - block)  # the cache holds tokens start .. n - 2
                 for n in range(T, T + max_new_tokens):
                     if not use_cache:
-                        logits, _ = self(seq[:, max(0, n - block):n], last_only=True)
+                        logits, _ = self(window[:, block - min(n, block):], last_only=True)
                     elif cache is None or n - start > block:  # prefill, or shift a full window
                         if cache is None:
                             cache = KVCache(self.config, B, idx.device, self.lm_head.weight.dtype)
                         else:  # keep half: the fewer recomputations, the faster
                             start, cache.pos = window_start(n, start, block), 0
-                        logits, _ = self(seq[:, start:n], kv_cache=cache, last_only=True)
+                        logits, _ = self(window[:, block - (n - start):], kv_cache=cache, last_only=True)
                     else:
-                        logits, _ = self(seq[:, n - 1:n], kv_cache=cache)
+                        logits, _ = self(window[:, -1:], kv_cache=cache)
                     tok = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator)  # (B,)
-                    seq[:, n] = tok
+                    window = torch.roll(window, -1, dims=1)
+                    window[:, -1] = tok
                     yield tok
         finally:
             self.train(was_training)
@@ -584,11 +589,11 @@ class GPT(nn.Module):
 def check_sampling(max_new_tokens, temperature, top_k, top_p):
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0 (0 is greedy), got {temperature}")
+    if not (temperature >= 0 and math.isfinite(temperature)):  # not: NaN fails every comparison
+        raise ValueError(f"temperature must be a finite number >= 0 (0 is greedy), got {temperature}")
     if top_k is not None and top_k < 1:
         raise ValueError(f"top_k must be >= 1 (or None for no limit), got {top_k}")
-    if top_p is not None and not 0 < top_p <= 1:
+    if top_p is not None and not 0 < top_p <= 1:  # also refuses NaN
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
 
 
@@ -601,7 +606,12 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None)
     """
     if temperature == 0:
         return logits.argmax(dim=-1)
-    probs = F.softmax(filter_logits(logits.float() / temperature, top_k, top_p), dim=-1)
+    logits = logits.float()
+    # subtract the maximum first: a tiny temperature then sends the others to -inf, not inf - inf = nan,
+    # and the distribution reaches its limit, the argmax (shared equally among tied maxima). Below 1e-30
+    # (where a float32 logit gap of 1e-7 already scales to -1e23) the limit is reached: stop dividing there
+    scaled = (logits - logits.max(dim=-1, keepdim=True).values) / max(temperature, 1e-30)
+    probs = F.softmax(filter_logits(scaled, top_k, top_p), dim=-1)
     return pick(probs, uniform_draws(probs.size(0), generator, probs.device))
 
 

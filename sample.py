@@ -17,6 +17,7 @@ from batches import dataset_dir
 from checkpoint import is_pretrained, load_checkpoint, load_pretrained, model_from_checkpoint
 from configurator import UserError, parse_args, report_overrides, run_main
 from device import autocast, resolve_device, resolve_dtype
+from memory import check_fits, kv_cache_bytes
 from model import check_sampling
 from tokenizer import BPETokenizer, read_meta, tokenizer_from_meta
 
@@ -49,6 +50,8 @@ class SampleConfig:
         check_sampling(self.max_new_tokens, self.temperature, self.top_k, self.top_p)
         if self.num_samples < 1:
             raise ValueError(f"num_samples must be at least 1, got {self.num_samples}")
+        if not 0 <= self.seed < 1 << 64:
+            raise ValueError(f"seed must be in [0, 2^64), got {self.seed}")
         self.stop = [unescape(s) if isinstance(s, str) else s for s in self.stop]
         if any(s == "" for s in self.stop):
             raise ValueError("--stop has an empty string, which would end every sample before it starts; "
@@ -126,6 +129,8 @@ def read_prompt(start):
     try:
         with open(path, encoding="utf-8") as f:
             return f.read()
+    except UnicodeDecodeError as e:
+        raise UserError(f"--start=FILE:{path} is not UTF-8 text (bad byte at offset {e.start}); save it as UTF-8") from None
     except OSError as e:
         raise UserError(f"--start=FILE:{path}: cannot read the prompt file ({e.strerror})") from None
 
@@ -176,6 +181,9 @@ def main(argv):
         print(f"note: greedy decoding (temperature=0) writes the same text every time: printing 1 sample, "
               f"not {num_samples}", file=sys.stderr)
         num_samples = 1
+    check_fits(kv_cache_bytes(model.config, num_samples, model.lm_head.weight.element_size())
+               + 3 * num_samples * model.config.vocab_size * 4, device,  # the cache, and each step's logits
+               f"decoding {num_samples:,} samples together", "lower num_samples")
     torch.manual_seed(cfg.seed)
     # one generator per sample: sample i is the same text whether streamed alone or decoded in a batch
     generators = [torch.Generator(device=device).manual_seed(sample_seed(cfg.seed, i)) for i in range(num_samples)]

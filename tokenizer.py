@@ -103,14 +103,45 @@ def read_meta(dataset_dir):
     if os.path.exists(path):
         try:
             with open(path, encoding="utf-8") as f:
-                return json.load(f)
+                return check_meta(json.load(f), path)
         except (OSError, ValueError) as e:
             raise UserError(f"{path} is not valid JSON ({e}); re-run the dataset's prepare.py") from None
     path = os.path.join(dataset_dir, "meta.pkl")
     if os.path.exists(path):
         with open(path, "rb") as f:
-            return load_plain_pickle(f.read(), path)
+            return check_meta(load_plain_pickle(f.read(), path), path)
     return None
+
+
+def check_meta(meta, path):
+    """meta itself if its fields have the types and values a dataset's metadata needs; else a UserError."""
+    def bad(what):
+        return UserError(f"{path}: {what}; re-run the dataset's prepare.py")
+    if not isinstance(meta, dict):
+        raise bad(f"holds a {type(meta).__name__}, expected an object")
+    kind = meta.get("tokenizer")
+    if kind is not None and kind not in ("char", "gpt2"):
+        raise bad(f"unknown tokenizer {kind!r}; expected 'char' or 'gpt2'")
+    vocab = meta.get("vocab_size")
+    if vocab is not None and (not isinstance(vocab, int) or isinstance(vocab, bool) or vocab < 1):
+        raise bad(f"vocab_size is {vocab!r}, expected a whole number >= 1")
+    if meta.get("dtype", "uint16") not in ("uint16", "uint32"):
+        raise bad(f"dtype is {meta.get('dtype')!r}, expected 'uint16' or 'uint32'")
+    if "chars" in meta:
+        chars = meta["chars"]
+        if (not isinstance(chars, list) or not all(isinstance(c, str) and len(c) == 1 for c in chars)
+                or len(set(chars)) != len(chars) or not chars):
+            raise bad("chars is not a list of distinct single characters")
+        if vocab is not None and vocab != len(chars):
+            raise bad(f"vocab_size ({vocab}) differs from the {len(chars)} chars")
+    elif "itos" in meta:
+        itos = meta["itos"]
+        if (not isinstance(itos, dict) or set(itos) != set(range(len(itos))) or not itos
+                or not all(isinstance(c, str) for c in itos.values())):
+            raise bad("itos is not a map from 0, 1, 2, ... to characters")
+    elif kind == "char":
+        raise bad("a char tokenizer needs its chars")
+    return meta
 
 
 def write_meta(dataset_dir, meta):

@@ -19,6 +19,7 @@ import os
 import random
 import shlex
 import signal
+import typing
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, fields, replace
 
@@ -29,9 +30,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from batches import Batches, dataset_dir, estimate_loss
-from checkpoint import is_pretrained, load_checkpoint, load_pretrained, model_from_checkpoint, save_checkpoint
-from configurator import UserError, parse_args, report_overrides, run_main
+from checkpoint import OutDirLock, is_pretrained, load_checkpoint, load_pretrained, model_from_checkpoint, save_checkpoint
+from configurator import UserError, convert, parse_args, report_overrides, run_main
 from device import autocast, cpu_matmul_flops, peak_flops_for, resolve_device, resolve_dtype, should_compile
+from memory import check_fits, param_count, training_bytes
 from model import GPT, GPTConfig
 from tokenizer import read_meta, tokenizer_kind
 
@@ -124,9 +126,16 @@ class TrainConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         for name in ("max_iters", "warmup_iters", "lr_decay_iters", "learning_rate", "min_lr", "grad_clip",
-                     "cooldown_iters", "eval_windows", "muon_lr"):
+                     "cooldown_iters", "eval_windows", "muon_lr", "weight_decay", "muon_weight_decay"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("beta1", "beta2", "muon_momentum"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if not 0 <= self.seed < 1 << 64:
+            raise ValueError(f"seed must be in [0, 2^64), got {self.seed}")
+        if self.peak_flops is not None and self.peak_flops <= 0:
+            raise ValueError(f"peak_flops must be > 0 (or None), got {self.peak_flops}")
 
     def model_config(self, vocab_size):
         return GPTConfig(vocab_size=vocab_size, **{k: getattr(self, k) for k in MODEL_FIELDS})
@@ -166,10 +175,15 @@ def set_rng_state(state):
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+# what loading a damaged optimizer, scaler or RNG state raises
+DAMAGED = (ValueError, KeyError, TypeError, IndexError, RuntimeError, AttributeError, OverflowError)
+
+
 def resume_config(ckpt, overrides, path):
     """The checkpoint's config, with the user's overrides unless they would change the model."""
-    known = {f.name for f in fields(TrainConfig)}
-    saved = {k: v for k, v in (ckpt.get("config") or {}).items() if k in known and k not in LOCAL_FIELDS}
+    hints = typing.get_type_hints(TrainConfig)
+    saved = {k: convert(v, hints[k], k, f"{path}: config") for k, v in (ckpt.get("config") or {}).items()
+             if k in hints and k not in LOCAL_FIELDS}
     model_args = ckpt["model_args"]
     default = GPTConfig()
     for key in SHAPE_FIELDS:  # model_args is the truth about the weights
@@ -261,13 +275,14 @@ def train(cfg, overrides=None, log=print, t_start=None):
     """
     t_start = t_start or time.time()
     stop = StopFlag()  # first: a signal during start-up stops the run at once, with nothing saved
+    lock = OutDirLock(cfg.out_dir)  # taken once the run is about to write
     world = 1
     try:
         rank, local_rank, world = setup_distributed(cfg)
         stop.abandon = world == 1  # DDP ranks stop together, at a log iteration
         master = rank == 0
         log = log if master else (lambda *a, **k: None)
-        summary = run(cfg, overrides or {}, rank, local_rank, world, master, log, t_start, stop)
+        summary = run(cfg, overrides or {}, rank, local_rank, world, master, log, t_start, stop, lock)
         if world > 1:  # rank 0 saves last: no rank tears down its connections while another still uses them
             dist.barrier()
         return summary
@@ -276,12 +291,13 @@ def train(cfg, overrides=None, log=print, t_start=None):
         return {"iters": None, "val_loss": None, "best_val_loss": None, "time": time.time() - t_start,
                 "train_time": None, "interrupted": True, "reached": None}
     finally:
+        lock.release()
         stop.restore()
         if world > 1:
             dist.destroy_process_group()
 
 
-def run(cfg, overrides, rank, local_rank, world, master, log, t_start, stop):
+def run(cfg, overrides, rank, local_rank, world, master, log, t_start, stop, lock):
     ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
     ckpt = None
     if cfg.init_from == "resume":
@@ -313,7 +329,13 @@ def run(cfg, overrides, rank, local_rank, world, master, log, t_start, stop):
             log(f"from {cfg.init_from}: {', '.join(changed)}")
         cfg = replace(cfg, **shape)
     else:
-        model = GPT(cfg.model_config(vocab_size=(meta or {}).get("vocab_size", 50304)))
+        config = cfg.model_config(vocab_size=(meta or {}).get("vocab_size", 50304))
+        check_fits(training_bytes(config, cfg.batch_size), device,
+                   f"training {param_count(config) / 1e6:,.1f}M parameters on micro-batches of {cfg.batch_size} x "
+                   f"{cfg.block_size} tokens", "lower batch_size (raise gradient_accumulation_steps to keep the "
+                   "batch), block_size, n_layer or n_embd")
+        model = GPT(config)
+    batches.vocab_size = model.config.vocab_size  # a token id beyond it is an error, not an index fault
     torch.manual_seed(cfg.seed + rank)  # distinct dropout masks per rank
     model.to(device)
     optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device.type,
@@ -324,16 +346,23 @@ def run(cfg, overrides, rank, local_rank, world, master, log, t_start, stop):
         peaks = [group["initial_lr"] for group in optimizer.param_groups]  # this run's peaks, not the saved ones
         try:
             optimizer.load_state_dict(ckpt["optimizer"])
-        except (ValueError, KeyError) as e:
+        except DAMAGED as e:
             raise UserError(f"{ckpt_path}: its optimizer state does not fit optimizer={cfg.optimizer} ({e})") from None
         for group, peak in zip(optimizer.param_groups, peaks):
             group["initial_lr"] = peak
-        if "scaler" in ckpt:
-            scaler.load_state_dict(ckpt["scaler"])
-        iter_num, best_val_loss = int(ckpt["iter_num"]), float(ckpt.get("best_val_loss", float("inf")))  # nanoGPT: a tensor
-        if "rng" in ckpt and rank < len(ckpt["rng"]):
-            set_rng_state(ckpt["rng"][rank])
-        else:
+        if ckpt.get("iter_num") is None:
+            raise UserError(f"{ckpt_path} has no iter_num: it cannot be resumed (sample from it, or train anew)")
+        best = ckpt.get("best_val_loss")
+        iter_num, best_val_loss = int(ckpt["iter_num"]), float(best) if best is not None else float("inf")  # nanoGPT: a tensor
+        try:
+            if "scaler" in ckpt:
+                scaler.load_state_dict(ckpt["scaler"])
+            has_rng = rank < len(ckpt.get("rng") or [])
+            if has_rng:
+                set_rng_state(ckpt["rng"][rank])
+        except DAMAGED as e:
+            raise UserError(f"{ckpt_path}: its RNG or gradient-scaler state is damaged ({type(e).__name__}: {e})") from None
+        if not has_rng:
             log(f"note: {ckpt_path} has no RNG state (a nanoGPT checkpoint?): resuming with fresh dropout RNG")
         log(f"resuming from {ckpt_path} at iter {iter_num}")
     del ckpt
@@ -353,11 +382,9 @@ def run(cfg, overrides, rank, local_rank, world, master, log, t_start, stop):
     for note in startup_notes(cfg, raw_model, device, tokens_per_iter, ckpt_path):
         log(f"note: {note}")
 
-    if master and os.path.isdir(cfg.out_dir):  # partial writes of a run that was killed mid-save
-        for name in os.listdir(cfg.out_dir):
-            if name.startswith((".ckpt.pt.", ".best.pt.")) and name.endswith(".tmp"):
-                os.remove(os.path.join(cfg.out_dir, name))
-    logger = JsonLog(os.path.join(cfg.out_dir, "log.jsonl"), cfg, master)
+    logger = JsonLog(os.path.join(cfg.out_dir, "log.jsonl"), cfg, master and not cfg.eval_only)
+    if master and not cfg.eval_only:  # a writer: out_dir is ours until the run ends (eval_only only reads)
+        lock.acquire()
     say = tqdm.write if master else (lambda text: None)
     start_iter, loss_accum, last_val = iter_num, None, None
     eval_time = 0.0  # seconds spent evaluating and saving: training time is wall time since t_start less this

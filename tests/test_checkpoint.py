@@ -67,7 +67,7 @@ def test_failed_save_leaves_the_old_checkpoint(tmp_path, monkeypatch):
         f.write(b"half a checkpoint")
         raise OSError("disk full")
     monkeypatch.setattr(checkpoint.torch, "save", broken_save)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(UserError, match="saving .*ckpt.pt failed: .*disk full.*; the previous one is intact"):
         save_checkpoint({"model": {"w": torch.zeros(3)}, "model_args": {}}, path)
     assert open(path, "rb").read() == before
     assert os.listdir(tmp_path) == ["ckpt.pt"]
@@ -288,3 +288,45 @@ def test_our_gpt2_style_checkpoint_has_nanogpt_shapes(tmp_path, char_dataset):
     assert set(ckpt["model_args"]) == {"n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "dropout"}
     assert all(isinstance(v, (int, float, str, bool, type(None), list)) for v in ckpt["config"].values())
     assert set(ckpt["model"]) == set(GPT(GPTConfig(**ckpt["model_args"])).state_dict())
+
+
+def test_a_second_writer_is_refused_and_readers_delete_nothing(tmp_path, char_dataset):
+    live = start_training(tmp_path, char_dataset, "--eval_interval=2")
+    out = tmp_path / "out"
+    try:
+        wait_for_line(live, "iter 3:")  # ckpt.pt written at iter 2
+        partial = out / ".ckpt.pt.abc123.tmp"  # what the live run's save in progress looks like
+        partial.write_bytes(b"half a checkpoint")
+        second = run_script(["train.py", f"--dataset={char_dataset}", f"--out_dir={out}", "--device=cpu",
+                             "--block_size=16", "--n_layer=1", "--n_head=1", "--n_embd=8", "--max_iters=1"])
+        assert second.returncode == 2 and "Traceback" not in second.stderr
+        assert f"{out} is in use by train.py (pid {live.pid} on" in second.stderr
+        reader = run_script(["train.py", "--init_from=resume", f"--out_dir={out}", "--eval_only=True"])
+        assert reader.returncode == 0, reader.stderr
+        assert partial.exists()  # neither the refused writer nor the reader deleted it
+        live.send_signal(signal.SIGINT)
+        _, err = live.communicate(timeout=60)
+        assert live.returncode == 0, err
+    finally:
+        live.kill()
+    assert partial.exists()
+    next_iter = load_checkpoint(str(out / "ckpt.pt"))["iter_num"] + 1
+    cfg, overrides = parse_args(TrainConfig, ["--init_from=resume", f"--out_dir={out}", f"--max_iters={next_iter}"])
+    train(cfg, overrides, log=lambda *a: None)
+    assert not partial.exists()  # the next writer, holding the lock, cleans what a dead run left
+
+
+def test_a_failing_file_system_is_one_line_and_keeps_the_checkpoint(tmp_path, char_dataset, monkeypatch):
+    import errno
+    cfg = TrainConfig(**TINY, dataset=str(char_dataset), out_dir=str(tmp_path / "out"), max_iters=2, eval_interval=2)
+    train(cfg, log=lambda *a: None)
+    good = open(tmp_path / "out" / "ckpt.pt", "rb").read()
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system", str(tmp_path / "out" / "x.tmp"))
+    monkeypatch.setattr(checkpoint.tempfile, "mkstemp", read_only)
+    cfg, overrides = parse_args(TrainConfig, ["--init_from=resume", f"--out_dir={tmp_path / 'out'}", "--max_iters=4"])
+    with pytest.raises(UserError, match="saving .*ckpt.pt failed: .*Read-only file system; the file system is "
+                                        "read-only: write elsewhere; the previous one is intact"):
+        train(cfg, overrides, log=lambda *a: None)
+    assert open(tmp_path / "out" / "ckpt.pt", "rb").read() == good

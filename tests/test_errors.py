@@ -2,6 +2,7 @@
 import hashlib
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -56,9 +57,37 @@ CASES = {
     "negative max_new_tokens": (["sample.py", "--out_dir={root}/out", "--max_new_tokens=-5"], "max_new_tokens must be >= 0, got -5"),
     "top_k below 1": (["sample.py", "--out_dir={root}/out", "--top_k=0"], "top_k must be >= 1"),
     "top_p outside (0, 1]": (["sample.py", "--out_dir={root}/out", "--top_p=1.5"], "top_p must be in (0, 1], got 1.5"),
-    "negative temperature": (["sample.py", "--out_dir={root}/out", "--temperature=-1"], "temperature must be >= 0"),
+    "negative temperature": (["sample.py", "--out_dir={root}/out", "--temperature=-1"], "temperature must be a finite number >= 0"),
     "device=cuda without CUDA": (["train.py", "--init_from=resume", "--out_dir={root}/out", "--device=cuda"], "CUDA is not available"),
     "sample with the dataset's metadata gone": (["sample.py", "--out_dir={root}/nometa"], "meta.json"),
+    # bad dataset files
+    "token ids beyond the vocabulary": (["train.py", *TINY, "--dataset={root}/bigids", "--out_dir={root}/o1"], "holds token id 1000"),
+    "empty train.bin": (["train.py", *TINY, "--dataset={root}/emptybin", "--out_dir={root}/o1"], "has 0 bytes, not a whole number of uint16 tokens"),
+    "odd-length train.bin": (["train.py", *TINY, "--dataset={root}/oddbin", "--out_dir={root}/o1"], "has 3 bytes, not a whole number"),
+    "meta.json of wrong types": (["train.py", *TINY, "--dataset={root}/badmeta", "--out_dir={root}/o1"], "vocab_size is '3', expected a whole number"),
+    "meta.json without chars": (["train.py", *TINY, "--dataset={root}/nochars", "--out_dir={root}/o1"], "a char tokenizer needs its chars"),
+    "meta.json not an object": (["train.py", *TINY, "--dataset={root}/listmeta", "--out_dir={root}/o1"], "holds a list, expected an object"),
+    # the environment
+    "out_dir is a file": (["train.py", *TINY, "--dataset={root}/data", "--out_dir={root}/afile", "--max_iters=1"], "cannot write to out_dir"),
+    "config file not UTF-8": (["train.py", "{root}/latin1.py"], "is not UTF-8 text (bad byte at offset 20)"),
+    "prompt file not UTF-8": (["sample.py", "--out_dir={root}/out", "--start=FILE:{root}/latin1.py"], "is not UTF-8 text"),
+    # numeric ranges
+    "beta2 of 1.5": (["train.py", "--beta2=1.5"], "beta2 must be in [0, 1), got 1.5"),
+    "nan learning rate": (["train.py", "--learning_rate=nan"], "learning_rate expects float, got 'nan'"),
+    "infinite learning rate": (["train.py", "--learning_rate=1e999"], "learning_rate expects a finite float, got inf"),
+    "seed beyond 64 bits": (["train.py", "--seed=1180591620717411303424"], "seed must be in [0, 2^64)"),
+    "dropout of 1": (["train.py", "--dropout=1"], "dropout must be in [0, 1), got 1.0"),
+    "norm_eps of 0": (["train.py", "--norm_eps=0"], "norm_eps (0.0) and rope_base (10000.0) must be > 0"),
+    "nan temperature": (["sample.py", "--out_dir={root}/out", "--temperature=nan"], "temperature expects float, got 'nan'"),
+    "empty stop": (["sample.py", "--out_dir={root}/out", "--stop="], "--stop has an empty string"),
+    "more samples than memory holds": (["sample.py", "--out_dir={root}/out", "--num_samples=100000000"], "decoding 100,000,000 samples together needs about"),
+    "a model larger than memory": (["train.py", *TINY, "--n_layer=100000", "--n_embd=4096", "--n_head=32", "--dataset={root}/data", "--out_dir={root}/o1"], "lower batch_size"),
+    # damaged checkpoints
+    "iter_num of the wrong type": (["train.py", "--init_from=resume", "--out_dir={root}/wrongtype"], "iter_num is a str, expected int or Tensor"),
+    "saved config of the wrong type": (["train.py", "--init_from=resume", "--out_dir={root}/wrongconfig"], "config: batch_size expects int, got 'big'"),
+    "model_args claiming 10^6 layers": (["sample.py", "--out_dir={root}/hugeclaim"], "claims n_layer=1000000 but the weights hold 2 blocks"),
+    "model_args claiming a huge width": (["sample.py", "--out_dir={root}/wideclaim"], "model_args make it"),
+    "non-finite weights": (["sample.py", "--out_dir={root}/nanweights"], "holds non-finite weights"),
 }
 
 
@@ -68,6 +97,31 @@ def make_broken_runs(root):
         (root / name).mkdir(exist_ok=True)
         (root / name / "ckpt.pt").write_bytes(data)
     (root / "empty").mkdir(exist_ok=True)
+    if (root / "bigids").exists():
+        return
+    meta = (root / "data" / "meta.json").read_text()
+    for name, tokens in (("bigids", np.full(500, 1000, dtype=np.uint16).tobytes()), ("emptybin", b""), ("oddbin", b"abc")):
+        (root / name).mkdir()
+        (root / name / "meta.json").write_text(meta)
+        (root / name / "train.bin").write_bytes(tokens)
+        (root / name / "val.bin").write_bytes(tokens)
+    for name, text in (("badmeta", '{"tokenizer": "char", "chars": ["a", "b", "c"], "vocab_size": "3"}'),
+                       ("nochars", '{"tokenizer": "char", "vocab_size": 3}'), ("listmeta", "[1, 2]")):
+        (root / name).mkdir()
+        (root / name / "meta.json").write_text(text)
+        for split in ("train", "val"):
+            (root / name / f"{split}.bin").write_bytes((root / "data" / f"{split}.bin").read_bytes())
+    (root / "afile").write_text("not a directory")
+    (root / "latin1.py").write_bytes("batch_size = 3 # caf\xe9\n".encode("latin-1"))
+    state = torch.load(root / "out" / "ckpt.pt", weights_only=True)
+    damaged = {"wrongtype": {"iter_num": "two"}, "wrongconfig": {"config": {**state["config"], "batch_size": "big"}},
+               "hugeclaim": {"model_args": {**state["model_args"], "n_layer": 10 ** 6}},
+               "wideclaim": {"model_args": {**state["model_args"], "n_embd": 10 ** 6, "n_head": 1}},
+               "nanweights": {"model": {k: v.clone().fill_(float("nan")) if "c_fc.weight" in k else v
+                                        for k, v in state["model"].items()}}}
+    for name, change in damaged.items():
+        (root / name).mkdir()
+        torch.save({**state, **change}, root / name / "ckpt.pt")
     nometa = root / "nometa"
     if not nometa.exists():
         nometa.mkdir()
@@ -76,13 +130,17 @@ def make_broken_runs(root):
         torch.save(state, nometa / "ckpt.pt")
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the device=cuda case needs a machine without CUDA")
-@pytest.mark.parametrize("case", CASES)
+NEEDS_NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="this case needs a machine without CUDA")
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=NEEDS_NO_CUDA) if "CUDA is not available" in CASES[c][1] else c
+                                  for c in CASES])
 def test_bad_input_is_one_line_exit_2_and_touches_nothing(run, case):
     make_broken_runs(run)
     args, message = CASES[case]
     args = [a.format(root=run) for a in args]
-    watched = [d for d in ("out", "truncated", "garbage", "empty", "nometa") if (run / d).exists()]
+    watched = [d for d in ("out", "truncated", "garbage", "empty", "nometa", "wrongtype", "wrongconfig", "hugeclaim",
+                           "nanweights", "bigids") if (run / d).exists()]
     before = {d: snapshot(run / d) for d in watched}
     result = run_script(args, timeout=120)
     assert result.returncode == 2, (result.stdout, result.stderr)

@@ -1,8 +1,11 @@
 """Generation: greedy, temperature, top-k ties, top-p, the KV cache against the uncached path, stops, seeds."""
+import itertools
+import math
 from dataclasses import replace
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import model as model_module
 from model import GPT, Linear, filter_logits, onednn_available, sample_next
@@ -35,6 +38,72 @@ def test_temperature_keeps_order_and_sharpens():
     assert p_cold.max() > p_hot.max()
 
 
+# logits 0, ln 2, ln 4: at temperature T the probabilities are proportional to (1, 2, 4) ** (1 / T)
+POWERS_OF_TWO = [0.0, math.log(2), math.log(4)]
+TEMPERED = {1.0: (1, 2, 4), 2.0: (1, math.sqrt(2), 2), 0.5: (1, 4, 16)}  # worked by hand
+
+
+def first_past(weights, draws):
+    """Inverse CDF in plain Python: for each draw, the first token whose cumulative probability exceeds it."""
+    cdf = list(itertools.accumulate(w / sum(weights) for w in weights))
+    assert min(abs(u - c) for u in draws for c in cdf) > 1e-4  # no draw so near a boundary that rounding decides
+    return [next(i for i, c in enumerate(cdf) if u < c) for u in draws]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 2.0, 0.5])
+def test_temperature_divides_the_logits_as_worked_by_hand(temperature):
+    """sample_next's picks equal the hand-worked inverse CDF at the draws it makes (reproduced by seed)."""
+    rows = 64
+    logits = torch.tensor([POWERS_OF_TWO]).expand(rows, 3)
+    draws = torch.rand(rows, 1, generator=torch.Generator().manual_seed(0))[:, 0].tolist()
+    expected = first_past(TEMPERED[temperature], draws)
+    got = sample_next(logits, temperature, generator=torch.Generator().manual_seed(0))
+    assert got.tolist() == expected
+    # one generator per row: each row's pick follows its own generator's first draw
+    seeds = range(100, 100 + rows)
+    row_draws = [torch.rand(1, 1, generator=torch.Generator().manual_seed(s)).item() for s in seeds]
+    row_expected = first_past(TEMPERED[temperature], row_draws)
+    got = sample_next(logits, temperature, generator=[torch.Generator().manual_seed(s) for s in seeds])
+    assert got.tolist() == row_expected
+    if temperature != 1.0:  # these draws tell dividing by the temperature from multiplying by it
+        assert expected != first_past(TEMPERED[1 / temperature], draws)
+        assert row_expected != first_past(TEMPERED[1 / temperature], row_draws)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 2.0, 0.5])
+def test_sampled_frequencies_match_the_hand_worked_probabilities(temperature):
+    rows = 20000
+    logits = torch.tensor([POWERS_OF_TWO]).expand(rows, 3)
+    picks = sample_next(logits, temperature, generator=torch.Generator().manual_seed(1))
+    freq = torch.bincount(picks, minlength=3).double() / rows
+    weights = TEMPERED[temperature]
+    for f, w in zip(freq.tolist(), weights):
+        p = w / sum(weights)
+        assert abs(f - p) < 4 * math.sqrt(p * (1 - p) / rows), (freq.tolist(), temperature)
+
+
+def test_sampling_keeps_the_order_of_probabilities_and_hotter_is_flatter():
+    logits = torch.tensor([[1.0, -0.5, 0.25, 1.5]])
+    rows, freqs = 20000, []
+    for t in (0.5, 1.0, 2.0, 5.0):
+        picks = sample_next(logits.expand(rows, 4), t, generator=torch.Generator().manual_seed(2))
+        counts = torch.bincount(picks, minlength=4)
+        assert counts.argsort().tolist() == [1, 2, 0, 3], (t, counts.tolist())  # the logits' order
+        freqs.append(counts / rows)
+    tops, bottoms = [f.max().item() for f in freqs], [f.min().item() for f in freqs]
+    assert tops == sorted(tops, reverse=True) and bottoms == sorted(bottoms)  # hotter: top falls, bottom rises
+    assert tops[0] > 0.6 and tops[-1] < 0.35
+
+
+@pytest.mark.parametrize("temperature", [1e-6, 1e-30, 1e-40])
+def test_a_tiny_temperature_is_greedy(temperature):
+    g = torch.Generator().manual_seed(3)
+    logits = torch.cat([torch.tensor([POWERS_OF_TWO + [-1.0] * 7, [-50.0] * 9 + [-49.0], [0.0] * 9 + [1e-3]]),
+                        3 * torch.randn(200, 10, generator=g)])
+    got = sample_next(logits, temperature, generator=torch.Generator().manual_seed(4))
+    assert got.tolist() == logits.argmax(-1).tolist()
+
+
 def test_top_k_keeps_ties_at_the_threshold():
     logits = torch.tensor([[1.0, 3.0, 3.0, 2.0, 3.0]])
     kept = filter_logits(logits, top_k=2)
@@ -63,32 +132,73 @@ def test_bad_sampling_arguments_are_errors(tiny_config, bad, match):
         model.generate(torch.zeros(1, 1, dtype=torch.long), -1)
 
 
+def sharp(config, scale=40.0, logit_scale=30.0):
+    """perturbed(config) in float64, q and k scaled up so that scores span several units and attention is far
+    from uniform, and ln_f scaled up so that logits do too: a key or query at the wrong position (a RoPE or
+    position-embedding offset) then changes the logits, the greedy tokens and the sampled ones."""
+    model = perturbed(config)
+    with torch.no_grad():
+        for block in model.transformer.h:
+            attn = block.attn
+            attn.c_attn.weight[:(attn.n_head + attn.n_kv_head) * attn.head_dim] *= scale  # the q and k rows
+        for p in model.transformer.ln_f.parameters():
+            p *= logit_scale
+    return model.double()
+
+
+def attention_weights(model, idx):
+    """Every layer's attention weights (B, nh, T, T) for a full forward of idx, through the manual path."""
+    weights = []
+    attns = [block.attn for block in model.transformer.h]
+    impls = [attn.impl for attn in attns]
+    for attn in attns:
+        attn.impl = "manual"
+        attn.softmax = lambda scores: weights.append(F.softmax(scores, dim=-1)) or weights[-1]
+    try:
+        with torch.no_grad():
+            model(idx)
+    finally:
+        for attn, impl in zip(attns, impls):
+            attn.impl = impl
+            del attn.softmax
+    return weights
+
+
+def assert_attention_is_sharp(model, idx):
+    for w in attention_weights(model, idx):
+        top = w[..., 3:, :].max(dim=-1).values.mean().item()  # rows that see 4 keys or more: uniform <= 1/4
+        assert top > 0.5, top
+
+
 @pytest.mark.parametrize("impl", ["sdpa", "manual"])
 @pytest.mark.parametrize("option", OPTIONS)
 def test_cached_logits_match_full_forward(tiny_config, option, impl):
     """Prefill 5 positions, then one at a time: each step's logits equal a full forward's last row."""
     from model import KVCache
-    model = perturbed(replace(tiny_config, attn_impl=impl, **OPTIONS[option]))
-    idx = torch.randint(0, 64, (2, 16))
-    cache = KVCache(model.config, 2, "cpu", torch.float32)
+    model = sharp(replace(tiny_config, attn_impl=impl, **OPTIONS[option]))
+    idx = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1))
+    assert_attention_is_sharp(model, idx)
+    cache = KVCache(model.config, 2, "cpu", torch.float64)
     with torch.no_grad():
         full, _ = model(idx)
         first, _ = model(idx[:, :5], kv_cache=cache)
-        torch.testing.assert_close(first, full[:, :5], atol=1e-4, rtol=0)
+        torch.testing.assert_close(first, full[:, :5], atol=1e-6, rtol=0)
         for t in range(5, 16):
             step, _ = model(idx[:, t:t + 1], kv_cache=cache)
-            torch.testing.assert_close(step[:, 0], full[:, t], atol=1e-4, rtol=0)
+            torch.testing.assert_close(step[:, 0], full[:, t], atol=1e-6, rtol=0)
         with pytest.raises(ValueError, match="block_size"):
             model(idx[:, :1], kv_cache=cache)
 
 
 @pytest.mark.parametrize("option", OPTIONS)
 def test_cached_generation_gives_the_same_tokens(tiny_config, option):
-    model = perturbed(replace(tiny_config, **OPTIONS[option]))
-    idx = torch.randint(0, 64, (3, 4))
+    model = sharp(replace(tiny_config, **OPTIONS[option]))
+    idx = torch.randint(0, 64, (3, 4), generator=torch.Generator().manual_seed(1))
     n = tiny_config.block_size - 4  # up to the window's end
     greedy_cached = model.generate(idx, n, temperature=0)
+    assert_attention_is_sharp(model, greedy_cached)
     torch.testing.assert_close(greedy_cached, model.generate(idx, n, temperature=0, use_cache=False))
+    torch.testing.assert_close(greedy_cached, greedy_by_hand(model, idx, n))
     sampled = [model.generate(idx, n, temperature=1.5, generator=torch.Generator().manual_seed(7), use_cache=c)
                for c in (True, False)]
     torch.testing.assert_close(sampled[0], sampled[1])
@@ -221,3 +331,11 @@ def test_models_beyond_the_copy_limit_decode_on_their_plain_weights(monkeypatch,
     monkeypatch.setattr(model_module, "PACKED_COPY_LIMIT", 1000)  # bytes: less than this model's weights
     torch.testing.assert_close(model.generate(idx, 10, temperature=0), packed)
     assert len(plain_linear_calls) == 10 * 9  # 10 steps x (4 linear layers x 2 blocks + the head)
+
+
+def test_streaming_allocates_nothing_that_grows_with_max_new_tokens(tiny_config):
+    model = perturbed(tiny_config)
+    stream = model.stream(torch.zeros(2, 3, dtype=torch.long), max_new_tokens=10 ** 12, temperature=0)
+    first = [next(stream).tolist() for _ in range(40)]  # past block_size: the window shifts
+    expected = model.generate(torch.zeros(2, 3, dtype=torch.long), 40, temperature=0)[:, 3:].t().tolist()
+    assert first == expected

@@ -152,3 +152,14 @@ def test_sample_from_pretrained_weights(hf_dir, gpt2_tiny_dir):
     assert sampled.stdout.startswith("Hello")
     refused = run_script(args + [f"--init_from={hf_dir}"])  # 300 tokens cannot hold GPT-2 BPE ids
     assert refused.returncode == 2 and "vocabulary of 300 tokens" in refused.stderr
+
+
+def test_a_hugging_face_directory_of_pickled_weights_is_refused(tmp_path):
+    config = transformers.GPT2Config(vocab_size=300, n_positions=32, n_embd=16, n_layer=1, n_head=2)
+    model = transformers.GPT2LMHeadModel(config)
+    model.save_pretrained(tmp_path / "pickled")
+    (tmp_path / "pickled" / "model.safetensors").unlink()  # as older transformers saved: a pickle
+    torch.save(model.state_dict(), tmp_path / "pickled" / "pytorch_model.bin")
+    result = run_script(["sample.py", f"--init_from={tmp_path / 'pickled'}", "--num_samples=1", "--max_new_tokens=2"])
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "holds its weights as a pickle (pytorch_model.bin), which can run code" in result.stderr

@@ -227,3 +227,137 @@ def test_trace_writes_bare_file_names_into_out_dir(tmp_path, char_dataset):
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "out" / "t.html").exists() and (tmp_path / "out" / "t.json").exists()
     assert not (tmp_path / "t.html").exists()
+
+
+def train_records(out, kind="train"):
+    return [r for r in map(json.loads, open(out / "log.jsonl")) if r["kind"] == kind]
+
+
+def test_wsd_schedule_holds_the_peak_then_decays_linearly_to_min_lr(tmp_path, char_dataset, monkeypatch):
+    """warmup 2, peak 1e-2 until 4 iters before lr_decay_iters=10, then down by 2e-3 an iter to min_lr 2e-3."""
+    applied = []
+    original = torch.optim.AdamW.step
+
+    def step(self, *a, **k):
+        applied.append([group["lr"] for group in self.param_groups])
+        return original(self, *a, **k)
+    monkeypatch.setattr(torch.optim.AdamW, "step", step)
+    cfg = tiny_cfg(tmp_path, char_dataset, lr_schedule="wsd", learning_rate=1e-2, min_lr=2e-3, warmup_iters=2,
+                   cooldown_iters=4, lr_decay_iters=10, max_iters=12, eval_interval=12)
+    train(cfg, log=quiet)
+    # the lr of iterations 0..11, worked by hand: warmup (it + 1) / 3 of the peak, the peak through it 6
+    # (10 - it >= 4 iters left), then min_lr + 8e-3 * (10 - it) / 4, then min_lr
+    expected = [1e-2 / 3, 2e-2 / 3, 1e-2, 1e-2, 1e-2, 1e-2, 1e-2, 8e-3, 6e-3, 4e-3, 2e-3, 2e-3]
+    records = train_records(tmp_path / "out")
+    assert [r["iter"] for r in records] == list(range(1, 13))
+    assert [r["lr"] for r in records] == pytest.approx(expected, rel=1e-12)
+    assert all(len(lrs) == 2 and lrs[0] == lrs[1] for lrs in applied)  # both param groups
+    assert [lrs[0] for lrs in applied] == pytest.approx(expected, rel=1e-12)  # and each step used it
+
+
+def muon_cfg(tmp_path, dataset, **kw):
+    return tiny_cfg(tmp_path, dataset, optimizer="muon", muon_lr=0.02, **kw)
+
+
+def test_muon_through_train_py_trains_the_blocks_matrices(tmp_path, char_dataset, monkeypatch):
+    from optim import Muon
+    before, calls = {}, []
+    original = Muon.step
+
+    def step(self, *a, **k):
+        params = self.param_groups[0]["params"]
+        if not calls:
+            before.update((id(p), p.detach().clone()) for p in params)
+        calls.append([group["lr"] for group in self.param_groups])
+        return original(self, *a, **k)
+    monkeypatch.setattr(Muon, "step", step)
+    train(muon_cfg(tmp_path, char_dataset, max_iters=20, lr_decay_iters=20, eval_interval=20), log=quiet)
+    losses = [r["loss"] for r in train_records(tmp_path / "out")]
+    evals = [r["val_loss"] for r in train_records(tmp_path / "out", "eval")]
+    assert len(losses) == len(calls) == 20  # one Muon step per iteration
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.3 and evals[-1] < evals[0] - 0.4, (losses, evals)
+    ckpt = load_checkpoint(str(tmp_path / "out" / "ckpt.pt"))
+    assert set(ckpt["optimizer"]) == {"muon", "adamw"}
+    matrices = [k for k, v in ckpt["model"].items() if k.startswith("transformer.h.") and v.dim() == 2]
+    assert len(matrices) == len(before) == 2 * 4  # c_attn, c_proj, c_fc, c_proj in each of 2 blocks
+    for name, initial in zip(matrices, before.values()):  # Muon's params come in the model's order
+        assert initial.shape == ckpt["model"][name].shape
+        moved = (ckpt["model"][name] - initial).norm() / initial.norm()
+        assert moved > 0.1, (name, moved)
+    # Muon's lr follows the schedule from its own peak: muon_lr * (the logged lr / learning_rate)
+    lrs = [r["lr"] for r in train_records(tmp_path / "out")]
+    assert [c[0] for c in calls] == pytest.approx([0.02 * lr / 3e-3 for lr in lrs], rel=1e-12)
+
+
+def test_muon_resume_matches_uninterrupted_run(tmp_path, char_dataset):
+    """optimizer=muon, 8 iters straight vs 4, stop, resume to 8: bit-identical weights and both optimizers' state."""
+    kw = dict(dropout=0.1, max_iters=8, lr_decay_iters=8, eval_interval=4)
+    train(muon_cfg(tmp_path / "a", char_dataset, **kw), log=quiet)
+    train(muon_cfg(tmp_path / "b", char_dataset, **{**kw, "max_iters": 4}), log=quiet)
+    cfg, overrides = parse_args(TrainConfig, ["--init_from=resume", f"--out_dir={tmp_path / 'b' / 'out'}",
+                                              "--max_iters=8"])
+    train(cfg, overrides, log=quiet)
+    a = load_checkpoint(str(tmp_path / "a" / "out" / "ckpt.pt"))
+    b = load_checkpoint(str(tmp_path / "b" / "out" / "ckpt.pt"))
+    assert a["iter_num"] == b["iter_num"] == 8 and a["config"]["optimizer"] == b["config"]["optimizer"] == "muon"
+    for key, value in a["model"].items():
+        assert torch.equal(value, b["model"][key]), key
+    assert set(a["optimizer"]) == set(b["optimizer"]) == {"muon", "adamw"}
+    for name in ("muon", "adamw"):
+        sa, sb = a["optimizer"][name]["state"], b["optimizer"][name]["state"]
+        assert len(sa) == len(sb) > 0 and sa.keys() == sb.keys()
+        for i in sa:
+            assert sa[i].keys() == sb[i].keys() and all(torch.equal(sa[i][k], sb[i][k]) for k in sa[i]), (name, i)
+    assert [r["loss"] for r in train_records(tmp_path / "a" / "out")] == \
+        [r["loss"] for r in train_records(tmp_path / "b" / "out")]
+
+
+def test_target_loss_stops_at_the_first_evaluation_reaching_it(tmp_path, char_dataset):
+    kw = dict(max_iters=8, lr_decay_iters=8, eval_interval=2)
+    never = train(tiny_cfg(tmp_path / "a", char_dataset, target_loss=0.0, **kw), log=quiet)
+    assert never["iters"] == 8 and never["reached"] is None
+    evals = {r["iter"]: r["val_loss"] for r in train_records(tmp_path / "a" / "out", "eval")}
+    assert list(evals) == [0, 2, 4, 6, 8]
+    target = evals[4]  # reached exactly ("at or below"), first at iter 4, and passed again later
+    assert evals[0] > target and evals[2] > target and min(evals[6], evals[8]) < target
+    summary = train(tiny_cfg(tmp_path / "b", char_dataset, target_loss=target, **kw), log=quiet)
+    records = train_records(tmp_path / "b" / "out", "eval")
+    assert [r["iter"] for r in records] == [0, 2, 4] and records[-1]["val_loss"] == target
+    assert summary["iters"] == 4 and summary["val_loss"] == target
+    it, seconds = summary["reached"]
+    assert it == 4 and seconds == records[-1]["train_time"] and 0 < seconds <= summary["train_time"]
+    assert max(r["iter"] for r in train_records(tmp_path / "b" / "out")) == 4
+    assert load_checkpoint(str(tmp_path / "b" / "out" / "ckpt.pt"))["iter_num"] == 4
+
+
+def test_eval_windows_val_loss_is_the_mean_over_evenly_spread_fixed_windows(tmp_path, char_dataset):
+    """5 windows (batches of 4 and 1): the logged val loss equals a loss worked independently from the checkpoint."""
+    import numpy as np
+    from checkpoint import model_from_checkpoint
+    n, block = 5, TINY["block_size"]
+    train(tiny_cfg(tmp_path, char_dataset, eval_windows=n, max_iters=3, eval_interval=3), log=quiet)
+    logged = train_records(tmp_path / "out", "eval")[-1]
+    assert logged["iter"] == 3
+    ckpt = load_checkpoint(str(tmp_path / "out" / "ckpt.pt"))
+    assert ckpt["iter_num"] == 3
+    model = model_from_checkpoint(ckpt).eval()
+    meta = json.load(open(char_dataset / "meta.json"))
+    val = np.fromfile(char_dataset / "val.bin", dtype=meta["dtype"]).astype(np.int64)
+    starts = np.linspace(0, len(val) - block - 1, n).round().astype(np.int64)
+    assert starts[0] == 0 and starts[-1] + block + 1 == len(val)  # from the first token to the last
+    nll = []
+    with torch.no_grad():
+        for s in starts:
+            logits, _ = model(torch.from_numpy(val[s:s + block])[None])
+            logp = torch.log_softmax(logits[0].double(), dim=-1)
+            nll.append(-logp[torch.arange(block), torch.from_numpy(val[s + 1:s + block + 1])].mean().item())
+    assert logged["val_loss"] == pytest.approx(sum(nll) / n, rel=1e-6, abs=0)
+    assert len(set(nll)) == n  # distinct windows, each weighing the same
+
+
+def test_keep_best_false_writes_no_best_pt(tmp_path, char_dataset):
+    train(tiny_cfg(tmp_path, char_dataset, keep_best=False, max_iters=3), log=quiet)
+    evals = [r["val_loss"] for r in train_records(tmp_path / "out", "eval")]
+    assert len(evals) == 2 and evals[1] < evals[0]  # val loss improved: with keep_best, best.pt would be written
+    assert os.path.exists(tmp_path / "out" / "ckpt.pt") and not os.path.exists(tmp_path / "out" / "best.pt")
+    assert sorted(os.listdir(tmp_path / "out")) == [".lock", "ckpt.pt", "log.jsonl"]  # .lock: the writer's lock

@@ -1,0 +1,73 @@
+"""What a model and a run need in memory, worked out before anything is allocated.
+
+Untrusted sizes (a checkpoint's model_args, --num_samples, --max_new_tokens,
+a config's n_layer) are checked here against the memory the device has, so a
+mistake is a one-line error instead of a machine that swaps or dies.
+"""
+import os
+
+import torch
+
+from configurator import UserError
+
+# AdamW training in float32: weights, gradients and two moments, 4 bytes each
+TRAIN_BYTES_PER_PARAM = 16
+
+
+def param_count(config):
+    """Parameters of GPT(config), each shared tensor once, counted from its shape alone."""
+    c, hs = config, config.head_dim
+    gated = 2 if c.activation == "swiglu" else 1
+    norm = c.n_embd * (2 if c.norm == "layernorm" and c.bias else 1)
+    attn = c.n_embd * (c.n_head + 2 * c.kv_heads) * hs + c.n_embd * c.n_embd
+    mlp = c.n_embd * gated * c.hidden + c.hidden * c.n_embd
+    biases = ((c.n_head + 2 * c.kv_heads) * hs + c.n_embd + gated * c.hidden + c.n_embd) if c.bias else 0
+    per_block = attn + mlp + biases + 2 * norm
+    embeddings = c.vocab_size * c.n_embd * (1 if c.tie_weights else 2)
+    positions = c.block_size * c.n_embd if c.pos_emb == "learned" else 0
+    return c.n_layer * per_block + embeddings + positions + norm
+
+
+def training_bytes(config, batch_size):
+    """Memory of a float32 AdamW training step: 16 bytes per parameter, plus the activations kept for the
+    backward pass, about (34 C + 5 nh T) x 4 bytes per token and layer (Korthikanti et al., 2022, in float32)."""
+    activations = config.n_layer * batch_size * config.block_size * (34 * config.n_embd + 5 * config.n_head * config.block_size) * 4
+    return TRAIN_BYTES_PER_PARAM * param_count(config) + activations
+
+
+def kv_cache_bytes(config, batch, element_size=4):
+    """The KV cache of `batch` sequences of block_size positions: keys and values of every layer."""
+    return 2 * config.n_layer * batch * config.kv_heads * config.block_size * config.head_dim * element_size
+
+
+def available_bytes(device):
+    """Memory free for new tensors on device: the GPU's free memory, else the machine's available RAM."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:  # Linux: MemAvailable counts reclaimable cache too
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None  # unknown (e.g. Windows): nothing is refused
+
+
+def check_fits(needed, device, what, hint):
+    """A UserError when `needed` bytes cannot fit in what the device has free."""
+    free = available_bytes(device)
+    if free is not None and needed > free:
+        raise UserError(f"{what} needs about {fmt_bytes(needed)}, more than the {fmt_bytes(free)} free on "
+                        f"{torch.device(device).type}; {hint}")
+
+
+def fmt_bytes(n):
+    for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
+        if n < 1000 or unit == "PB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
