@@ -13,6 +13,10 @@ import torch.distributed as dist
 from configurator import UserError
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+# the first element of a batch key: which stream of draws it belongs to, so that training's
+# (TRAINING, iter, micro-step) and evaluation's (EVAL[split], k) never draw the same windows
+TRAINING = 0
+EVAL = {"train": 1, "val": 2}
 
 
 def dataset_dir(dataset):
@@ -88,11 +92,11 @@ def estimate_loss(model, batches, cfg, ctx, rank=0, world=1):
     """
     out = {}
     model.eval()
-    for s, split in enumerate(("train", "val")):
+    for split in ("train", "val"):
         if split == "val" and cfg.eval_windows:
             parts = batches.windows(split, cfg.eval_windows)
         else:
-            parts = (batches.get(split, (1 + s, k)) for k in range(cfg.eval_iters))  # keys 1, 2: apart from training's 0
+            parts = (batches.get(split, (EVAL[split], k)) for k in range(cfg.eval_iters))
         total = torch.zeros(2, dtype=torch.float64, device=batches.device)  # (sum of losses x windows, windows)
         for k, (x, y) in enumerate(parts):
             if k % world != rank:

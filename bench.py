@@ -18,7 +18,9 @@ import torch
 from batches import dataset_dir
 from configurator import UserError, parse_args, run_main
 from device import autocast, resolve_device, resolve_dtype, should_compile
-from model import GPT, Linear, packed_weights, window_start
+from generate import packed_weights, window_start
+from model import GPT
+from optim import configure_optimizers
 from tokenizer import read_meta
 from train import TrainConfig, train
 
@@ -80,8 +82,8 @@ def plain_loop_ms(cfg, model, device, ctx):
     Compiled as train.py would compile it (cfg.compile; None means on CUDA).
     """
     step_model = torch.compile(model) if should_compile(cfg.compile, device) else model
-    optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device.type,
-                                           cfg.optimizer, cfg.muon_lr, cfg.muon_momentum, cfg.muon_weight_decay)
+    optimizer = configure_optimizers(model, cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device.type,
+                                     cfg.optimizer, cfg.muon_lr, cfg.muon_momentum, cfg.muon_weight_decay)
     x = torch.randint(0, model.config.vocab_size, (cfg.batch_size, cfg.block_size), device=device)
     times = []
     for i in range(cfg.bench_warmup + cfg.bench_iters):
@@ -132,7 +134,7 @@ def decode_matmuls_tok_s(model, device, batch=1):
     The gap between this and the bandwidth bound is the matmul kernels'; the gap
     between this and the cached figure is everything else a step does.
     """
-    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     xs = [torch.randn(batch, 1, m.in_features, device=device) for m in linears]
     with packed_weights(model, batch), torch.inference_mode():
         seconds = best_time(lambda: [m(x) for m, x in zip(linears, xs)], device, repeats=20)

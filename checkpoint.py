@@ -5,12 +5,14 @@ A checkpoint is a dict of tensors and plain types with nanoGPT's keys
 state exact resume needs (rng, scaler). It loads with weights_only=True.
 """
 import os
+import random
 import socket
 import tempfile
 import time
 import typing
-from dataclasses import replace
+from dataclasses import asdict, replace
 
+import numpy as np
 import torch
 
 from configurator import UserError, convert, describe_os_error
@@ -19,6 +21,36 @@ from model import GPT, GPTConfig
 # prefixes torch.compile and DDP add to state_dict keys
 WRAPPER_PREFIXES = ("_orig_mod.", "module.")
 GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
+# model_args keys that nanoGPT's GPTConfig accepts; other fields are written to
+# a checkpoint only when they differ from the default, so GPT-2-style
+# checkpoints stay loadable by nanoGPT's sample.py.
+NANOGPT_MODEL_ARGS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "dropout")
+# GPTConfig fields that choose how to compute, not what the weights mean: a resumed or sampled model
+# may change them, and (beyond nanoGPT's dropout) no checkpoint records them
+RUNTIME_FIELDS = ("dropout", "attn_impl")
+
+
+def model_args(config):
+    """A checkpoint's model_args: nanoGPT's keys, plus the options that differ from GPT-2."""
+    default = GPTConfig()
+    return {k: v for k, v in asdict(config).items()
+            if k in NANOGPT_MODEL_ARGS or (k not in RUNTIME_FIELDS and v != getattr(default, k))}
+
+
+def rng_state():
+    """Every RNG a run may use, as tensors and plain types (weights_only loading accepts them)."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    return {"torch": torch.get_rng_state(), "numpy": [kind, keys.tolist(), pos, has_gauss, gauss],
+            "python": random.getstate(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+
+def set_rng_state(state):
+    torch.set_rng_state(state["torch"])
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
+    random.setstate(state["python"])
+    if state.get("cuda") and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def save_checkpoint(obj, path):
@@ -176,8 +208,8 @@ def is_pretrained(init_from):
     return init_from in GPT2_NAMES or os.path.isfile(os.path.join(init_from, "config.json"))
 
 
-def load_pretrained(name_or_path, **override_args):
-    """GPT.from_pretrained, with its failures as one-line UserErrors."""
+def load_pretrained(name_or_path, **runtime):
+    """GPT-2's weights (hf.from_hf), with their failures as one-line UserErrors."""
     if os.path.isdir(name_or_path) and not os.path.exists(os.path.join(name_or_path, "model.safetensors")):
         pickles = [f for f in os.listdir(name_or_path) if f.endswith((".bin", ".pt", ".pth", ".ckpt"))]
         if pickles:
@@ -185,7 +217,8 @@ def load_pretrained(name_or_path, **override_args):
                             f"loaded; only model.safetensors is read: convert it where you trust the file "
                             f"(transformers: model.save_pretrained(dir, safe_serialization=True))")
     try:
-        return GPT.from_pretrained(name_or_path, override_args)
+        from hf import from_hf
+        return from_hf(name_or_path, **runtime)
     except ImportError as e:
         raise UserError(str(e)) from None
     except (OSError, ValueError) as e:

@@ -89,11 +89,8 @@ def parse_args(cls, argv):
 
 
 def help_text(cls, doc=None):
-    """The script's docstring, then every key with its default and comment, grouped as in cls.
-
-    A field without a comment takes the one of the same name in the classes of
-    cls's help_from attribute (TrainConfig's model fields: GPTConfig's).
-    """
+    """The script's docstring, then every key with its default and comment, grouped as in cls
+    (and, for fields cls takes from a dataclass it extends, as there)."""
     main = sys.modules.get("__main__")
     doc = doc if doc is not None else (getattr(main, "__doc__", None) or "")
     script = getattr(main, "__file__", None)
@@ -102,9 +99,17 @@ def help_text(cls, doc=None):
     if doc.strip():
         lines += [doc.strip(), ""]
     lines += ["Config files (plain Python assignments) and --key=value items apply in order, over these defaults:"]
-    groups, comments = field_layout(cls)
-    for source in getattr(cls, "help_from", ()):
-        comments = {**field_layout(source)[1], **comments}
+    groups, comments, listed = [], {}, set()
+    for klass in cls.__mro__:  # the class's own fields, then those it takes from a dataclass it extends
+        if not dataclasses.is_dataclass(klass):
+            continue
+        own_groups, own_comments = field_layout(klass)
+        for title, names in own_groups:
+            names = [n for n in names if n not in listed]
+            if names:
+                groups.append((title or (f"model ({klass.__name__})" if klass is not cls else ""), names))
+                listed.update(names)
+        comments = {**own_comments, **comments}
     defaults = {f.name: (f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
                 for f in dataclasses.fields(cls)}
     for title, names in groups:

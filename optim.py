@@ -1,4 +1,10 @@
-"""Muon for the hidden weight matrices, fast on CPU and GPU alike.
+"""The optimizers and the learning-rate schedule.
+
+configure_optimizers builds AdamW (or Muon for the blocks' matrices with AdamW
+for the rest), each parameter group remembering its initial_lr; lr_scale is
+the schedule as a multiplier of those rates.
+
+Muon, for the hidden weight matrices, fast on CPU and GPU alike.
 
 The math is torch.optim.Muon's (torch 2.13): Nesterov momentum, then the
 quintic Newton-Schulz iteration (a, b, c) = (3.4445, -4.7750, 2.0315) that
@@ -12,6 +18,58 @@ import math
 from collections import defaultdict
 
 import torch
+
+
+def configure_optimizers(model, weight_decay, learning_rate, betas, device_type, optimizer="adamw",
+                         muon_lr=0.02, muon_momentum=0.95, muon_weight_decay=0.0):
+    """AdamW, decaying matrices and embeddings (2+ dims) but not biases and gains.
+
+    optimizer="muon": Muon for the hidden matrices of the blocks, AdamW for embeddings,
+    the head, biases and gains, as modded-nanogpt does. Each group remembers its
+    initial_lr: the schedule scales them together (lr_scale).
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    block_matrices = {id(p) for p in model.transformer.h.parameters() if p.dim() == 2} if optimizer == "muon" else set()
+    adam_groups = [
+        {"params": [p for p in params if p.dim() >= 2 and id(p) not in block_matrices], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    adamw = torch.optim.AdamW(adam_groups, lr=learning_rate, betas=betas, fused=device_type == "cuda")
+    if optimizer == "adamw":
+        opt = adamw
+    elif optimizer == "muon":
+        muon = Muon([p for p in params if id(p) in block_matrices], lr=muon_lr, momentum=muon_momentum,
+                    weight_decay=muon_weight_decay)
+        opt = Optimizers(muon=muon, adamw=adamw)
+    else:
+        raise ValueError(f"optimizer must be adamw or muon, got {optimizer!r}")
+    for group in opt.param_groups:
+        group["initial_lr"] = group["lr"]
+    return opt
+
+
+def lr_scale(it, cfg):
+    """The schedule at iteration it, as a multiplier of each group's initial rate:
+    group["lr"] = group["initial_lr"] * lr_scale(it, cfg).
+
+    Linear warmup for warmup_iters; then cosine decay to min_lr / learning_rate at lr_decay_iters,
+    or (wsd) 1 until cooldown_iters before lr_decay_iters and a linear decay to the floor there;
+    then the floor.
+    """
+    if not cfg.decay_lr:
+        return 1.0
+    floor = cfg.min_lr / cfg.learning_rate if cfg.learning_rate else 0.0
+    if it < cfg.warmup_iters:
+        return (it + 1) / (cfg.warmup_iters + 1)
+    if it >= cfg.lr_decay_iters:
+        return floor
+    if cfg.lr_schedule == "wsd":
+        left = cfg.lr_decay_iters - it  # > 0
+        if left >= cfg.cooldown_iters:
+            return 1.0
+        return floor + (1.0 - floor) * left / cfg.cooldown_iters
+    ratio = (it - cfg.warmup_iters) / (cfg.lr_decay_iters - cfg.warmup_iters)  # > 0: it < lr_decay_iters
+    return floor + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (1.0 - floor)
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 
@@ -33,9 +91,8 @@ def orthogonalize(g, steps=5, eps=1e-7, dtype=torch.float32):
 def fast_matmul_dtype(device):
     """bfloat16 on GPUs; float32 on CPUs.
 
-    Without native support bfloat16 matmuls are emulated and several times slower than float32.
-    CPUs with AMX do have it, but there the conversions cost more than the matmuls save: the speedrun
-    took 24.2 s with bfloat16 Newton-Schulz on AMX against 22.6 s with float32 (docs/speedrun.md).
+    Without native support bfloat16 matmuls are emulated and several times slower than float32;
+    on CPUs that have it (AMX) the conversions cost more than the matmuls save (docs/speed.md).
     """
     return torch.float32 if device.type == "cpu" else torch.bfloat16
 

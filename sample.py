@@ -18,7 +18,7 @@ from checkpoint import is_pretrained, load_checkpoint, load_pretrained, model_fr
 from configurator import UserError, parse_args, report_overrides, run_main
 from device import autocast, resolve_device, resolve_dtype
 from memory import check_fits, kv_cache_bytes
-from model import check_sampling
+from generate import Continuation, check_sampling
 from tokenizer import BPETokenizer, read_meta, tokenizer_from_meta
 
 SEPARATOR = "---------------"
@@ -56,57 +56,6 @@ class SampleConfig:
         if any(s == "" for s in self.stop):
             raise ValueError("--stop has an empty string, which would end every sample before it starts; "
                              "give the text that should end a sample, e.g. --stop='\\n\\n'")
-
-
-class Continuation:
-    """One sample's text as its tokens arrive.
-
-    Ends at the first stop (token ids or text), which is not part of the text,
-    and never hands out text that a stop could still remove.
-    """
-
-    def __init__(self, tokenizer, stop_texts, stop_ids):
-        self.decoder = tokenizer.decoder()
-        self.stop_texts, self.stop_ids = stop_texts, stop_ids
-        self.ids, self.fed, self.text, self.shown, self.done = [], 0, "", 0, False
-
-    def add(self, token):
-        """Take the next token; return the text that is now safe to show."""
-        if self.done:
-            return ""
-        self.ids.append(token)
-        for s in self.stop_ids:
-            if self.ids[-len(s):] == s:
-                del self.ids[-len(s):]
-                self.done = True
-                break
-        held = 0 if self.done else longest_partial(self.ids, self.stop_ids)
-        while self.fed < len(self.ids) - held:
-            self.text += self.decoder.feed(self.ids[self.fed])
-            self.fed += 1
-        hits = [i for i in (self.text.find(s) for s in self.stop_texts) if i >= 0]
-        if hits:
-            self.text, self.done = self.text[:min(hits)], True
-        held_chars = 0 if self.done else longest_partial(self.text, self.stop_texts)
-        new = self.text[self.shown:len(self.text) - held_chars]
-        self.shown += len(new)
-        return new
-
-    def finish(self):
-        """The rest of the text once generation is over."""
-        if not self.done:
-            for token in self.ids[self.fed:]:
-                self.text += self.decoder.feed(token)
-            self.text += self.decoder.flush()
-            self.fed = len(self.ids)
-        new = self.text[self.shown:]
-        self.shown = len(self.text)
-        return new
-
-
-def longest_partial(seq, stops):
-    """Length of the longest end of seq that begins some stop (and is shorter than it)."""
-    return max((k for s in stops for k in range(1, len(s)) if len(seq) >= k and seq[-k:] == s[:k]), default=0)
 
 
 def sample_seed(seed, i):
@@ -165,7 +114,7 @@ def main(argv):
     if cfg.compile:
         if device.type == "cpu":
             print("note: compile=True makes generation on CPU slower: compiled graphs cannot use the packed "
-                  "weights (README, Generation)", file=sys.stderr)
+                  "weights (docs/generation.md)", file=sys.stderr)
         model.compile(dynamic=True)  # in place: generate's own calls go through the compiled forward
     prompt = read_prompt(cfg.start)
     ids = tokenizer.encode(prompt) or ([tokenizer.eot] if tokenizer.eot is not None else [])

@@ -3,10 +3,11 @@
     python trace.py --out_dir=out-shakespeare-char --start="Cats sit on"
     python trace.py --out_dir=OUT --start="Cats sit on" --layer=1 --head=0 --steps=2 --top=5 --html=trace.html
 
-Runs the real model.py: hooks and wrappers record what its own modules and
-functions compute (embedding, norm, q/k/v, RoPE, scores, mask, softmax, head
-outputs, merge, projection, residuals, MLP, final norm, head), nothing is
-recomputed here. Prints tables, and writes the same data as JSON (--json) and
+Runs the real model.py: standard forward hooks on its modules and observation
+points (HookPoint) record what it computes (embedding, norm, q/k/v, RoPE,
+scores, mask, softmax, head outputs, merge, projection, residuals, MLP, final
+norm, head), and the sampler reports each generation step; nothing is patched
+or recomputed here. Prints tables, and writes the same data as JSON (--json) and
 as one self-contained HTML page with attention heatmaps (--html).
 """
 import html
@@ -14,7 +15,6 @@ import json
 import math
 import os
 import sys
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 import torch
@@ -22,8 +22,6 @@ import torch.nn.functional as F
 
 from configurator import UserError, parse_args, report_overrides, run_main
 from device import resolve_device
-import model as model_module
-from model import filter_logits
 from sample import SampleConfig, load
 
 
@@ -60,11 +58,11 @@ def tensor_data(t):
 
 
 class Recorder:
-    """Hooks on one layer's modules and wrappers on its attention steps; records tensors by stage name."""
+    """Standard forward hooks on one layer's modules and observation points (model.HookPoint):
+    records, by stage name, what the model itself computes. Nothing is patched or recomputed."""
 
     def __init__(self, model, layer):
-        self.model, self.layer, self.stages, self.handles, self.patched = model, layer, {}, [], []
-        self.in_layer = False
+        self.model, self.layer, self.stages, self.handles = model, layer, {}, []
 
     def put(self, name, tensor):
         self.stages[name] = tensor.detach().clone()
@@ -75,16 +73,6 @@ class Recorder:
         else:
             self.handles.append(module.register_forward_hook(lambda m, args, out: self.put(name, out)))
 
-    def wrap(self, obj, attr, record):
-        original = getattr(obj, attr)
-
-        def wrapper(*args, **kwargs):
-            out = original(*args, **kwargs)
-            record(args, out)
-            return out
-        setattr(obj, attr, wrapper)
-        self.patched.append((obj, attr, original))
-
     def __enter__(self):
         m, block = self.model, self.model.transformer.h[self.layer]
         attn = block.attn
@@ -94,21 +82,16 @@ class Recorder:
         self.hook(block, "block input", pre=True)
         self.hook(block.ln_1, "ln_1 (normed input)")
         self.hook(attn.c_attn, "c_attn (q | k | v)")
-        self.handles.append(attn.register_forward_pre_hook(lambda mod, args: setattr(self, "in_layer", True)))
-        self.handles.append(attn.register_forward_hook(lambda mod, args, out: setattr(self, "in_layer", False)))
-        rope_calls = []
-
-        def on_rope(args, out):
-            if self.in_layer:
-                rope_calls.append((args[0], out))
-                self.put("q before RoPE" if len(rope_calls) % 2 else "k before RoPE", args[0])
-                self.put("q after RoPE" if len(rope_calls) % 2 else "k after RoPE", out)
-        self.wrap(model_module, "apply_rope", on_rope)
-        self.wrap(attn, "attend", lambda args, out: [self.put(n, t) for n, t in zip(("q", "k", "v"), args)]
-                  + [self.put("head outputs", out)])
-        self.wrap(attn, "scores", lambda args, out: self.put("scores (q.k / sqrt(hs))", out))
-        self.wrap(attn, "mask", lambda args, out: self.put("masked scores", out))
-        self.wrap(attn, "softmax", lambda args, out: self.put("attention weights", out))
+        rope = m.config.pos_emb == "rope"
+        for point, name in ((attn.hook_q, "q before RoPE" if rope else "q"), (attn.hook_k, "k before RoPE" if rope else "k"),
+                            (attn.hook_v, "v"), (attn.hook_scores, "scores (q.k / sqrt(hs))"),
+                            (attn.hook_masked, "masked scores"), (attn.hook_weights, "attention weights"),
+                            (attn.hook_heads, "head outputs")):
+            self.hook(point, name)
+        if rope:  # attention reads q and k after the rotation
+            for point, names in ((attn.hook_q_rot, ("q after RoPE", "q")), (attn.hook_k_rot, ("k after RoPE", "k"))):
+                for name in names:
+                    self.hook(point, name)
         self.hook(attn.c_proj, "merged heads", pre=True)
         self.hook(attn.c_proj, "attention projection")
         self.hook(block.ln_2, "residual 1 (input + attention)", pre=True)
@@ -125,11 +108,6 @@ class Recorder:
     def __exit__(self, *exc):
         for h in self.handles:
             h.remove()
-        for obj, attr, original in reversed(self.patched):
-            if obj is model_module:
-                setattr(obj, attr, original)
-            else:
-                delattr(obj, attr)  # back to the class's method
         for b, impl in zip(self.model.transformer.h, self.impls):
             b.attn.impl = impl
 
@@ -144,49 +122,25 @@ def trace_forward(model, idx, layer):
     return stages
 
 
-@contextmanager
-def recording_sampler(steps):
-    """Wrap model.sample_next during generation: record logits, filtering, probabilities, draw and choice."""
-    original = model_module.sample_next
-
-    def traced(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
-        state = generator.get_state() if generator is not None else torch.get_rng_state()
-        token = original(logits, temperature, top_k, top_p, generator)
-        step = {"logits": logits[0].float(), "temperature": temperature, "token": token[0].item()}
-        if temperature > 0:
-            replay = torch.Generator(device=logits.device)
-            replay.set_state(state)  # the same state the real draw used: the same uniform number
-            step["draw"] = torch.rand(logits.size(0), 1, generator=replay, device=logits.device)[0, 0].item()
-            step["probs"] = F.softmax(filter_logits(logits.float() / temperature, top_k, top_p), dim=-1)[0]
-        else:
-            step["probs"] = F.one_hot(logits[0].argmax(), logits.size(-1)).float()
-        steps.append(step)
-        return token
-    model_module.sample_next = traced
-    try:
-        yield
-    finally:
-        model_module.sample_next = original
-
-
 def trace_generation(model, idx, cfg, decode):
+    """Generate cfg.steps tokens as sample.py would; the sampler reports each step (generate.stream's on_step)."""
     steps = []
     generator = torch.Generator(device=idx.device).manual_seed(cfg.seed)
-    with recording_sampler(steps):
-        out = model.generate(idx, cfg.steps, cfg.temperature, cfg.top_k, cfg.top_p, generator=generator)
+    out = model.generate(idx, cfg.steps, cfg.temperature, cfg.top_k, top_p=cfg.top_p, generator=generator,
+                         on_step=steps.append)
     history = idx[0].tolist()
     report = []
     for i, step in enumerate(steps):
-        probs = step["probs"]
+        probs, logits, token = step["probs"][0], step["logits"][0].float(), step["tokens"][0].item()
         kept = torch.nonzero(probs > 0).flatten()
         order = kept[probs[kept].argsort(descending=True)][:cfg.top]
         report.append({
             "step": i + 1, "history": decode(history), "candidates_kept": int(kept.numel()),
-            "candidates": [{"id": int(t), "token": decode([int(t)]), "logit": step["logits"][t].item(),
+            "candidates": [{"id": int(t), "token": decode([int(t)]), "logit": logits[t].item(),
                             "prob": probs[t].item()} for t in order],
-            "draw": step.get("draw"), "greedy": step["temperature"] == 0,
-            "chosen": {"id": step["token"], "token": decode([step["token"]])}})
-        history.append(step["token"])
+            "draw": step["draws"][0, 0].item() if step["draws"] is not None else None,
+            "greedy": step["temperature"] == 0, "chosen": {"id": token, "token": decode([token])}})
+        history.append(token)
     return report, out[0, idx.size(1):].tolist()
 
 

@@ -6,49 +6,52 @@
     torchrun --standalone --nproc_per_node=2 train.py config/shakespeare_char_cpu.py
 
 Writes out_dir/ckpt.pt (latest), out_dir/best.pt (best val loss) and
-out_dir/log.jsonl (one JSON object per log line). Ctrl-C saves and exits.
+out_dir/log.jsonl (one JSON object per log line). Ctrl-C saves the last
+completed iteration and exits; a second Ctrl-C exits at once.
 """
 import time
 
 PROCESS_START = time.time()  # before the heavy imports: "training time" counts from here
 
 # ruff: noqa: E402
-import json
 import math
 import os
-import random
 import shlex
-import signal
 import typing
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields, replace
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from batches import Batches, dataset_dir, estimate_loss
-from checkpoint import OutDirLock, is_pretrained, load_checkpoint, load_pretrained, model_from_checkpoint, save_checkpoint
+from batches import TRAINING, Batches, dataset_dir, estimate_loss
+from checkpoint import (RUNTIME_FIELDS, OutDirLock, is_pretrained, load_checkpoint, load_pretrained,
+                        model_args, model_from_checkpoint, rng_state, save_checkpoint, set_rng_state)
 from configurator import UserError, convert, parse_args, report_overrides, run_main
 from device import autocast, cpu_matmul_flops, peak_flops_for, resolve_device, resolve_dtype, should_compile
 from memory import check_fits, param_count, training_bytes
+from metrics import Clock, Metrics
 from model import GPT, GPTConfig
+from optim import configure_optimizers, lr_scale
+from stopping import Interrupted, StopFlag
 from tokenizer import read_meta, tokenizer_kind
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-MODEL_FIELDS = tuple(f.name for f in fields(GPTConfig) if f.name != "vocab_size")
-# fields that fix a checkpoint's tensor shapes or meaning: a resumed run cannot change them
-SHAPE_FIELDS = tuple(f for f in MODEL_FIELDS if f not in ("dropout", "attn_impl"))
+# the model's fields that fix what its weights mean: a resumed run keeps the checkpoint's
+SHAPE_FIELDS = tuple(f.name for f in fields(GPTConfig) if f.name not in RUNTIME_FIELDS)
 FIXED_ON_RESUME = SHAPE_FIELDS + ("optimizer",)  # the optimizer state must fit the optimizer
 # fields about this machine and this invocation: a resumed run never takes them from the checkpoint
 LOCAL_FIELDS = ("out_dir", "init_from", "eval_only", "device", "dtype", "compile", "backend", "peak_flops")
+# what loading a damaged optimizer, scaler or RNG state raises
+DAMAGED = (ValueError, KeyError, TypeError, IndexError, RuntimeError, AttributeError, OverflowError)
 
 
 @dataclass
-class TrainConfig:
-    help_from = (GPTConfig,)  # --help takes the model fields' comments from there
+class TrainConfig(GPTConfig):
+    """How to train: the model's fields are GPTConfig's (n_layer, block_size, ...), the rest are here."""
+
     # I/O
     out_dir: str = "out"  # checkpoints and log.jsonl go here
     eval_interval: int = 2000  # evaluate (and save) every this many iters
@@ -65,22 +68,7 @@ class TrainConfig:
     dataset: str = "openwebtext"  # data/<dataset>/, or a path to a directory
     gradient_accumulation_steps: int = 5 * 8  # micro-batches per iter, over all processes
     batch_size: int = 12  # micro-batch size, per process
-    block_size: int = 1024  # context length of the training windows (and the model)
-    # model (see GPTConfig)
-    n_layer: int = 12
-    n_head: int = 12
-    n_embd: int = 768
-    dropout: float = 0.0
-    bias: bool = True
-    attn_impl: str = "sdpa"
-    pos_emb: str = "learned"
-    rope_base: float = 10000.0
-    norm: str = "layernorm"
-    norm_eps: float = 1e-5
-    activation: str = "gelu"
-    mlp_hidden: int | None = None
-    n_kv_head: int | None = None
-    tie_weights: bool = True
+    vocab_size: int = 50304  # the model's vocabulary where the dataset has no meta.json (GPT-2's, padded)
     # optimizer: AdamW, or Muon for the blocks' matrices with AdamW for the rest
     optimizer: str = "adamw"  # "adamw" or "muon"
     muon_lr: float = 0.02  # Muon's peak learning rate (scheduled like learning_rate)
@@ -111,8 +99,9 @@ class TrainConfig:
     eval_windows: int = 0  # > 0: val loss over this many fixed block_size windows spread over val, not eval_iters batches
     target_loss: float | None = None  # stop once val loss <= target_loss (and report the training time it took)
 
+
     def __post_init__(self):
-        self.model_config(vocab_size=1)  # validates the model fields
+        super().__post_init__()  # the model's fields
         if self.init_from not in ("scratch", "resume") and not is_pretrained(self.init_from):
             raise ValueError(f"init_from must be scratch, resume, gpt2, gpt2-medium, gpt2-large, gpt2-xl or a local "
                              f"Hugging Face GPT-2 directory, got {self.init_from!r}")
@@ -138,45 +127,8 @@ class TrainConfig:
             raise ValueError(f"peak_flops must be > 0 (or None), got {self.peak_flops}")
 
     def model_config(self, vocab_size):
-        return GPTConfig(vocab_size=vocab_size, **{k: getattr(self, k) for k in MODEL_FIELDS})
-
-
-def get_lr(it, cfg):
-    """Linear warmup for warmup_iters; then cosine decay to min_lr at lr_decay_iters, or (wsd) the
-    peak until cooldown_iters before lr_decay_iters and a linear decay to min_lr there; then min_lr."""
-    if not cfg.decay_lr:
-        return cfg.learning_rate
-    if it < cfg.warmup_iters:
-        return cfg.learning_rate * (it + 1) / (cfg.warmup_iters + 1)
-    if it >= cfg.lr_decay_iters:
-        return cfg.min_lr
-    if cfg.lr_schedule == "wsd":
-        left = cfg.lr_decay_iters - it  # > 0
-        if left >= cfg.cooldown_iters:
-            return cfg.learning_rate
-        return cfg.min_lr + (cfg.learning_rate - cfg.min_lr) * left / cfg.cooldown_iters
-    ratio = (it - cfg.warmup_iters) / (cfg.lr_decay_iters - cfg.warmup_iters)  # > 0: it < lr_decay_iters
-    return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (cfg.learning_rate - cfg.min_lr)
-
-
-def rng_state():
-    """Every RNG a run may use, as tensors and plain types (weights_only loading accepts them)."""
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
-    return {"torch": torch.get_rng_state(), "numpy": [kind, keys.tolist(), pos, has_gauss, gauss],
-            "python": random.getstate(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
-
-
-def set_rng_state(state):
-    torch.set_rng_state(state["torch"])
-    kind, keys, pos, has_gauss, gauss = state["numpy"]
-    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
-    random.setstate(state["python"])
-    if state.get("cuda") and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-# what loading a damaged optimizer, scaler or RNG state raises
-DAMAGED = (ValueError, KeyError, TypeError, IndexError, RuntimeError, AttributeError, OverflowError)
+        """The model's shape: this config's GPTConfig fields, with the vocabulary the data has."""
+        return replace(GPTConfig(**{f.name: getattr(self, f.name) for f in fields(GPTConfig)}), vocab_size=vocab_size)
 
 
 def resume_config(ckpt, overrides, path):
@@ -227,47 +179,6 @@ def setup_distributed(cfg):
     return rank, local_rank, world
 
 
-class Interrupted(Exception):
-    """Raised by the first SIGINT/SIGTERM in work that can be abandoned."""
-
-
-class StopFlag:
-    """SIGINT/SIGTERM: the first stops the run within moments, the second at once.
-
-    The first abandons what is in flight (start-up, a compile, an evaluation,
-    the forward and backward of an iteration, whose weights are untouched until
-    the optimizer step) by raising Interrupted; inside a `finishing()` section
-    (the optimizer step, a save) it waits for the section's end. Under DDP
-    (abandon=False) ranks must stop together, so it only sets the flag and the
-    ranks agree at a log iteration. A second signal raises KeyboardInterrupt
-    wherever the run is: nothing more is saved.
-    """
-
-    def __init__(self):
-        self.set, self.abandon, self.finishing_depth = False, True, 0
-        self.previous = {s: signal.signal(s, self.handle) for s in (signal.SIGINT, signal.SIGTERM)}
-
-    def handle(self, signum, frame):
-        if self.set:
-            raise KeyboardInterrupt(f"stopped at once by a second {signal.Signals(signum).name}; nothing more saved")
-        self.set = True
-        if self.abandon and not self.finishing_depth:
-            raise Interrupted()
-
-    @contextmanager
-    def finishing(self):
-        """A section a first signal lets finish."""
-        self.finishing_depth += 1
-        try:
-            yield
-        finally:
-            self.finishing_depth -= 1
-
-    def restore(self):
-        for s, handler in self.previous.items():
-            signal.signal(s, handler)
-
-
 def train(cfg, overrides=None, log=print, t_start=None):
     """Run training as cfg says; returns a summary dict (iters, losses, time).
 
@@ -280,9 +191,10 @@ def train(cfg, overrides=None, log=print, t_start=None):
     try:
         rank, local_rank, world = setup_distributed(cfg)
         stop.abandon = world == 1  # DDP ranks stop together, at a log iteration
-        master = rank == 0
-        log = log if master else (lambda *a, **k: None)
-        summary = run(cfg, overrides or {}, rank, local_rank, world, master, log, t_start, stop, lock)
+        log = log if rank == 0 else (lambda *a, **k: None)
+        run = Run(cfg, overrides or {}, rank, local_rank, world, log, t_start, stop, lock)
+        loop(run, stop)
+        summary = run.finish(stop)
         if world > 1:  # rank 0 saves last: no rank tears down its connections while another still uses them
             dist.barrier()
         return summary
@@ -297,212 +209,253 @@ def train(cfg, overrides=None, log=print, t_start=None):
             dist.destroy_process_group()
 
 
-def run(cfg, overrides, rank, local_rank, world, master, log, t_start, stop, lock):
-    ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
-    ckpt = None
-    if cfg.init_from == "resume":
-        ckpt = load_checkpoint(ckpt_path)
-        base, cfg = resume_config(ckpt, overrides, ckpt_path)
-    else:
-        base = TrainConfig()
-    report_overrides(overrides, base, log)
-    device = resolve_device(cfg.device, local_rank)
-    dtype = resolve_dtype(cfg.dtype, device)
-    data_dir = dataset_dir(cfg.dataset)
-    meta = read_meta(data_dir)
-    batches = Batches(data_dir, cfg.block_size, cfg.batch_size, device, cfg.seed, meta)
+def loop(run, stop):
+    """Evaluate when due, then one iteration, until max_iters, the target loss, or a signal."""
+    run.clock.lap(run.iter_num)
+    try:
+        while True:
+            last = run.iter_num >= run.cfg.max_iters
+            if run.cfg.eval_only or last or run.eval_due():
+                last = run.evaluate(last)
+            if last or stop.agreed(run.world, run.iter_num, run.cfg.log_interval):
+                break
+            if stop.abandon:
+                run.rng_at_iter = [rng_state()]
+            loss = run.forward_backward()
+            with stop.finishing():  # from the optimizer step on, the iteration completes
+                run.step(loss)
+    except Interrupted:  # the iteration in flight (or the evaluation) is abandoned; the weights are untouched
+        run.optimizer.zero_grad(set_to_none=True)
+    finally:
+        run.close()
 
-    torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-    if ckpt is not None:
-        model = model_from_checkpoint(ckpt, ckpt_path, attn_impl=cfg.attn_impl, dropout=cfg.dropout)
-        check_vocab(model.config.vocab_size, meta, data_dir, ckpt_path)
-    elif cfg.init_from != "scratch":
-        model = load_pretrained(cfg.init_from, dropout=cfg.dropout, attn_impl=cfg.attn_impl)
-        check_vocab(model.config.vocab_size, meta, data_dir, cfg.init_from)
-        if cfg.block_size > model.config.block_size:
-            raise UserError(f"block_size ({cfg.block_size}) is longer than {cfg.init_from}'s context "
-                            f"({model.config.block_size}); use --block_size={model.config.block_size} or less")
-        model.crop_block_size(cfg.block_size)
-        shape = {k: getattr(model.config, k) for k in SHAPE_FIELDS}  # the weights decide the model's shape
-        changed = [f"{k}={v}" for k, v in shape.items() if getattr(cfg, k) != v]
-        if changed:
-            log(f"from {cfg.init_from}: {', '.join(changed)}")
-        cfg = replace(cfg, **shape)
-    else:
-        config = cfg.model_config(vocab_size=(meta or {}).get("vocab_size", 50304))
-        check_fits(training_bytes(config, cfg.batch_size), device,
+
+class Run:
+    """One training run: what start-up builds, and the steps the loop takes."""
+
+    def __init__(self, cfg, overrides, rank, local_rank, world, log, t_start, stop, lock):
+        self.rank, self.world, self.log, self.stop = rank, world, log, stop
+        self.master = rank == 0
+        self.ckpt_path = ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
+        ckpt = None
+        if cfg.init_from == "resume":
+            ckpt = load_checkpoint(ckpt_path)
+            base, cfg = resume_config(ckpt, overrides, ckpt_path)
+        else:
+            base = TrainConfig()
+        report_overrides(overrides, base, log)
+        self.device = device = resolve_device(cfg.device, local_rank)
+        dtype = resolve_dtype(cfg.dtype, device)
+        data_dir = dataset_dir(cfg.dataset)
+        meta = read_meta(data_dir)
+        self.batches = Batches(data_dir, cfg.block_size, cfg.batch_size, device, cfg.seed, meta)
+        torch.manual_seed(cfg.seed)  # the same initial weights on every rank
+        self.raw_model, cfg = self.build_model(cfg, ckpt, meta, data_dir)
+        self.cfg = cfg
+        self.batches.vocab_size = self.raw_model.config.vocab_size  # a token id beyond it is an error
+        torch.manual_seed(cfg.seed + rank)  # distinct dropout masks per rank
+        self.raw_model.to(device)
+        self.optimizer = configure_optimizers(self.raw_model, cfg.weight_decay, cfg.learning_rate,
+                                              (cfg.beta1, cfg.beta2), device.type, cfg.optimizer, cfg.muon_lr,
+                                              cfg.muon_momentum, cfg.muon_weight_decay)
+        self.scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
+        self.iter_num, self.best_val_loss = self.restore(ckpt) if ckpt is not None else (0, float("inf"))
+        del ckpt
+        self.model = self.raw_model
+        if should_compile(cfg.compile, device):
+            log("compiling the model... (takes a minute)")
+            self.model = torch.compile(self.model)
+        if world > 1:
+            self.model = DDP(self.model, device_ids=[local_rank] if device.type == "cuda" else None)
+        self.ctx = autocast(device, dtype)
+        self.accum = cfg.gradient_accumulation_steps // world
+        self.tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
+        self.peak = cfg.peak_flops or peak_flops_for(device, dtype)
+        log(f"model: {self.raw_model.get_num_params() / 1e6:.2f}M parameters; device {device}, {str(dtype)[6:]}, "
+            f"{world} process(es); {self.tokens_per_iter:,} tokens per iter")
+        for note in startup_notes(cfg, self.raw_model, device, self.tokens_per_iter, ckpt_path):
+            log(f"note: {note}")
+        writer = self.master and not cfg.eval_only  # eval_only only reads out_dir
+        self.metrics = Metrics(os.path.join(cfg.out_dir, "log.jsonl"), cfg, console=self.master, record=writer)
+        if writer:
+            lock.acquire()  # out_dir is ours until the run ends
+        self.start_iter, self.last_val, self.lr = self.iter_num, None, None
+        self.reached = None  # (iter, training seconds) when val loss first reached target_loss
+        self.rng_at_iter = None  # RNG state when the iteration in flight began: an abandoned one is saved with it
+        self.clock = Clock(t_start)
+        self.bar = tqdm(total=cfg.max_iters, initial=self.iter_num, disable=not self.master or None, desc="train",
+                        unit="iter")
+
+    def build_model(self, cfg, ckpt, meta, data_dir):
+        """The model: from the checkpoint, from GPT-2's weights, or new; and cfg with the shape it has."""
+        if ckpt is not None:
+            model = model_from_checkpoint(ckpt, self.ckpt_path, attn_impl=cfg.attn_impl, dropout=cfg.dropout)
+            check_vocab(model.config.vocab_size, meta, data_dir, self.ckpt_path)
+            return model, cfg
+        if cfg.init_from != "scratch":
+            model = load_pretrained(cfg.init_from, dropout=cfg.dropout, attn_impl=cfg.attn_impl)
+            check_vocab(model.config.vocab_size, meta, data_dir, cfg.init_from)
+            if cfg.block_size > model.config.block_size:
+                raise UserError(f"block_size ({cfg.block_size}) is longer than {cfg.init_from}'s context "
+                                f"({model.config.block_size}); use --block_size={model.config.block_size} or less")
+            model.crop_block_size(cfg.block_size)
+            shape = {k: getattr(model.config, k) for k in SHAPE_FIELDS}  # the weights decide the model's shape
+            changed = [f"{k}={v}" for k, v in shape.items() if getattr(cfg, k) != v]
+            if changed:
+                self.log(f"from {cfg.init_from}: {', '.join(changed)}")
+            return model, replace(cfg, **shape)
+        config = cfg.model_config(vocab_size=(meta or {}).get("vocab_size", cfg.vocab_size))
+        check_fits(training_bytes(config, cfg.batch_size), self.device,
                    f"training {param_count(config) / 1e6:,.1f}M parameters on micro-batches of {cfg.batch_size} x "
                    f"{cfg.block_size} tokens", "lower batch_size (raise gradient_accumulation_steps to keep the "
                    "batch), block_size, n_layer or n_embd")
-        model = GPT(config)
-    batches.vocab_size = model.config.vocab_size  # a token id beyond it is an error, not an index fault
-    torch.manual_seed(cfg.seed + rank)  # distinct dropout masks per rank
-    model.to(device)
-    optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device.type,
-                                           cfg.optimizer, cfg.muon_lr, cfg.muon_momentum, cfg.muon_weight_decay)
-    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
-    iter_num, best_val_loss = 0, float("inf")
-    if ckpt is not None:
-        peaks = [group["initial_lr"] for group in optimizer.param_groups]  # this run's peaks, not the saved ones
+        return GPT(config), replace(cfg, vocab_size=config.vocab_size)
+
+    def restore(self, ckpt):
+        """Optimizer, scaler and RNG state from the checkpoint; returns (iter_num, best_val_loss)."""
+        path = self.ckpt_path
+        peaks = [group["initial_lr"] for group in self.optimizer.param_groups]  # this run's peaks, not the saved ones
         try:
-            optimizer.load_state_dict(ckpt["optimizer"])
+            self.optimizer.load_state_dict(ckpt["optimizer"])
         except DAMAGED as e:
-            raise UserError(f"{ckpt_path}: its optimizer state does not fit optimizer={cfg.optimizer} ({e})") from None
-        for group, peak in zip(optimizer.param_groups, peaks):
+            raise UserError(f"{path}: its optimizer state does not fit optimizer={self.cfg.optimizer} ({e})") from None
+        for group, peak in zip(self.optimizer.param_groups, peaks):
             group["initial_lr"] = peak
         if ckpt.get("iter_num") is None:
-            raise UserError(f"{ckpt_path} has no iter_num: it cannot be resumed (sample from it, or train anew)")
-        best = ckpt.get("best_val_loss")
-        iter_num, best_val_loss = int(ckpt["iter_num"]), float(best) if best is not None else float("inf")  # nanoGPT: a tensor
+            raise UserError(f"{path} has no iter_num: it cannot be resumed (sample from it, or train anew)")
+        best = ckpt.get("best_val_loss")  # nanoGPT writes a tensor
+        iter_num, best_val_loss = int(ckpt["iter_num"]), float(best) if best is not None else float("inf")
         try:
             if "scaler" in ckpt:
-                scaler.load_state_dict(ckpt["scaler"])
-            has_rng = rank < len(ckpt.get("rng") or [])
+                self.scaler.load_state_dict(ckpt["scaler"])
+            has_rng = self.rank < len(ckpt.get("rng") or [])
             if has_rng:
-                set_rng_state(ckpt["rng"][rank])
+                set_rng_state(ckpt["rng"][self.rank])
         except DAMAGED as e:
-            raise UserError(f"{ckpt_path}: its RNG or gradient-scaler state is damaged ({type(e).__name__}: {e})") from None
+            raise UserError(f"{path}: its RNG or gradient-scaler state is damaged ({type(e).__name__}: {e})") from None
         if not has_rng:
-            log(f"note: {ckpt_path} has no RNG state (a nanoGPT checkpoint?): resuming with fresh dropout RNG")
-        log(f"resuming from {ckpt_path} at iter {iter_num}")
-    del ckpt
-    raw_model = model
-    if should_compile(cfg.compile, device):
-        log("compiling the model... (takes a minute)")
-        model = torch.compile(model)
-    if world > 1:
-        model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
-    ctx = autocast(device, dtype)
-    accum = cfg.gradient_accumulation_steps // world
-    tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
-    peak = cfg.peak_flops or peak_flops_for(device, dtype)
-    log(f"model: {raw_model.get_num_params() / 1e6:.2f}M parameters; device {device}, {str(dtype)[6:]}, "
-        f"{world} process(es); {tokens_per_iter:,} tokens per iter")
+            self.log(f"note: {path} has no RNG state (a nanoGPT checkpoint?): resuming with fresh dropout RNG")
+        self.log(f"resuming from {path} at iter {iter_num}")
+        return iter_num, best_val_loss
 
-    for note in startup_notes(cfg, raw_model, device, tokens_per_iter, ckpt_path):
-        log(f"note: {note}")
+    def eval_due(self):
+        return self.iter_num == 0 or (self.iter_num % self.cfg.eval_interval == 0 and self.iter_num != self.start_iter)
 
-    logger = JsonLog(os.path.join(cfg.out_dir, "log.jsonl"), cfg, master and not cfg.eval_only)
-    if master and not cfg.eval_only:  # a writer: out_dir is ours until the run ends (eval_only only reads)
-        lock.acquire()
-    say = tqdm.write if master else (lambda text: None)
-    start_iter, loss_accum, last_val = iter_num, None, None
-    eval_time = 0.0  # seconds spent evaluating and saving: training time is wall time since t_start less this
-    reached = None  # (iter, training seconds) when val loss first reached target_loss
+    def evaluate(self, last):
+        """Losses now, logged; ckpt.pt and best.pt saved as configured. True when the run should end here."""
+        cfg, it = self.cfg, self.iter_num
+        wall, train_time = self.clock.wall(), self.clock.train_time()
+        self.clock.pause()  # evaluating and saving is not training time
+        losses = estimate_loss(self.model, self.batches, cfg, self.ctx, self.rank, self.world)
+        self.last_val = losses["val"]
+        self.metrics.write(f"iter {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}", kind="eval",
+                           iter=it, train_loss=losses["train"], val_loss=losses["val"], time=wall,
+                           train_time=train_time)
+        if cfg.target_loss is not None and losses["val"] <= cfg.target_loss and self.reached is None:
+            self.reached = (it, train_time)
+            self.metrics.say(f"reached val loss {losses['val']:.4f} <= {cfg.target_loss} at iter {it} after "
+                             f"{train_time:.1f}s of training (from process start, evaluation excluded)")
+            last = True
+        if not math.isfinite(losses["val"]):
+            raise UserError(f"val loss is {losses['val']} at iter {it}; the run diverged (lower learning_rate "
+                            f"or raise warmup_iters); the last good checkpoint is kept")
+        if cfg.eval_only:
+            return True
+        improved = losses["val"] < self.best_val_loss
+        self.best_val_loss = min(self.best_val_loss, losses["val"])
+        if it > self.start_iter:
+            if improved or cfg.always_save_checkpoint or last:
+                self.save("ckpt.pt")
+            if improved and cfg.keep_best:
+                self.save("best.pt")
+        self.clock.resume()
+        return last
 
-    def save(name, rng=None):
-        bad = [n for n, p in raw_model.named_parameters() if not torch.isfinite(p).all()]
+    def forward_backward(self):
+        """One iteration's gradients, accumulated over its micro-batches; returns its mean loss (a tensor)."""
+        self.lr_scale = lr_scale(self.iter_num, self.cfg)
+        for group in self.optimizer.param_groups:  # every group follows the schedule from its own peak
+            group["lr"] = group["initial_lr"] * self.lr_scale
+        loss_accum = torch.zeros((), device=self.device)
+        for micro in range(self.accum):
+            x, y = self.batches.get("train", (TRAINING, self.iter_num, self.rank * self.accum + micro))
+            sync = self.world == 1 or micro == self.accum - 1  # DDP all-reduces grads on the last micro-step only
+            with (nullcontext() if sync else self.model.no_sync()), self.ctx:
+                _, loss = self.model(x, y)
+                loss = loss / self.accum
+            self.scaler.scale(loss).backward()
+            loss_accum += loss.detach()
+        return loss_accum
+
+    def step(self, loss):
+        """The optimizer step that completes the iteration; every log_interval iters, its log line."""
+        if self.cfg.grad_clip > 0:
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.iter_num += 1
+        self.rng_at_iter = None
+        self.bar.update(1)
+        if self.iter_num % self.cfg.log_interval == 0:
+            self.log_iter(loss)
+
+    def log_iter(self, loss):
+        if self.world > 1:  # log the loss of the whole global batch, not rank 0's share
+            dist.all_reduce(loss)
+            loss /= self.world
+        lossf = loss.item()  # sync point: only on log iterations
+        if not math.isfinite(lossf):
+            raise UserError(f"training loss is {lossf} at iter {self.iter_num}; the run diverged (lower "
+                            f"learning_rate or raise warmup_iters); the last good checkpoint is kept")
+        dt = self.clock.lap(self.iter_num)  # seconds per iter since the last log, evaluations excluded
+        lr = self.cfg.learning_rate * self.lr_scale
+        tok_s = self.tokens_per_iter / dt
+        mfu = self.raw_model.estimate_mfu(self.cfg.gradient_accumulation_steps * self.cfg.batch_size, dt,
+                                          self.peak) if self.peak else None
+        self.metrics.write(f"iter {self.iter_num}: loss {lossf:.4f}, lr {lr:.2e}, {dt * 1000:.1f} ms/iter, "
+                           f"{tok_s:,.0f} tok/s" + (f", mfu {mfu * 100:.1f}%" if mfu is not None else ""),
+                           kind="train", iter=self.iter_num, loss=lossf, lr=lr, ms=dt * 1000, tok_s=tok_s, mfu=mfu,
+                           time=self.clock.wall(), train_time=self.clock.train_time())
+
+    def save(self, name, rng=None):
+        """ckpt.pt or best.pt, atomically; never non-finite weights."""
+        bad = [n for n, p in self.raw_model.named_parameters() if not torch.isfinite(p).all()]
         if bad:
-            raise UserError(f"the weights are not finite at iter {iter_num} ({bad[0]}); not saving {name}: the last "
-                            f"good checkpoint is kept (lower learning_rate or raise warmup_iters)")
-        state = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
-                 "model_args": raw_model.config.model_args(), "iter_num": iter_num,
-                 "best_val_loss": best_val_loss, "config": asdict(cfg), "scaler": scaler.state_dict(),
-                 "rng": rng or gather_rng(world)}
-        if master:
-            with stop.finishing():
-                save_checkpoint(state, os.path.join(cfg.out_dir, name))
+            raise UserError(f"the weights are not finite at iter {self.iter_num} ({bad[0]}); not saving {name}: "
+                            f"the last good checkpoint is kept (lower learning_rate or raise warmup_iters)")
+        state = {"model": self.raw_model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                 "model_args": model_args(self.raw_model.config), "iter_num": self.iter_num,
+                 "best_val_loss": self.best_val_loss, "config": asdict(self.cfg), "scaler": self.scaler.state_dict(),
+                 "rng": rng or gather_rng(self.world)}
+        if self.master:
+            with self.stop.finishing():
+                save_checkpoint(state, os.path.join(self.cfg.out_dir, name))
 
-    bar = tqdm(total=cfg.max_iters, initial=iter_num, disable=not master or None, desc="train", unit="iter")
-    rng_at_iter = None  # RNG state when the iteration in flight began: an abandoned one is saved with it
-    try:
-        t_mark, iters_mark, eval_mark = time.time(), iter_num, 0.0  # the last log's time, iter and eval_time
-        while True:
-            last = iter_num >= cfg.max_iters
-            if cfg.eval_only or last or (iter_num % cfg.eval_interval == 0 and iter_num != start_iter) or iter_num == 0:
-                t_eval = time.time()
-                train_time = t_eval - t_start - eval_time
-                losses = estimate_loss(model, batches, cfg, ctx, rank, world)
-                last_val = losses["val"]
-                say(f"iter {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
-                logger.write(kind="eval", iter=iter_num, train_loss=losses["train"], val_loss=losses["val"],
-                             time=t_eval - t_start, train_time=train_time)
-                if cfg.target_loss is not None and losses["val"] <= cfg.target_loss and reached is None:
-                    reached = (iter_num, train_time)
-                    say(f"reached val loss {losses['val']:.4f} <= {cfg.target_loss} at iter {iter_num} after "
-                        f"{train_time:.1f}s of training (from process start, evaluation excluded)")
-                    last = True
-                if not math.isfinite(losses["val"]):
-                    raise UserError(f"val loss is {losses['val']} at iter {iter_num}; the run diverged (lower "
-                                    f"learning_rate or raise warmup_iters); the last good checkpoint is kept")
-                if cfg.eval_only:
-                    break
-                improved = losses["val"] < best_val_loss
-                best_val_loss = min(best_val_loss, losses["val"])
-                if iter_num > start_iter:
-                    if improved or cfg.always_save_checkpoint or last:
-                        save("ckpt.pt")
-                    if improved and cfg.keep_best:
-                        save("best.pt")
-                eval_time += time.time() - t_eval
-            if last or stop_agreed(stop, world, iter_num, cfg):
-                break
+    def close(self):
+        self.bar.close()
+        self.metrics.close()
 
-            if stop.abandon:
-                rng_at_iter = [rng_state()]
-            lr = get_lr(iter_num, cfg)
-            scale = lr / cfg.learning_rate if cfg.learning_rate else 0.0
-            for group in optimizer.param_groups:  # every group follows the schedule from its own peak
-                group["lr"] = group["initial_lr"] * scale
-            loss_accum = torch.zeros((), device=device)
-            for micro in range(accum):
-                x, y = batches.get("train", (0, iter_num, rank * accum + micro))
-                sync = world == 1 or micro == accum - 1  # DDP all-reduces grads on the last micro-step only
-                with (nullcontext() if sync else model.no_sync()), ctx:
-                    _, loss = model(x, y)
-                    loss = loss / accum
-                scaler.scale(loss).backward()
-                loss_accum += loss.detach()
-            with stop.finishing():  # from the optimizer step on, the iteration completes
-                if cfg.grad_clip > 0:
-                    scaler.unscale_(optimizer)
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-                scaler.step(optimizer)
-                scaler.update()
-                optimizer.zero_grad(set_to_none=True)
-                iter_num += 1
-                rng_at_iter = None
-                bar.update(1)
-
-                if iter_num % cfg.log_interval == 0:
-                    if world > 1:  # log the loss of the whole global batch, not rank 0's share
-                        dist.all_reduce(loss_accum)
-                        loss_accum /= world
-                    lossf = loss_accum.item()  # sync point: only on log iterations
-                    if not math.isfinite(lossf):
-                        raise UserError(f"training loss is {lossf} at iter {iter_num}; the run diverged (lower "
-                                        f"learning_rate or raise warmup_iters); the last good checkpoint is kept")
-                    now = time.time()
-                    dt = (now - t_mark - (eval_time - eval_mark)) / (iter_num - iters_mark)  # evals excluded
-                    t_mark, iters_mark, eval_mark = now, iter_num, eval_time
-                    mfu = raw_model.estimate_mfu(cfg.gradient_accumulation_steps * cfg.batch_size, dt, peak) if peak else None
-                    say(f"iter {iter_num}: loss {lossf:.4f}, lr {lr:.2e}, {dt * 1000:.1f} ms/iter, "
-                        f"{tokens_per_iter / dt:,.0f} tok/s" + (f", mfu {mfu * 100:.1f}%" if mfu is not None else ""))
-                    logger.write(kind="train", iter=iter_num, loss=lossf, lr=lr, ms=dt * 1000,
-                                 tok_s=tokens_per_iter / dt, mfu=mfu, time=now - t_start,
-                                 train_time=now - t_start - eval_time)
-    except Interrupted:  # the iteration in flight (or the evaluation) is abandoned; the weights are untouched
-        optimizer.zero_grad(set_to_none=True)
-    finally:
-        bar.close()
-        logger.close()
-
-    if stop.set and not cfg.eval_only:
-        if iter_num > start_iter:
-            save("ckpt.pt", rng=rng_at_iter)
-            log(f"interrupted: saved {os.path.join(cfg.out_dir, 'ckpt.pt')} at iter {iter_num}; continue with "
-                f"python train.py --init_from=resume --out_dir={shlex.quote(cfg.out_dir)}")
-        else:
-            log(f"interrupted at iter {iter_num}, before this run completed an iteration: nothing saved")
-    summary = {"iters": iter_num, "val_loss": last_val, "best_val_loss": best_val_loss,
-               "time": time.time() - t_start, "train_time": time.time() - t_start - eval_time,
-               "interrupted": stop.set, "reached": reached}
-    if cfg.target_loss is not None and reached is None and last_val is not None:
-        log(f"did not reach val loss {cfg.target_loss} in {iter_num} iters (last {last_val:.4f})")
-    if last_val is not None and not cfg.eval_only and not stop.set:
-        log(f"done: {iter_num} iters in {summary['time']:.1f}s; val loss {last_val:.4f} (best {best_val_loss:.4f}); "
-            f"checkpoint {ckpt_path}")
-    return summary
+    def finish(self, stop):
+        """After the loop: save what a signal interrupted; the summary."""
+        cfg, log = self.cfg, self.log
+        if stop.set and not cfg.eval_only:
+            if self.iter_num > self.start_iter:
+                self.save("ckpt.pt", rng=self.rng_at_iter)
+                log(f"interrupted: saved {self.ckpt_path} at iter {self.iter_num}; continue with "
+                    f"python train.py --init_from=resume --out_dir={shlex.quote(cfg.out_dir)}")
+            else:
+                log(f"interrupted at iter {self.iter_num}, before this run completed an iteration: nothing saved")
+        summary = {"iters": self.iter_num, "val_loss": self.last_val, "best_val_loss": self.best_val_loss,
+                   "time": self.clock.wall(), "train_time": self.clock.train_time(), "interrupted": stop.set,
+                   "reached": self.reached}
+        if cfg.target_loss is not None and self.reached is None and self.last_val is not None:
+            log(f"did not reach val loss {cfg.target_loss} in {self.iter_num} iters (last {self.last_val:.4f})")
+        if self.last_val is not None and not cfg.eval_only and not stop.set:
+            log(f"done: {self.iter_num} iters in {summary['time']:.1f}s; val loss {self.last_val:.4f} "
+                f"(best {self.best_val_loss:.4f}); checkpoint {self.ckpt_path}")
+        return summary
 
 
 # a training iteration on a CPU reaches about this fraction of a plain matmul's FLOP/s
@@ -526,7 +479,7 @@ def startup_notes(cfg, model, device, tokens_per_iter, ckpt_path):
                          f"each evaluation about {fmt_seconds(per_eval)}, {fmt_seconds(cfg.max_iters * per_iter)} "
                          f"for {cfg.max_iters} iters; for a laptop-sized run use {laptop}")
     if cfg.decay_lr and 0 < cfg.max_iters <= cfg.warmup_iters:
-        reached = get_lr(cfg.max_iters - 1, cfg)
+        reached = cfg.learning_rate * lr_scale(cfg.max_iters - 1, cfg)
         notes.append(f"warmup_iters ({cfg.warmup_iters}) >= max_iters ({cfg.max_iters}): the learning rate rises "
                      f"only to {reached:.2e} of its {cfg.learning_rate:.2e}; lower warmup_iters to reach it")
     if cfg.init_from != "resume" and not cfg.eval_only and os.path.exists(ckpt_path):
@@ -547,56 +500,6 @@ def gather_rng(world):
     states = [None] * world
     dist.all_gather_object(states, state)
     return states
-
-
-def stop_agreed(stop, world, iter_num, cfg):
-    """True when a signal asked to stop; under DDP every rank must agree at the same iteration."""
-    if world == 1:
-        return stop.set
-    if iter_num % cfg.log_interval:  # an all-reduce costs a sync: agree only on log iterations
-        return False
-    flag = torch.tensor([float(stop.set)], device="cuda" if dist.get_backend() == "nccl" else "cpu")
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    stop.set = bool(flag.item())
-    return stop.set
-
-
-class JsonLog:
-    """Metrics as JSON lines in out_dir/log.jsonl, and to Weights & Biases with wandb_log.
-
-    Opened on the first write, so a run that fails before it leaves out_dir (and wandb) alone.
-    """
-
-    def __init__(self, path, cfg, active):
-        self.path, self.active, self.file = path, active, None
-        self.header = {"kind": "config", **asdict(cfg)}
-        self.wandb = None
-        if active and cfg.wandb_log:
-            try:
-                import wandb
-            except ImportError:
-                raise UserError("wandb_log=True needs wandb: pip install wandb (or drop --wandb_log)") from None
-            self.wandb, self.wandb_args = wandb, dict(project=cfg.wandb_project, name=cfg.wandb_run_name,
-                                                      config=asdict(cfg))
-
-    def write(self, **record):
-        if not self.active:
-            return
-        if self.file is None:
-            os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-            self.file = open(self.path, "a", encoding="utf-8")
-            self.file.write(json.dumps(self.header) + "\n")
-            if self.wandb is not None:
-                self.wandb.init(**self.wandb_args)
-        self.file.write(json.dumps(record) + "\n")
-        self.file.flush()
-        if self.wandb is not None:  # e.g. train/loss, eval/val_loss, at step iter
-            self.wandb.log({f"{record['kind']}/{k}": v for k, v in record.items() if k not in ("kind", "iter")},
-                           step=record["iter"])
-
-    def close(self):
-        if self.file is not None:
-            self.file.close()
 
 
 def main(argv):

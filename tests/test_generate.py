@@ -7,8 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import model as model_module
-from model import GPT, Linear, filter_logits, onednn_available, sample_next
+import generate as generate_module
+from generate import filter_logits, onednn_available, pack, sample_next, unpack
+from model import GPT
 from test_model_options import OPTIONS, perturbed
 
 
@@ -174,7 +175,7 @@ def assert_attention_is_sharp(model, idx):
 @pytest.mark.parametrize("option", OPTIONS)
 def test_cached_logits_match_full_forward(tiny_config, option, impl):
     """Prefill 5 positions, then one at a time: each step's logits equal a full forward's last row."""
-    from model import KVCache
+    from generate import KVCache
     model = sharp(replace(tiny_config, attn_impl=impl, **OPTIONS[option]))
     idx = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1))
     assert_attention_is_sharp(model, idx)
@@ -263,7 +264,7 @@ def test_generate_restores_training_mode(tiny_config):
 
 
 def test_pick_is_inverse_cdf_and_never_picks_a_zero_probability_token():
-    from model import pick
+    from generate import pick
     probs = torch.tensor([[0.1, 0.6, 0.0, 0.3]]).expand(6, 4)
     draws = torch.tensor([[0.0], [0.05], [0.1], [0.69], [0.71], [0.999]])  # cdf: 0.1, 0.7, 0.7, 1.0
     assert pick(probs, draws).tolist() == [0, 0, 1, 1, 3, 3]
@@ -289,12 +290,12 @@ def plain_linear_calls(monkeypatch):
 def test_packed_linear_computes_the_float32_product(plain_linear_calls, rows, bias):
     """The packed weights give x W^T + b (float64 reference), only in inference mode, only while W is unchanged."""
     torch.manual_seed(0)
-    lin = Linear(48, 80, bias=bias)
+    lin = torch.nn.Linear(48, 80, bias=bias)
     x = torch.randn(2, rows, 48)
     def reference():
         y = x.double() @ lin.weight.double().T
         return y + lin.bias.double() if bias else y
-    assert lin.pack(rows)
+    assert pack(lin, rows)
     with torch.inference_mode():
         y = lin(x)
     assert not plain_linear_calls and y.dtype == torch.float32 and y.shape == (2, rows, 80)
@@ -304,9 +305,11 @@ def test_packed_linear_computes_the_float32_product(plain_linear_calls, rows, bi
     with torch.inference_mode():
         torch.testing.assert_close(lin(x).double(), reference(), atol=1e-5, rtol=0)
     assert len(plain_linear_calls) == 1
-    lin.pack(rows)
+    pack(lin, rows)
     lin(x).sum().backward()  # training: autograd through the plain weights
     assert len(plain_linear_calls) == 2 and lin.weight.grad is not None
+    unpack(lin)
+    assert "forward" not in lin.__dict__  # back to nn.Linear's own forward
 
 
 @needs_onednn
@@ -316,8 +319,8 @@ def test_generation_on_packed_weights_matches_plain_weights(monkeypatch, plain_l
     idx = torch.randint(0, 64, (3, 4))
     packed = model.generate(idx, 12, temperature=0)  # 16 positions: the whole window, no shift
     assert not plain_linear_calls  # every linear layer ran on its packed weights
-    assert all(m.packed is None for m in model.modules() if isinstance(m, Linear))  # the copy is freed
-    monkeypatch.setattr(model_module, "onednn_available", lambda: False)
+    assert not any("forward" in m.__dict__ for m in model.modules())  # the copies are freed
+    monkeypatch.setattr(generate_module, "onednn_available", lambda: False)
     torch.testing.assert_close(packed, model.generate(idx, 12, temperature=0))
     torch.testing.assert_close(packed, greedy_by_hand(model, idx, 12))
 
@@ -328,7 +331,7 @@ def test_models_beyond_the_copy_limit_decode_on_their_plain_weights(monkeypatch,
     idx = torch.randint(0, 64, (2, 3))
     packed = model.generate(idx, 10, temperature=0)
     assert not plain_linear_calls
-    monkeypatch.setattr(model_module, "PACKED_COPY_LIMIT", 1000)  # bytes: less than this model's weights
+    monkeypatch.setattr(generate_module, "PACKED_COPY_LIMIT", 1000)  # bytes: less than this model's weights
     torch.testing.assert_close(model.generate(idx, 10, temperature=0), packed)
     assert len(plain_linear_calls) == 10 * 9  # 10 steps x (4 linear layers x 2 blocks + the head)
 

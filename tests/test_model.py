@@ -8,6 +8,7 @@ import torch
 
 import reference
 from model import GPT, CausalSelfAttention, GPTConfig
+from optim import configure_optimizers
 
 
 def random_model(config, seed=0):
@@ -118,7 +119,7 @@ def test_tiny_model_overfits_one_batch(tiny_config):
     model = GPT(tiny_config)
     x = torch.randint(0, 64, (4, 16))
     y = torch.randint(0, 64, (4, 16))
-    opt = model.configure_optimizers(0.0, 3e-3, (0.9, 0.99), "cpu")
+    opt = configure_optimizers(model, 0.0, 3e-3, (0.9, 0.99), "cpu")
     for _ in range(300):
         _, loss = model(x, y)
         opt.zero_grad()
@@ -170,7 +171,7 @@ def test_crop_block_size_keeps_the_first_positions(tiny_config):
 
 def test_weight_decay_only_on_matrices(tiny_config):
     model = GPT(tiny_config)
-    opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
+    opt = configure_optimizers(model, 0.1, 1e-3, (0.9, 0.95), "cpu")
     decay, no_decay = opt.param_groups
     assert all(p.dim() >= 2 for p in decay["params"]) and decay["weight_decay"] == 0.1
     assert all(p.dim() < 2 for p in no_decay["params"]) and no_decay["weight_decay"] == 0.0
@@ -185,7 +186,7 @@ def test_estimate_mfu_uses_the_given_peak(tiny_config):
 
 def test_forward_compiles_without_graph_breaks(tiny_config):
     """torch.compile(dynamic=True) as sample.py uses it: training, prefill and decode each trace as one graph."""
-    from model import KVCache
+    from generate import KVCache
     model = GPT(tiny_config).eval()
     compiled = torch.compile(model, backend="eager", dynamic=True, fullgraph=True)  # a graph break raises
     idx = torch.randint(0, tiny_config.vocab_size, (2, 8))

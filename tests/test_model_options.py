@@ -161,8 +161,9 @@ def test_option_validation_messages():
 
 
 def test_model_args_keep_nanogpt_keys_and_record_options():
-    plain = GPTConfig(n_layer=2).model_args()
+    from checkpoint import config_from_model_args, model_args
+    plain = model_args(GPTConfig(n_layer=2))
     assert set(plain) == {"n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "dropout"}
-    modern = GPTConfig(pos_emb="rope", norm="rmsnorm", n_kv_head=4, tie_weights=False).model_args()
+    modern = model_args(GPTConfig(pos_emb="rope", norm="rmsnorm", n_kv_head=4, tie_weights=False))
     assert modern["pos_emb"] == "rope" and modern["n_kv_head"] == 4 and modern["tie_weights"] is False
-    assert GPTConfig.from_model_args(modern) == GPTConfig(pos_emb="rope", norm="rmsnorm", n_kv_head=4, tie_weights=False)
+    assert config_from_model_args(modern, "ckpt", {}) == GPTConfig(pos_emb="rope", norm="rmsnorm", n_kv_head=4, tie_weights=False)

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from model import GPT
-from optim import Muon, orthogonalize
+from optim import Muon, configure_optimizers, orthogonalize
 
 
 def test_orthogonalize_pushes_singular_values_towards_one():
@@ -43,7 +43,7 @@ def test_float32_stays_close_to_bfloat16_math():
 
 def test_muon_takes_the_blocks_matrices_and_adamw_the_rest(tiny_config):
     model = GPT(tiny_config)
-    opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu", optimizer="muon", muon_lr=0.02)
+    opt = configure_optimizers(model, 0.1, 1e-3, (0.9, 0.95), "cpu", optimizer="muon", muon_lr=0.02)
     muon, adamw = opt.optimizers["muon"], opt.optimizers["adamw"]
     muon_params = {id(p) for g in muon.param_groups for p in g["params"]}
     assert muon_params == {id(p) for p in model.transformer.h.parameters() if p.dim() == 2}
@@ -59,7 +59,7 @@ def test_muon_takes_the_blocks_matrices_and_adamw_the_rest(tiny_config):
 def test_muon_trains_a_tiny_model(tiny_config):
     torch.manual_seed(0)
     model = GPT(tiny_config)
-    opt = model.configure_optimizers(0.0, 3e-3, (0.9, 0.99), "cpu", optimizer="muon", muon_lr=0.02)
+    opt = configure_optimizers(model, 0.0, 3e-3, (0.9, 0.99), "cpu", optimizer="muon", muon_lr=0.02)
     x, y = torch.randint(0, 64, (4, 16)), torch.randint(0, 64, (4, 16))
     for _ in range(100):
         _, loss = model(x, y)

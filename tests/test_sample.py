@@ -1,5 +1,5 @@
 """sample.py's text handling: stops are never printed, streamed text never splits a character."""
-from sample import Continuation
+from generate import Continuation
 from tokenizer import BPETokenizer, CharTokenizer
 
 CHARS = CharTokenizer(list("abc \nXYZ"))

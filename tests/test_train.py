@@ -9,7 +9,8 @@ import torch
 from checkpoint import load_checkpoint
 from conftest import run_script
 from configurator import parse_args
-from train import TrainConfig, get_lr, train
+from optim import lr_scale
+from train import TrainConfig, train
 
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, batch_size=4, gradient_accumulation_steps=1,
             eval_iters=2, log_interval=1, learning_rate=3e-3, warmup_iters=2, min_lr=3e-4, device="cpu",
@@ -90,14 +91,15 @@ def test_resume_rejects_a_shape_change_and_allows_other_overrides(tmp_path, char
 
 
 def test_lr_schedule_warmup_cosine_floor():
+    # learning_rate 1: the multiplier is the rate
     cfg = TrainConfig(learning_rate=1.0, min_lr=0.1, warmup_iters=10, lr_decay_iters=110)
-    assert get_lr(0, cfg) == pytest.approx(1 / 11)
-    assert get_lr(9, cfg) == pytest.approx(10 / 11)
-    assert get_lr(10, cfg) == pytest.approx(1.0)
-    assert get_lr(60, cfg) == pytest.approx(0.55)  # halfway: min + (max - min) / 2
-    assert get_lr(110, cfg) == pytest.approx(0.1) and get_lr(500, cfg) == pytest.approx(0.1)
+    assert lr_scale(0, cfg) == pytest.approx(1 / 11)
+    assert lr_scale(9, cfg) == pytest.approx(10 / 11)
+    assert lr_scale(10, cfg) == pytest.approx(1.0)
+    assert lr_scale(60, cfg) == pytest.approx(0.55)  # halfway: min + (max - min) / 2
+    assert lr_scale(110, cfg) == pytest.approx(0.1) and lr_scale(500, cfg) == pytest.approx(0.1)
     same = TrainConfig(learning_rate=1.0, min_lr=0.1, warmup_iters=10, lr_decay_iters=10)
-    assert [get_lr(i, same) for i in (9, 10, 11)] == pytest.approx([10 / 11, 0.1, 0.1])  # no division by zero
+    assert [lr_scale(i, same) for i in (9, 10, 11)] == pytest.approx([10 / 11, 0.1, 0.1])  # no division by zero
 
 
 def test_sample_prints_text_from_the_trained_checkpoint(tmp_path, char_dataset):

@@ -1,0 +1,307 @@
+"""Generation: the KV cache, sampling, and the decode loop, beside the model (model.py).
+
+The model exposes what a cached step needs, forward(idx, kv_cache=cache);
+everything else about producing text lives here: the cache and its
+context-shift rule, packed CPU weights for decoding, the sampling filters
+(temperature, top-k, top-p), stop sequences, and the serial loop that feeds
+each chosen token back in.
+"""
+import math
+from contextlib import contextmanager
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+# bytes of linear weights packed_weights copies; beyond this (gpt2-large holds 3.1 GB,
+# gpt2-xl 6.2 GB) a second copy could exhaust a laptop's memory
+PACKED_COPY_LIMIT = 2 << 30
+
+
+class KVCache:
+    """Keys and values of every layer for the positions seen so far.
+
+    Holds only the kv heads (GQA/MQA caches n_kv_head heads, not n_head).
+    `pos` is the number of positions filled; GPT.forward advances it.
+    """
+
+    def __init__(self, config, batch_size, device, dtype):
+        shape = (config.n_layer, batch_size, config.kv_heads, config.block_size, config.head_dim)
+        # uninitialized: update() writes positions before anything reads them
+        self.k = torch.empty(shape, device=device, dtype=dtype)
+        self.v = torch.empty(shape, device=device, dtype=dtype)
+        self.pos = 0
+
+    def update(self, layer, k, v):
+        """Store k, v (B, nkv, T, hs) at the next positions; return all positions so far."""
+        end = self.pos + k.size(2)
+        self.k[layer, :, :, self.pos:end] = k
+        self.v[layer, :, :, self.pos:end] = v
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]  # (B, nkv, end, hs)
+
+
+def window_start(n, start, block):
+    """First position the cache holds when predicting token n: unchanged while the window
+    fits in block, else the last half of it, recomputed once (llama.cpp's context shift)."""
+    return start if n - start <= block else n - max(1, block // 2)
+
+
+# --- packed CPU weights -------------------------------------------------------------------------------
+
+def onednn_available():
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def pack(linear, rows):
+    """Give an nn.Linear a copy of its weight laid out for oneDNN for inputs of about `rows` rows.
+
+    On CPU, PyTorch's default float32 matmul reads a weight matrix far below memory
+    bandwidth when the input has few rows, as in decoding one token per step; the
+    packed copy gives the same float32 numbers faster. It is used only in inference
+    mode, only while the weight is unchanged, never under torch.compile. False where
+    it cannot be packed (not float32 on a CPU with oneDNN).
+    """
+    weight = linear.weight
+    if weight.dtype != torch.float32 or weight.device.type != "cpu" or not onednn_available():
+        return False
+    with torch.no_grad():
+        packed, version = torch.ops.mkldnn._reorder_linear_weight(weight, rows), weight._version
+
+    def forward(x):
+        if (not torch.compiler.is_compiling() and linear.weight is weight and weight._version == version
+                and x.dtype == torch.float32 and torch.is_inference_mode_enabled()):
+            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, linear.bias, "none", [], "")
+        return F.linear(x, linear.weight, linear.bias)
+    linear.forward = forward  # an instance attribute: shadows nn.Linear.forward until unpack
+    return True
+
+
+def unpack(linear):
+    linear.__dict__.pop("forward", None)
+
+
+@contextmanager
+def packed_weights(model, rows):
+    """Within: model's linear layers run on packed copies of their weights (pack), freed at the end.
+
+    Nothing is packed beyond PACKED_COPY_LIMIT bytes of weights.
+    """
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    if sum(m.weight.numel() * m.weight.element_size() for m in linears) > PACKED_COPY_LIMIT:
+        linears = []
+    try:
+        for m in linears:
+            pack(m, rows)
+        yield
+    finally:
+        for m in linears:
+            unpack(m)
+
+
+# --- sampling -----------------------------------------------------------------------------------------
+
+def check_sampling(max_new_tokens, temperature, top_k, top_p):
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if not (temperature >= 0 and math.isfinite(temperature)):  # not: NaN fails every comparison
+        raise ValueError(f"temperature must be a finite number >= 0 (0 is greedy), got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be >= 1 (or None for no limit), got {top_k}")
+    if top_p is not None and not 0 < top_p <= 1:  # also refuses NaN
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+
+
+def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None, report=None):
+    """One token per row of logits (B, V). Temperature 0 is greedy (argmax).
+
+    Otherwise one uniform draw u per row from the generator (or the row's own,
+    given a list of B generators) picks the token whose cumulative probability
+    first passes u (inverse-CDF sampling). report, a dict, receives the
+    probabilities (B, V) and the draws (B, 1).
+    """
+    if temperature == 0:
+        token = logits.argmax(dim=-1)
+        if report is not None:
+            report.update(probs=F.one_hot(token, logits.size(-1)).float(), draws=None)
+        return token
+    logits = logits.float()
+    # subtract the maximum first: a tiny temperature then sends the others to -inf, not inf - inf = nan,
+    # and the distribution reaches its limit, the argmax (shared equally among tied maxima). Below 1e-30
+    # (where a float32 logit gap of 1e-7 already scales to -1e23) the limit is reached: stop dividing there
+    scaled = (logits - logits.max(dim=-1, keepdim=True).values) / max(temperature, 1e-30)
+    probs = F.softmax(filter_logits(scaled, top_k, top_p), dim=-1)
+    draws = uniform_draws(probs.size(0), generator, probs.device)
+    if report is not None:
+        report.update(probs=probs, draws=draws)
+    return pick(probs, draws)
+
+
+def uniform_draws(rows, generator, device):
+    """(rows, 1) uniforms in [0, 1): from one generator, or one per row from a list of generators,
+    so that each row's draws depend on its own seed alone, whatever else is in the batch."""
+    if isinstance(generator, (list, tuple)):
+        if len(generator) != rows:
+            raise ValueError(f"{len(generator)} generators for {rows} rows; give one per row")
+        return torch.cat([torch.rand(1, 1, generator=g, device=device) for g in generator])
+    return torch.rand(rows, 1, generator=generator, device=device)
+
+
+def pick(probs, draw):
+    """The token of each row whose cumulative probability first exceeds draw (B, 1) in [0, 1)."""
+    cdf = probs.cumsum(dim=-1)
+    tok = torch.searchsorted(cdf, draw * cdf[:, -1:], right=True)  # right: a zero-probability token is never picked
+    return tok.clamp(max=probs.size(-1) - 1).squeeze(-1)
+
+
+def filter_logits(logits, top_k=None, top_p=None):
+    """Set to -inf the logits outside top-k (ties at the threshold kept) and outside the nucleus."""
+    if top_k is not None and top_k < logits.size(-1):
+        kth = torch.topk(logits, top_k, dim=-1).values[:, [-1]]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = F.softmax(sorted_logits, dim=-1)
+        before = probs.cumsum(dim=-1) - probs  # mass of the tokens ranked above each one
+        drop_sorted = before >= top_p  # the smallest set reaching top_p; the first is always kept
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+# --- stops --------------------------------------------------------------------------------------------
+
+def stop_length(seq, stops):
+    """Length of the stop that seq ends with (a list of ids or a string), or 0."""
+    return next((len(s) for s in stops if len(seq) >= len(s) and seq[len(seq) - len(s):] == s), 0)
+
+
+def longest_partial(seq, stops):
+    """Length of the longest end of seq that begins some stop (and is shorter than it)."""
+    return max((k for s in stops for k in range(1, len(s)) if len(seq) >= k and seq[len(seq) - k:] == s[:k]),
+               default=0)
+
+
+class Continuation:
+    """One sample's text as its tokens arrive.
+
+    Ends at the first stop (token-id sequences or text), which is not part of
+    the output, and never hands out text that a stop could still remove.
+    tokenizer None: ids only (no text).
+    """
+
+    def __init__(self, tokenizer=None, stop_texts=(), stop_ids=()):
+        self.decoder = tokenizer.decoder() if tokenizer is not None else None
+        self.stop_texts, self.stop_ids = list(stop_texts), [list(s) for s in stop_ids if len(s)]
+        self.ids, self.fed, self.text, self.shown, self.done = [], 0, "", 0, False
+
+    def add(self, token):
+        """Take the next token; return the text that is now safe to show."""
+        if self.done:
+            return ""
+        self.ids.append(token)
+        cut = stop_length(self.ids, self.stop_ids)
+        if cut:
+            del self.ids[-cut:]
+            self.done = True
+        if self.decoder is None:
+            return ""
+        held = 0 if self.done else longest_partial(self.ids, self.stop_ids)
+        while self.fed < len(self.ids) - held:
+            self.text += self.decoder.feed(self.ids[self.fed])
+            self.fed += 1
+        hits = [i for i in (self.text.find(s) for s in self.stop_texts) if i >= 0]
+        if hits:
+            self.text, self.done = self.text[:min(hits)], True
+        held_chars = 0 if self.done else longest_partial(self.text, self.stop_texts)
+        new = self.text[self.shown:len(self.text) - held_chars]
+        self.shown += len(new)
+        return new
+
+    def finish(self):
+        """The rest of the text once generation is over."""
+        if self.decoder is None:
+            return ""
+        if not self.done:
+            for token in self.ids[self.fed:]:
+                self.text += self.decoder.feed(token)
+            self.text += self.decoder.flush()
+            self.fed = len(self.ids)
+        new = self.text[self.shown:]
+        self.shown = len(self.text)
+        return new
+
+
+# --- the decode loop ----------------------------------------------------------------------------------
+
+@torch.inference_mode()  # entered per step, not while the caller holds a token
+def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, generator=None, use_cache=True,
+           on_step=None):
+    """Yield the next token of every sample, (B,), one step at a time. Serial by nature.
+
+    With the cache: one prefill of the prompt, then one position per step.
+    When the context would pass block_size, the cached path keeps the last
+    half of the window, recomputes it once and continues, as llama.cpp's
+    context shift does (the uncached path slides the window by one each
+    step, so the two differ beyond block_size). On CPU the linear layers
+    run on packed float32 weights (packed_weights), a second copy of them
+    held while the generator runs, up to PACKED_COPY_LIMIT bytes.
+    on_step(report): called each step with the step's logits, probs, draws and tokens.
+    The yielded tensors are inference tensors: call .tolist() or .clone().
+    """
+    check_sampling(max_new_tokens, temperature, top_k, top_p)
+    block = model.config.block_size
+    B, T = idx.shape
+    was_training = model.training
+    model.eval()
+    try:
+        with packed_weights(model, B):  # decoding feeds B rows per step
+            # the last `block` tokens are all any forward reads: nothing grows with max_new_tokens
+            window = torch.empty(B, block, dtype=idx.dtype, device=idx.device)  # tokens n - block .. n - 1
+            held = min(T, block)
+            window[:, block - held:] = idx[:, T - held:]
+            cache, start = None, max(0, T - block)  # the cache holds tokens start .. n - 2
+            for n in range(T, T + max_new_tokens):
+                if not use_cache:
+                    logits, _ = model(window[:, block - min(n, block):], last_only=True)
+                elif cache is None or n - start > block:  # prefill, or shift a full window
+                    if cache is None:
+                        cache = KVCache(model.config, B, idx.device, model.lm_head.weight.dtype)
+                    else:  # keep half: the fewer recomputations, the faster
+                        start, cache.pos = window_start(n, start, block), 0
+                    logits, _ = model(window[:, block - (n - start):], kv_cache=cache, last_only=True)
+                else:
+                    logits, _ = model(window[:, -1:], kv_cache=cache)
+                report = {} if on_step is not None else None
+                tok = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator, report)  # (B,)
+                if on_step is not None:
+                    on_step({"logits": logits[:, -1, :], "temperature": temperature, "tokens": tok, **report})
+                window = torch.roll(window, -1, dims=1)
+                window[:, -1] = tok
+                yield tok
+    finally:
+        model.train(was_training)
+
+
+@torch.no_grad()
+def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, stop=None, generator=None,
+             use_cache=True, on_step=None):
+    """Continue idx (B, T) by max_new_tokens; returns (B, T + n).
+
+    stop: token-id sequences; a sample ends at its first match, which is
+    not included, and its row is padded with -1 after its end. n is the
+    number of steps taken: it is smaller than max_new_tokens when every
+    sample stopped early.
+    """
+    args = (model, idx, max_new_tokens, temperature, top_k, top_p, generator, use_cache, on_step)
+    stops = [list(s) for s in (stop or []) if len(s)]
+    if not stops:  # no host sync per step: the tokens stay on the device until the end
+        return torch.cat([idx] + [t[:, None] for t in stream(*args)], dim=1)
+    rows = [Continuation(stop_ids=stops) for _ in range(idx.size(0))]
+    for tok in stream(*args):
+        for row, t in zip(rows, tok.tolist()):
+            row.add(t)
+        if all(row.done for row in rows):
+            break
+    n = max(len(row.ids) for row in rows)
+    new = torch.tensor([row.ids + [-1] * (n - len(row.ids)) for row in rows], dtype=idx.dtype, device=idx.device)
+    return torch.cat((idx, new.view(idx.size(0), n)), dim=1)

@@ -1,0 +1,93 @@
+"""Hugging Face's GPT-2 in one place: read its weights into a GPT, write a GPT as its directory.
+
+Both directions use one table: the parameter names are the same on both sides
+(transformer.h.N.attn.c_attn.weight, ...), four matrices are Conv1D there and
+so stored transposed, and the activations have other names. Needs the optional
+transformers package.
+"""
+import torch
+
+from model import GPT, GPTConfig
+
+# ours (nn.Linear, (out, in)) <-> Hugging Face's Conv1D ((in, out)): the same matrix, transposed
+CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+# our activation -> Hugging Face's activation_function; reading, gelu_pytorch_tanh is gelu_tanh too
+ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}
+FROM_HF_ACTIVATIONS = {**{theirs: ours for ours, theirs in ACTIVATIONS.items()}, "gelu_pytorch_tanh": "gelu_tanh"}
+GPT2_EOT = 50256  # <|endoftext|> in GPT-2's BPE
+
+
+def as_theirs(name, tensor):
+    """A tensor of ours as Hugging Face stores it (and back: a transpose is its own inverse)."""
+    return tensor.t() if name.endswith(CONV1D) else tensor
+
+
+def transformers_module():
+    try:
+        import transformers
+    except ImportError:
+        raise ImportError("GPT-2 weights and export need transformers: pip install transformers") from None
+    return transformers
+
+
+def from_hf(name_or_path, **runtime):
+    """A GPT holding the weights of gpt2, gpt2-medium, gpt2-large, gpt2-xl or a local Hugging Face GPT-2
+    directory (safetensors only: a pickle can run code). runtime may set dropout and attn_impl."""
+    hf = transformers_module().GPT2LMHeadModel.from_pretrained(name_or_path, use_safetensors=True)
+    c = hf.config
+    if c.activation_function not in FROM_HF_ACTIVATIONS:
+        raise ValueError(f"{name_or_path}: activation {c.activation_function!r} is not supported")
+    config = GPTConfig(block_size=c.n_positions, vocab_size=c.vocab_size, n_layer=c.n_layer, n_head=c.n_head,
+                       n_embd=c.n_embd, bias=True, norm_eps=c.layer_norm_epsilon,
+                       activation=FROM_HF_ACTIVATIONS[c.activation_function], mlp_hidden=c.n_inner,
+                       tie_weights=c.tie_word_embeddings, **runtime)
+    model = GPT(config)
+    theirs = hf.state_dict()
+    with torch.no_grad():
+        for name, p in model.state_dict().items():
+            w = as_theirs(name, theirs[name])
+            if w.shape != p.shape:
+                raise ValueError(f"{name_or_path}: {name} has shape {tuple(w.shape)}, expected {tuple(p.shape)}")
+            p.copy_(w)
+    return model
+
+
+def incompatibilities(config):
+    """Why a model cannot be a Hugging Face GPT2LMHeadModel (empty when it can)."""
+    reasons = []
+    if config.pos_emb != "learned":
+        reasons.append(f"pos_emb={config.pos_emb}")
+    if config.norm != "layernorm":
+        reasons.append(f"norm={config.norm}")
+    if config.activation not in ACTIVATIONS:
+        reasons.append(f"activation={config.activation}")
+    if config.kv_heads != config.n_head:
+        reasons.append(f"n_kv_head={config.n_kv_head}")
+    return reasons
+
+
+def to_hf(model, eot_token=None):
+    """A transformers GPT2LMHeadModel holding model's weights.
+
+    eot_token: the tokenizer's end-of-text id, written as bos/eos_token_id (None
+    for vocabularies without one, such as characters).
+    """
+    transformers = transformers_module()
+    c = model.config
+    hf_config = transformers.GPT2Config(
+        vocab_size=c.vocab_size, n_positions=c.block_size, n_embd=c.n_embd, n_layer=c.n_layer, n_head=c.n_head,
+        n_inner=c.hidden, activation_function=ACTIVATIONS[c.activation], layer_norm_epsilon=c.norm_eps,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=c.tie_weights,
+        bos_token_id=eot_token, eos_token_id=eot_token)
+    hf = transformers.GPT2LMHeadModel(hf_config).eval()
+    ours = model.state_dict()
+    buffers = {name for name, _ in hf.named_buffers()}  # causal-mask buffers of older transformers versions
+    with torch.no_grad():
+        for name, p in hf.state_dict().items():
+            if name in buffers:
+                continue
+            if name not in ours:
+                p.zero_()  # a bias-free model: zero biases compute the same
+                continue
+            p.copy_(as_theirs(name, ours[name]))
+    return hf

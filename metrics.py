@@ -1,0 +1,82 @@
+"""A run's metrics: the console line, out_dir/log.jsonl and Weights & Biases, and the training clock."""
+import json
+import os
+import time
+from dataclasses import asdict
+
+from tqdm import tqdm
+
+from configurator import UserError
+
+
+class Clock:
+    """Training time: wall time since the process started, less the time spent evaluating and saving."""
+
+    def __init__(self, t_start):
+        self.t_start, self.excluded, self.paused_at = t_start, 0.0, None
+        self.lap_time, self.lap_iter = self.train_time(), None
+
+    def pause(self):
+        self.paused_at = time.time()
+
+    def resume(self):
+        self.excluded += time.time() - self.paused_at
+        self.paused_at = None
+
+    def wall(self):
+        return time.time() - self.t_start
+
+    def train_time(self):
+        return (self.paused_at or time.time()) - self.t_start - self.excluded
+
+    def lap(self, iter_num):
+        """Seconds of training per iter since the previous lap (None on the first)."""
+        now, last_time, last_iter = self.train_time(), self.lap_time, self.lap_iter
+        self.lap_time, self.lap_iter = now, iter_num
+        if last_iter is None or iter_num == last_iter:
+            return None
+        return (now - last_time) / (iter_num - last_iter)
+
+
+class Metrics:
+    """Each event as a console line (through tqdm, above the progress bar) and a JSON record in
+    out_dir/log.jsonl, and on Weights & Biases with wandb_log. Only the writing process (rank 0,
+    not eval_only) records; the log is opened on the first record, so a run that fails before
+    leaves out_dir (and wandb) alone."""
+
+    def __init__(self, path, cfg, console, record):
+        self.path, self.console, self.active, self.file = path, console, record, None
+        self.header = {"kind": "config", **asdict(cfg)}
+        self.wandb = None
+        if record and cfg.wandb_log:
+            try:
+                import wandb
+            except ImportError:
+                raise UserError("wandb_log=True needs wandb: pip install wandb (or drop --wandb_log)") from None
+            self.wandb, self.wandb_args = wandb, dict(project=cfg.wandb_project, name=cfg.wandb_run_name,
+                                                      config=asdict(cfg))
+
+    def say(self, line):
+        if self.console:
+            tqdm.write(line)
+
+    def write(self, line, **record):
+        """Say line, and record the event (kind, iter and the numbers)."""
+        self.say(line)
+        if not self.active:
+            return
+        if self.file is None:
+            os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+            self.file = open(self.path, "a", encoding="utf-8")
+            self.file.write(json.dumps(self.header) + "\n")
+            if self.wandb is not None:
+                self.wandb.init(**self.wandb_args)
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+        if self.wandb is not None:  # e.g. train/loss, eval/val_loss, at step iter
+            self.wandb.log({f"{record['kind']}/{k}": v for k, v in record.items() if k not in ("kind", "iter")},
+                           step=record["iter"])
+
+    def close(self):
+        if self.file is not None:
+            self.file.close()
