@@ -4,11 +4,13 @@ A batch is x = data[i:i+T] and y = data[i+1:i+1+T] for random starts i that
 depend only on (seed, key): a resumed run and every DDP rank draw exactly the
 windows an uninterrupted single-process run would.
 """
+import math
 import os
 
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from configurator import UserError
 
@@ -84,11 +86,14 @@ class Batches:
 
 
 @torch.no_grad()
-def estimate_loss(model, batches, cfg, ctx, rank=0, world=1):
+def estimate_loss(model, batches, cfg, ctx, rank=0, world=1, token_bytes=None):
     """Mean loss of each split over the same batches every time, shared across ranks.
 
     eval_iters random batches per split; with eval_windows, val uses that many
     fixed windows spread evenly over the split instead (a low-noise measure).
+    token_bytes (V,): the UTF-8 bytes of each token; then also val_bpb, bits per
+    byte of val text: the summed loss of the val targets in bits over their bytes,
+    which compares across tokenizers (for one byte per token it is loss / ln 2).
     """
     out = {}
     model.eval()
@@ -97,16 +102,23 @@ def estimate_loss(model, batches, cfg, ctx, rank=0, world=1):
             parts = batches.windows(split, cfg.eval_windows)
         else:
             parts = (batches.get(split, (EVAL[split], k)) for k in range(cfg.eval_iters))
-        total = torch.zeros(2, dtype=torch.float64, device=batches.device)  # (sum of losses x windows, windows)
+        # sum of batch losses x windows, windows; then the summed token loss in nats and the bytes it covers
+        total = torch.zeros(4, dtype=torch.float64, device=batches.device)
         for k, (x, y) in enumerate(parts):
             if k % world != rank:
                 continue
             with ctx:
-                _, loss = model(x, y)
-            total += torch.stack((loss.double() * x.size(0), torch.tensor(float(x.size(0)), device=loss.device,
-                                                                          dtype=torch.float64)))
+                logits, loss = model(x, y)
+            total[0] += loss.double() * x.size(0)
+            total[1] += x.size(0)
+            if split == "val" and token_bytes is not None:
+                total[2] += F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1), reduction="sum")
+                total[3] += token_bytes[y].sum()
         if world > 1:
             dist.all_reduce(total)
-        out[split] = (total[0] / total[1]).item()  # sync point: once per split per eval
+        total = total.tolist()  # sync point: once per split per eval
+        out[split] = total[0] / total[1]
+        if split == "val" and token_bytes is not None:
+            out["val_bpb"] = total[2] / (math.log(2) * total[3]) if total[3] else None
     model.train()
     return out

@@ -113,7 +113,8 @@ def load_checkpoint(path, map_location="cpu"):
 
 # the types of a checkpoint's fields (nanoGPT writes best_val_loss as a 0-d tensor)
 FIELD_TYPES = {"model": (dict,), "model_args": (dict,), "optimizer": (dict,), "config": (dict,), "scaler": (dict,),
-               "iter_num": (int, torch.Tensor), "best_val_loss": (int, float, torch.Tensor), "rng": (list,)}
+               "iter_num": (int, torch.Tensor), "best_val_loss": (int, float, torch.Tensor), "rng": (list,),
+               "tokenizer": (dict,)}
 
 
 def clean_state_dict(state_dict):

@@ -27,10 +27,15 @@ class ExportConfig:
 
 def end_of_text(ckpt, vocab_size):
     """The end-of-text id of the checkpoint's tokenizer, or None where it has none (characters)."""
-    dataset = (ckpt.get("config") or {}).get("dataset")
-    meta = read_meta(dataset_dir(dataset)) if dataset else None
+    meta = ckpt.get("tokenizer")
+    if meta is None:
+        dataset = (ckpt.get("config") or {}).get("dataset")
+        meta = read_meta(dataset_dir(dataset)) if dataset else None
     if tokenizer_kind(meta) == "gpt2" and vocab_size > GPT2_EOT:
         return GPT2_EOT
+    if tokenizer_kind(meta) == "bpe":
+        eot = (meta.get("special_tokens") or {}).get("<|endoftext|>")
+        return eot if isinstance(eot, int) and 0 <= eot < vocab_size else None
     return None
 
 

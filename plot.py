@@ -1,6 +1,7 @@
-"""Overlay val loss against training time and against iterations, from runs' log.jsonl files.
+"""Overlay val loss (or bits per byte) against training time and against iterations, from runs' log.jsonl files.
 
-    python plot.py out-shakespeare-char out-shakespeare-char-speedrun --png docs/speedrun.png
+    python plot.py out-shakespeare-char-cpu out-shakespeare-char-speedrun --png docs/speedrun.png
+    python plot.py out-tangshi-char out-tangshi-bpe --bpb --png tangshi.png
 
 Training time is wall time from process start with evaluation excluded, as
 train.py logs it. Needs matplotlib (pip install matplotlib).
@@ -12,8 +13,8 @@ import os
 from configurator import UserError, run_main
 
 
-def read_evals(out_dir):
-    """[(iter, train_time, val_loss)] of a run's log; the last run when the log holds several."""
+def read_evals(out_dir, metric="val_loss"):
+    """[(iter, train_time, metric)] of a run's log; the last run when the log holds several."""
     path = os.path.join(out_dir, "log.jsonl")
     if not os.path.exists(path):
         raise UserError(f"{path} not found; train.py writes it into out_dir")
@@ -23,10 +24,10 @@ def read_evals(out_dir):
             record = json.loads(line)
             if record["kind"] == "config":
                 runs.append([])
-            elif record["kind"] == "eval" and runs:
-                runs[-1].append((record["iter"], record["train_time"], record["val_loss"]))
+            elif record["kind"] == "eval" and runs and record.get(metric) is not None:
+                runs[-1].append((record["iter"], record["train_time"], record[metric]))
     if not runs or not runs[-1]:
-        raise UserError(f"{path} has no evaluations")
+        raise UserError(f"{path} has no evaluations" + (f" with {metric}" if metric != "val_loss" else ""))
     return runs[-1]
 
 
@@ -38,7 +39,7 @@ def loss_limits(runs):
     return lo - margin, hi + margin
 
 
-def draw(runs, target=None):
+def draw(runs, target=None, label="val loss"):
     """The figure: val loss against training time and against iterations, one line per run."""
     import matplotlib
     matplotlib.use("Agg")
@@ -53,7 +54,7 @@ def draw(runs, target=None):
         ax.grid(alpha=0.3)
         if target is not None:
             ax.axhline(target, color="gray", linestyle="--", linewidth=1)
-    by_time.set_ylabel("val loss")
+    by_time.set_ylabel(label)
     by_time.set_ylim(*loss_limits(runs))
     by_iter.legend()
     fig.tight_layout()
@@ -65,13 +66,16 @@ def main(argv):
     parser.add_argument("out_dirs", nargs="+")
     parser.add_argument("--png", required=True, help="where to write the figure")
     parser.add_argument("--target", type=float, default=None, help="draw a horizontal line at this loss")
+    parser.add_argument("--bpb", action="store_true",
+                        help="plot val bits per byte, which compares across tokenizers, instead of val loss")
     args = parser.parse_args(argv)
-    runs = {d: read_evals(d) for d in args.out_dirs}
+    metric = "val_bpb" if args.bpb else "val_loss"
+    runs = {d: read_evals(d, metric) for d in args.out_dirs}
     try:
         import matplotlib  # noqa: F401
     except ImportError:
         raise UserError("plot.py needs matplotlib: pip install matplotlib") from None
-    draw(runs, args.target).savefig(args.png, dpi=110)
+    draw(runs, args.target, "val bits per byte" if args.bpb else "val loss").savefig(args.png, dpi=110)
     print(f"wrote {args.png}")
 
 

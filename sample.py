@@ -19,7 +19,7 @@ from configurator import UserError, parse_args, report_overrides, run_main
 from device import autocast, resolve_device, resolve_dtype
 from memory import check_fits, kv_cache_bytes
 from generate import Continuation, check_sampling
-from tokenizer import BPETokenizer, read_meta, tokenizer_from_meta
+from tokenizer import BPETokenizer, check_meta, read_meta, tokenizer_from_meta
 
 SEPARATOR = "---------------"
 
@@ -93,7 +93,10 @@ def load(cfg, device):
         ckpt = load_checkpoint(source, map_location=device)
         model = model_from_checkpoint(ckpt, source, dropout=0.0)
         dataset = (ckpt.get("config") or {}).get("dataset")
-        meta = read_meta(dataset_dir(dataset)) if dataset else None
+        if ckpt.get("tokenizer") is not None:  # the tokenizer travels with the checkpoint
+            meta = check_meta(ckpt["tokenizer"], f"{source}: its tokenizer")
+        else:  # an older or nanoGPT checkpoint: the dataset's
+            meta = read_meta(dataset_dir(dataset)) if dataset else None
         if meta is None and model.config.vocab_size < 50257:  # not a GPT-2 vocabulary: its own tokenizer is needed
             raise UserError(f"{source} was trained on dataset {dataset!r}, whose meta.json (or meta.pkl) is not "
                             f"found at {dataset_dir(dataset)}; re-run that dataset's prepare.py to decode its tokens")

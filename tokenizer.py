@@ -1,9 +1,14 @@
-"""Tokenizers (characters, GPT-2 BPE) and the dataset metadata that names them.
+"""Tokenizers (characters, GPT-2 BPE, a BPE trained on your text) and the dataset metadata that names them.
 
-A dataset directory holds meta.json ({"tokenizer": "char", "chars": [...]} or
-{"tokenizer": "gpt2"}, plus "vocab_size" and "dtype"). nanoGPT's meta.pkl is
-read too, with an unpickler that builds only plain data and runs no code.
+A dataset directory holds meta.json ({"tokenizer": "char", "chars": [...]},
+{"tokenizer": "gpt2"} or {"tokenizer": "bpe", "pattern": ..., "ranks": FILE,
+"special_tokens": {...}}, plus "vocab_size" and "dtype"). A trained BPE's
+merges are in FILE beside it (tiktoken's format: base64 bytes and rank per
+line); read_meta inlines them, so the metadata dict alone rebuilds any
+tokenizer and travels inside checkpoints. nanoGPT's meta.pkl is read too, with
+an unpickler that builds only plain data and runs no code.
 """
+import base64
 import codecs
 import io
 import json
@@ -39,21 +44,15 @@ class CharTokenizer:
         return StreamDecoder(lambda i: self.chars[i].encode("utf-8"))
 
 
-class BPETokenizer:
-    kind = "gpt2"
+class TiktokenTokenizer:
+    """Byte-level BPE through tiktoken: any UTF-8 text round-trips, seen in training or not."""
 
-    def __init__(self):
-        try:
-            import tiktoken
-            self.enc = tiktoken.get_encoding(BPE_ENCODING)
-        except Exception as e:  # tiktoken downloads the ranks on first use
-            raise UserError(f"cannot load the GPT-2 BPE ({type(e).__name__}: {e}); offline, set "
-                            f"TIKTOKEN_CACHE_DIR to a directory holding tiktoken's {BPE_ENCODING} file") from None
-        self.vocab_size = self.enc.n_vocab
-        self.eot = self.enc.eot_token
+    def __init__(self, enc):
+        self.enc, self.vocab_size = enc, enc.n_vocab
+        self.eot = enc._special_tokens.get("<|endoftext|>")
 
     def encode(self, text):
-        return self.enc.encode(text, allowed_special={"<|endoftext|>"})
+        return self.enc.encode(text, allowed_special={"<|endoftext|>"} if self.eot is not None else set())
 
     def encode_ordinary(self, text):
         return self.enc.encode_ordinary(text)
@@ -62,7 +61,75 @@ class BPETokenizer:
         return self.enc.decode(ids)
 
     def decoder(self):
-        return StreamDecoder(self.enc.decode_single_token_bytes)
+        return StreamDecoder(self.token_bytes)
+
+    def token_bytes(self, token):
+        try:
+            return self.enc.decode_single_token_bytes(token)
+        except KeyError:  # an id of the model's padded vocabulary that no text has
+            return b""
+
+
+class BPETokenizer(TiktokenTokenizer):
+    """GPT-2's BPE (50,257 tokens)."""
+    kind = "gpt2"
+
+    def __init__(self):
+        try:
+            import tiktoken
+            enc = tiktoken.get_encoding(BPE_ENCODING)
+        except Exception as e:  # tiktoken downloads the ranks on first use
+            raise UserError(f"cannot load the GPT-2 BPE ({type(e).__name__}: {e}); offline, set "
+                            f"TIKTOKEN_CACHE_DIR to a directory holding tiktoken's {BPE_ENCODING} file") from None
+        super().__init__(enc)
+
+
+class TrainedBPE(TiktokenTokenizer):
+    """A byte-level BPE trained on a dataset's own text (data/prepare.py --tokenizer bpe)."""
+    kind = "bpe"
+
+    def __init__(self, pattern, ranks, special_tokens, name="bpe"):
+        import tiktoken
+        try:
+            enc = tiktoken.Encoding(name=name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=special_tokens)
+        except ValueError as e:
+            raise UserError(f"the trained BPE's pattern or ranks are damaged ({e}); re-run the dataset's "
+                            f"prepare.py") from None
+        super().__init__(enc)
+
+    def meta(self, ranks_file):
+        """meta.json's fields for this tokenizer, its merges written to ranks_file (a name in the dataset)."""
+        return {"tokenizer": "bpe", "pattern": self.enc._pat_str, "ranks": ranks_file,
+                "special_tokens": dict(self.enc._special_tokens)}
+
+
+def ranks_text(ranks):
+    """tiktoken's file format: each token's bytes in base64, a space, its rank; one per line."""
+    return "".join(f"{base64.b64encode(token).decode()} {rank}\n" for token, rank in sorted(ranks.items(),
+                                                                                          key=lambda kv: kv[1]))
+
+
+def parse_ranks(text, path):
+    ranks = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        try:
+            token, rank = line.split()
+            ranks[base64.b64decode(token, validate=True)] = int(rank)
+        except ValueError:
+            raise UserError(f"{path}:{number}: not a 'base64 rank' line; re-run the dataset's prepare.py") from None
+    return ranks
+
+
+def token_byte_lengths(tokenizer, vocab_size):
+    """UTF-8 bytes of each token id below vocab_size (0 for special tokens and padding): the
+    denominator of bits per byte."""
+    if isinstance(tokenizer, CharTokenizer):
+        lengths = [len(c.encode("utf-8")) for c in tokenizer.chars]
+    else:
+        lengths = [len(tokenizer.token_bytes(i)) for i in range(tokenizer.vocab_size)]
+        for i in tokenizer.enc._special_tokens.values():
+            lengths[i] = 0
+    return (lengths + [0] * vocab_size)[:vocab_size]
 
 
 class StreamDecoder:
@@ -80,19 +147,23 @@ class StreamDecoder:
 
 
 def tokenizer_kind(meta):
-    """"char" or "gpt2": meta.json names it; nanoGPT's meta.pkl is char-level (itos); no metadata is GPT-2."""
+    """"char", "gpt2" or "bpe": meta.json names it; nanoGPT's meta.pkl is char-level (itos); no metadata is GPT-2."""
     if meta is None:
         return "gpt2"
     return meta.get("tokenizer") or ("char" if "chars" in meta or "itos" in meta else "gpt2")
 
 
 def tokenizer_from_meta(meta):
-    """The tokenizer a dataset's metadata describes; GPT-2 BPE when there is none."""
+    """The tokenizer a dataset's metadata describes (as read_meta returns it); GPT-2 BPE when there is none."""
     kind = tokenizer_kind(meta)
     if kind == "gpt2":
         return BPETokenizer()
+    if kind == "bpe":
+        if not isinstance(meta.get("ranks_text"), str):
+            raise UserError(f"the trained BPE's ranks ({meta['ranks']}) are missing; re-run the dataset's prepare.py")
+        return TrainedBPE(meta["pattern"], parse_ranks(meta["ranks_text"], meta["ranks"]), meta["special_tokens"])
     if kind != "char":
-        raise UserError(f"unknown tokenizer {kind!r} in the dataset's metadata; expected 'char' or 'gpt2'")
+        raise UserError(f"unknown tokenizer {kind!r} in the dataset's metadata; expected 'char', 'gpt2' or 'bpe'")
     chars = meta.get("chars") or [meta["itos"][i] for i in range(len(meta["itos"]))]
     return CharTokenizer(chars)
 
@@ -103,9 +174,18 @@ def read_meta(dataset_dir):
     if os.path.exists(path):
         try:
             with open(path, encoding="utf-8") as f:
-                return check_meta(json.load(f), path)
+                meta = check_meta(json.load(f), path)
         except (OSError, ValueError) as e:
             raise UserError(f"{path} is not valid JSON ({e}); re-run the dataset's prepare.py") from None
+        if meta.get("tokenizer") == "bpe":  # the merges travel with the metadata
+            ranks = os.path.join(dataset_dir, meta["ranks"])
+            try:
+                with open(ranks, encoding="ascii") as f:
+                    meta["ranks_text"] = f.read()
+            except (OSError, ValueError) as e:
+                raise UserError(f"{ranks}, the dataset's tokenizer, cannot be read ({e}); re-run the dataset's "
+                                f"prepare.py") from None
+        return meta
     path = os.path.join(dataset_dir, "meta.pkl")
     if os.path.exists(path):
         with open(path, "rb") as f:
@@ -120,8 +200,14 @@ def check_meta(meta, path):
     if not isinstance(meta, dict):
         raise bad(f"holds a {type(meta).__name__}, expected an object")
     kind = meta.get("tokenizer")
-    if kind is not None and kind not in ("char", "gpt2"):
-        raise bad(f"unknown tokenizer {kind!r}; expected 'char' or 'gpt2'")
+    if kind is not None and kind not in ("char", "gpt2", "bpe"):
+        raise bad(f"unknown tokenizer {kind!r}; expected 'char', 'gpt2' or 'bpe'")
+    if kind == "bpe" and not (isinstance(meta.get("pattern"), str) and isinstance(meta.get("ranks"), str)
+                              and os.path.basename(meta["ranks"]) == meta["ranks"]
+                              and isinstance(meta.get("special_tokens"), dict)
+                              and all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
+                                      for k, v in meta["special_tokens"].items())):
+        raise bad("a bpe tokenizer needs its pattern, its ranks file (a name in the dataset) and special_tokens")
     vocab = meta.get("vocab_size")
     if vocab is not None and (not isinstance(vocab, int) or isinstance(vocab, bool) or vocab < 1):
         raise bad(f"vocab_size is {vocab!r}, expected a whole number >= 1")

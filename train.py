@@ -36,7 +36,7 @@ from metrics import Clock, Metrics
 from model import GPT, GPTConfig
 from optim import configure_optimizers, lr_scale
 from stopping import Interrupted, StopFlag
-from tokenizer import read_meta, tokenizer_kind
+from tokenizer import read_meta, token_byte_lengths, tokenizer_from_meta, tokenizer_kind
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 # the model's fields that fix what its weights mean: a resumed run keeps the checkpoint's
@@ -247,7 +247,7 @@ class Run:
         self.device = device = resolve_device(cfg.device, local_rank)
         dtype = resolve_dtype(cfg.dtype, device)
         data_dir = dataset_dir(cfg.dataset)
-        meta = read_meta(data_dir)
+        self.tokenizer_meta = meta = read_meta(data_dir)  # saved in each checkpoint: sampling needs no dataset
         self.batches = Batches(data_dir, cfg.block_size, cfg.batch_size, device, cfg.seed, meta)
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
         self.raw_model, cfg = self.build_model(cfg, ckpt, meta, data_dir)
@@ -255,6 +255,7 @@ class Run:
         self.batches.vocab_size = self.raw_model.config.vocab_size  # a token id beyond it is an error
         torch.manual_seed(cfg.seed + rank)  # distinct dropout masks per rank
         self.raw_model.to(device)
+        self.token_bytes = bytes_per_token(meta, self.raw_model.config.vocab_size, device, log)
         self.optimizer = configure_optimizers(self.raw_model, cfg.weight_decay, cfg.learning_rate,
                                               (cfg.beta1, cfg.beta2), device.type, cfg.optimizer, cfg.muon_lr,
                                               cfg.muon_momentum, cfg.muon_weight_decay)
@@ -346,10 +347,11 @@ class Run:
         cfg, it = self.cfg, self.iter_num
         wall, train_time = self.clock.wall(), self.clock.train_time()
         self.clock.pause()  # evaluating and saving is not training time
-        losses = estimate_loss(self.model, self.batches, cfg, self.ctx, self.rank, self.world)
-        self.last_val = losses["val"]
-        self.metrics.write(f"iter {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}", kind="eval",
-                           iter=it, train_loss=losses["train"], val_loss=losses["val"], time=wall,
+        losses = estimate_loss(self.model, self.batches, cfg, self.ctx, self.rank, self.world, self.token_bytes)
+        self.last_val, bpb = losses["val"], losses.get("val_bpb")
+        self.metrics.write(f"iter {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
+                           + (f", val bpb {bpb:.4f}" if bpb is not None else ""), kind="eval", iter=it,
+                           train_loss=losses["train"], val_loss=losses["val"], val_bpb=bpb, time=wall,
                            train_time=train_time)
         if cfg.target_loss is not None and losses["val"] <= cfg.target_loss and self.reached is None:
             self.reached = (it, train_time)
@@ -428,7 +430,7 @@ class Run:
         state = {"model": self.raw_model.state_dict(), "optimizer": self.optimizer.state_dict(),
                  "model_args": model_args(self.raw_model.config), "iter_num": self.iter_num,
                  "best_val_loss": self.best_val_loss, "config": asdict(self.cfg), "scaler": self.scaler.state_dict(),
-                 "rng": rng or gather_rng(self.world)}
+                 "rng": rng or gather_rng(self.world), "tokenizer": self.tokenizer_meta}
         if self.master:
             with self.stop.finishing():
                 save_checkpoint(state, os.path.join(self.cfg.out_dir, name))
@@ -490,6 +492,16 @@ def startup_notes(cfg, model, device, tokens_per_iter, ckpt_path):
 
 def fmt_seconds(s):
     return f"{s:.1f} s" if s < 90 else f"{s / 60:.0f} min" if s < 5400 else f"{s / 3600:.1f} h"
+
+
+def bytes_per_token(meta, vocab_size, device, log):
+    """(vocab_size,) UTF-8 bytes of each token, for val_bpb; None (with a note) where the tokenizer cannot be had."""
+    try:
+        lengths = token_byte_lengths(tokenizer_from_meta(meta), vocab_size)
+    except UserError as e:
+        log(f"note: no val_bpb: {e}")
+        return None
+    return torch.tensor(lengths, dtype=torch.float64, device=device)
 
 
 def gather_rng(world):

@@ -1,11 +1,11 @@
 """Tokenize your own text into a dataset train.py can read.
 
-    python data/prepare.py --input FILE_OR_DIR --tokenizer char|gpt2 --out data/NAME [--val_fraction 0.1]
+    python data/prepare.py --input FILE_OR_DIR --tokenizer char|gpt2|bpe [--vocab_size 4096] --out data/NAME
 
 Writes train.bin / val.bin (uint16 tokens, uint32 if the vocabulary needs it)
 and meta.json (plus nanoGPT's meta.pkl for char vocabularies). The first
 1 - val_fraction of the characters are train, the rest val, as nanoGPT splits.
-A directory is read file by file in sorted order; with gpt2, <|endoftext|>
+A directory is read file by file in sorted order; with gpt2 and bpe, <|endoftext|>
 separates the files. Input is streamed in chunks: memory stays bounded.
 """
 import argparse
@@ -21,9 +21,11 @@ from tqdm import tqdm
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from configurator import UserError, run_main  # noqa: E402
-from tokenizer import BPETokenizer, CharTokenizer, write_meta  # noqa: E402
+from tokenizer import BPETokenizer, CharTokenizer, TrainedBPE, ranks_text, write_meta  # noqa: E402
 
 CHUNK_BYTES = 1 << 22  # 4 MiB of text per read
+DEFAULT_BPE_VOCAB = 4096
+RANKS_FILE = "tokenizer.bpe"  # a trained BPE's merges, beside meta.json
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 
 
@@ -85,15 +87,21 @@ def read_text(path, chunk_bytes=CHUNK_BYTES):
 
 
 def safe_pieces(chunks):
-    """Re-cut text so no piece boundary changes BPE: cut only before a newline that follows a non-space."""
+    """Re-cut text so no piece boundary changes BPE: cut only after a newline that a non-space follows.
+
+    No chunk of GPT-2's split pattern, nor of GPT-4's (a trained BPE's), spans such a place.
+    """
     carry = ""
     for text in chunks:
         text = carry + text
-        cut = len(text)
-        while cut > 0:
-            cut = text.rfind("\n", 0, cut)
-            if cut > 0 and not text[cut - 1].isspace():
+        cut, pos = -1, len(text) - 1  # text[pos + 1] must exist to look at
+        while cut < 0:
+            i = text.rfind("\n", 0, pos)
+            if i < 0:
                 break
+            if not text[i + 1].isspace():
+                cut = i + 1
+            pos = i
         if cut <= 0:  # no safe place yet: keep reading (a single giant line is cut at the end)
             carry = text
             continue
@@ -116,15 +124,23 @@ def scan(files, bar):
     return sizes, chars
 
 
-def prepare(input_path, tokenizer="char", out_dir=".", val_fraction=0.1, log=print):
-    """Tokenize input_path into out_dir; returns {"train": n, "val": n, "vocab_size": n}."""
+def prepare(input_path, tokenizer="char", out_dir=".", val_fraction=0.1, log=print, vocab_size=DEFAULT_BPE_VOCAB):
+    """Tokenize input_path into out_dir; returns {"train": n, "val": n, "vocab_size": n}.
+
+    tokenizer: char, gpt2 (GPT-2's BPE), or bpe (a byte-level BPE of vocab_size tokens trained here
+    on the train split, saved in out_dir beside meta.json).
+    """
     if not 0 < val_fraction < 1:
         raise UserError(f"--val_fraction must be between 0 and 1, got {val_fraction}")
-    if tokenizer not in ("char", "gpt2"):
-        raise UserError(f"--tokenizer must be char or gpt2, got {tokenizer!r}")
+    if tokenizer not in ("char", "gpt2", "bpe"):
+        raise UserError(f"--tokenizer must be char, gpt2 or bpe, got {tokenizer!r}")
+    if tokenizer == "bpe" and not 257 <= vocab_size <= 1 << 20:
+        raise UserError(f"--vocab_size must be at least 257 (the 256 bytes and <|endoftext|>) and at most "
+                        f"{1 << 20}, got {vocab_size}")
     files = list_inputs(input_path)
     total_bytes = sum(os.path.getsize(f) for f in files)
-    with tqdm(total=2 * total_bytes, unit="B", unit_scale=True, desc="prepare", disable=None) as bar:
+    passes = 3 if tokenizer == "bpe" else 2  # scan, (train,) encode
+    with tqdm(total=passes * total_bytes, unit="B", unit_scale=True, desc="prepare", disable=None) as bar:
         sizes, chars = scan(files, bar)
         total = sum(sizes)
         if total < 2:
@@ -133,19 +149,50 @@ def prepare(input_path, tokenizer="char", out_dir=".", val_fraction=0.1, log=pri
         if tokenizer == "char":
             tok = CharTokenizer(sorted(chars))
             meta = {"tokenizer": "char", "chars": tok.chars}
-        else:
+        elif tokenizer == "gpt2":
             tok = BPETokenizer()
             meta = {"tokenizer": "gpt2", "encoding": "r50k_base"}
+        else:
+            tok = train_bpe(files, split_at, vocab_size, bar)
+            meta = tok.meta(RANKS_FILE)
         meta["vocab_size"] = tok.vocab_size
         meta["dtype"] = "uint16" if tok.vocab_size <= 1 << 16 else "uint32"
         encode = tok.encode if tokenizer == "char" else tok.encode_ordinary
         os.makedirs(out_dir, exist_ok=True)
         counts = write_splits(files, encode, tok.eot, split_at, out_dir, np.dtype(meta["dtype"]), bar)
+    if tokenizer == "bpe":
+        with open(os.path.join(out_dir, RANKS_FILE), "w", encoding="ascii") as f:
+            f.write(ranks_text(tok.enc._mergeable_ranks))
     write_meta(out_dir, meta)
     log(f"vocab size: {tok.vocab_size:,}")
     log(f"train has {counts['train']:,} tokens")
     log(f"val has {counts['val']:,} tokens")
     return {**counts, "vocab_size": tok.vocab_size}
+
+
+def train_bpe(files, split_at, vocab_size, bar):
+    """A byte-level BPE of vocab_size tokens (the 256 bytes, merges, <|endoftext|>) trained with rustbpe
+    on the first split_at characters (the train split), streamed."""
+    try:
+        import rustbpe
+    except ImportError:
+        raise UserError("--tokenizer bpe needs rustbpe: pip install rustbpe") from None
+
+    def train_text():
+        pos = 0
+        for path in files:
+            for nbytes, text in read_text(path):
+                bar.update(nbytes)
+                if pos < split_at:
+                    yield text[:split_at - pos]
+                pos += len(text)
+    trainer = rustbpe.Tokenizer()
+    trainer.train_from_iterator(safe_pieces(train_text()), vocab_size - 1)
+    if trainer.vocab_size < vocab_size - 1:
+        raise UserError(f"the train split supports only {trainer.vocab_size + 1} tokens (no pair of tokens repeats "
+                        f"beyond that); use --vocab_size={trainer.vocab_size + 1} or less, or more text")
+    ranks = {bytes(token): rank for token, rank in trainer.get_mergeable_ranks()}
+    return TrainedBPE(trainer.get_pattern(), ranks, {"<|endoftext|>": len(ranks)})
 
 
 def write_splits(files, encode, eot, split_at, out_dir, dtype, bar):
@@ -207,11 +254,13 @@ def train_command(out, counts, cuda=False):
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--input", required=True, help="a UTF-8 text file or a directory of them")
-    parser.add_argument("--tokenizer", default="char", choices=["char", "gpt2"])
+    parser.add_argument("--tokenizer", default="char", choices=["char", "gpt2", "bpe"],
+                        help="char: one token per character; gpt2: GPT-2's BPE; bpe: a BPE trained on this text")
+    parser.add_argument("--vocab_size", type=int, default=DEFAULT_BPE_VOCAB, help="tokens of a trained BPE")
     parser.add_argument("--out", required=True, help="output directory, e.g. data/mytext")
     parser.add_argument("--val_fraction", type=float, default=0.1)
     args = parser.parse_args(argv)
-    counts = prepare(args.input, args.tokenizer, args.out, args.val_fraction)
+    counts = prepare(args.input, args.tokenizer, args.out, args.val_fraction, vocab_size=args.vocab_size)
     print(f"done; train on it with: {train_command(args.out, counts, torch_cuda_available())}")
 
 

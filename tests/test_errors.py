@@ -127,6 +127,7 @@ def make_broken_runs(root):
         nometa.mkdir()
         state = torch.load(root / "out" / "ckpt.pt", weights_only=True)
         state["config"]["dataset"] = str(root / "gone")
+        del state["tokenizer"]  # as an older or nanoGPT checkpoint: only the dataset knows the tokenizer
         torch.save(state, nometa / "ckpt.pt")
 
 

@@ -125,10 +125,11 @@ def trained(tmp_path_factory):
     return root, torch.load(root / "out" / "ckpt.pt", weights_only=True)
 
 
-FIELDS = ["iter_num", "best_val_loss", "config", "model_args", "optimizer", "scaler", "rng", "model"]
+FIELDS = ["iter_num", "best_val_loss", "config", "model_args", "optimizer", "scaler", "rng", "model", "tokenizer"]
 NESTED = ["config.batch_size", "config.learning_rate", "config.dataset", "config.optimizer", "model_args.n_layer",
           "model_args.n_embd", "model_args.block_size", "model_args.vocab_size", "model_args.pos_emb",
-          "model_args.bias", "rng.0", "optimizer.state", "optimizer.param_groups", "scaler.scale"]
+          "model_args.bias", "rng.0", "optimizer.state", "optimizer.param_groups", "scaler.scale",
+          "tokenizer.tokenizer", "tokenizer.chars", "tokenizer.vocab_size"]
 
 
 @fuzz(40)
@@ -139,7 +140,8 @@ def test_any_value_in_a_checkpoint_field(trained, tmp_path_factory, field, value
     from train import train
     root, state = trained
     ckpt = {**state, **{k: dict(v) if isinstance(v, dict) else list(v) if isinstance(v, list) else v
-                        for k, v in state.items() if k in ("config", "model_args", "optimizer", "scaler", "rng")}}
+                        for k, v in state.items() if k in ("config", "model_args", "optimizer", "scaler", "rng",
+                                                           "tokenizer")}}
     head, _, tail = field.partition(".")
     if tail:
         container = ckpt[head]
@@ -151,7 +153,9 @@ def test_any_value_in_a_checkpoint_field(trained, tmp_path_factory, field, value
     path = str(out / "ckpt.pt")
 
     def sample_then_resume():
+        from sample import SampleConfig, load
         model_from_checkpoint(load_checkpoint(path), path)
+        load(SampleConfig(out_dir=str(out)), torch.device("cpu"))
         cfg, overrides = parse_args(TrainConfig, ["--init_from=resume", f"--out_dir={out}", "--max_iters=2",
                                                   f"--dataset={root / 'data'}"])
         train(cfg, overrides, log=lambda *a: None)

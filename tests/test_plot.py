@@ -30,3 +30,12 @@ def test_plot_writes_a_png(tmp_path):
     result = run_script(["plot.py", str(tmp_path / "a"), str(tmp_path / "b"), "--png", str(tmp_path / "x.png")])
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "x.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bpb_is_plotted_where_the_log_has_it(tmp_path):
+    write_log(tmp_path / "run", [4.2, 2.0])
+    with pytest.raises(plot.UserError, match="no evaluations with val_bpb"):
+        plot.read_evals(str(tmp_path / "run"), "val_bpb")
+    records = [{"kind": "config"}, {"kind": "eval", "iter": 0, "train_time": 0.0, "val_loss": 4.2, "val_bpb": 6.06}]
+    (tmp_path / "run" / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert plot.read_evals(str(tmp_path / "run"), "val_bpb") == [(0, 0.0, 6.06)]

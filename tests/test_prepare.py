@@ -145,3 +145,89 @@ def test_suggested_context_fits_the_smallest_split():
     assert prep.train_command("data/x", {"train": 400, "val": 40}).endswith("--out_dir=out-x --block_size=32")
     with pytest.raises(prep.UserError, match="too few to train on"):
         prep.train_command("data/x", {"train": 100, "val": 5})
+
+
+TANG = "秦川雄帝宅，函谷壯皇居。\n綺殿千尋起，離宮百雉餘。\n" * 40
+UNSEEN = "👩‍👩‍👧‍👦 e\u0301 ﬁ\t漢字の文章 naïve\r\n\x00 end"  # joiners, a combining accent, a ligature, CJK, a tab, NUL
+
+
+@pytest.fixture(scope="module")
+def bpe_dataset(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bpe")
+    (root / "a.txt").write_text(TANG, encoding="utf-8")  # first: in the train split
+    (root / "b.txt").write_text(CORPUS, encoding="utf-8")
+    counts = prep.prepare(str(root), "bpe", str(root / "data"), 0.1, log=lambda *a: None, vocab_size=390)
+    return root / "data", counts
+
+
+def test_trained_bpe_round_trips_any_text_and_splits_like_the_whole(bpe_dataset):
+    from tokenizer import read_meta, tokenizer_from_meta
+    data, counts = bpe_dataset
+    meta = read_meta(str(data))
+    tok = tokenizer_from_meta(meta)
+    assert meta["tokenizer"] == "bpe" and counts["vocab_size"] == tok.vocab_size == 390
+    assert tok.eot == 389 and meta["special_tokens"] == {"<|endoftext|>": 389}
+    assert tok.decode(tok.encode(UNSEEN)) == UNSEEN  # never seen in training: byte fallback
+    assert len(tok.encode("函谷壯皇居")) < len("函谷壯皇居".encode("utf-8"))  # it learned merges of this text
+    # the files, with <|endoftext|> between them, equal what streaming wrote
+    whole = tok.encode(TANG) + [tok.eot] + tok.encode(CORPUS)
+    written = np.concatenate([np.fromfile(data / f"{s}.bin", dtype=np.uint16) for s in ("train", "val")]).tolist()
+    assert tok.decode(written) == tok.decode(whole)
+
+
+@pytest.mark.parametrize("vocab, message", [(200, "at least 257"), (100000, "supports only")])
+def test_a_bpe_vocabulary_the_text_cannot_have_is_refused_and_writes_nothing(tmp_path, vocab, message):
+    (tmp_path / "in.txt").write_text("abc abd abe\n" * 50, encoding="utf-8")
+    with pytest.raises(prep.UserError, match=message):
+        prep.prepare(str(tmp_path / "in.txt"), "bpe", str(tmp_path / "out"), 0.1, log=lambda *a: None,
+                     vocab_size=vocab)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_dataset_without_its_tokenizer_file_is_one_line(tmp_path, bpe_dataset):
+    import shutil
+    from conftest import run_script
+    data, _ = bpe_dataset
+    shutil.copytree(data, tmp_path / "data")
+    (tmp_path / "data" / "tokenizer.bpe").unlink()
+    result = run_script(["train.py", f"--dataset={tmp_path / 'data'}", f"--out_dir={tmp_path / 'out'}",
+                         "--device=cpu", "--n_layer=1", "--n_head=1", "--n_embd=8", "--block_size=8"])
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "tokenizer.bpe, the dataset's tokenizer, cannot be read" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_tokenizer_travels_with_the_checkpoint(tmp_path, bpe_dataset):
+    import shutil
+    from conftest import run_script
+    from train import TrainConfig, train
+    data, _ = bpe_dataset
+    shutil.copytree(data, tmp_path / "data")
+    cfg = TrainConfig(out_dir=str(tmp_path / "out"), dataset=str(tmp_path / "data"), n_layer=1, n_head=2, n_embd=16,
+                      block_size=16, batch_size=4, gradient_accumulation_steps=1, eval_iters=1, max_iters=2,
+                      eval_interval=2, device="cpu")
+    train(cfg, log=lambda *a: None)
+    shutil.rmtree(tmp_path / "data")  # the dataset is gone: sample.py and trace.py read the checkpoint's tokenizer
+    args = ["--out_dir=" + str(tmp_path / "out"), "--start=秦川雄帝宅"]
+    sampled = run_script(["sample.py", *args, "--num_samples=1", "--max_new_tokens=8", "--temperature=0"])
+    assert sampled.returncode == 0, sampled.stderr
+    assert sampled.stdout.startswith("秦川雄帝宅")
+    traced = run_script(["trace.py", *args, "--steps=1"])
+    assert traced.returncode == 0, traced.stderr
+    exported = run_script(["export.py", "--out_dir=" + str(tmp_path / "out"), "--hf_dir=" + str(tmp_path / "hf")])
+    if exported.returncode == 0:  # with transformers: the trained BPE's end-of-text id is the model's
+        import json
+        assert json.loads((tmp_path / "hf" / "config.json").read_text())["eos_token_id"] == 389
+
+
+def test_tang_poems_prepare_offline(tmp_path):
+    from conftest import SHARED
+    corpus = os.path.join(SHARED, "data", "tangshi", "input.txt")
+    if not os.path.exists(corpus):
+        pytest.skip("needs ../shared/data/tangshi/input.txt")
+    text = open(corpus, encoding="utf-8").read()
+    # the same layout as data/tangshi/prepare.py writes when it downloads: title, author, lines, blank line
+    from data.tangshi.prepare import poems_text
+    first = text.split("\n\n")[0].split("\n")
+    assert poems_text([{"title": first[0], "author": first[1], "paragraphs": first[2:]}]) == text.split("\n\n")[0] + "\n\n"
+    assert len(text) == 1_133_213 and len(set(text)) == 6_552

@@ -2,6 +2,7 @@
 import json
 import math
 import os
+from contextlib import nullcontext
 
 import pytest
 import torch
@@ -363,3 +364,36 @@ def test_keep_best_false_writes_no_best_pt(tmp_path, char_dataset):
     assert len(evals) == 2 and evals[1] < evals[0]  # val loss improved: with keep_best, best.pt would be written
     assert os.path.exists(tmp_path / "out" / "ckpt.pt") and not os.path.exists(tmp_path / "out" / "best.pt")
     assert sorted(os.listdir(tmp_path / "out")) == [".lock", "ckpt.pt", "log.jsonl"]  # .lock: the writer's lock
+
+
+def test_val_bpb_of_ascii_characters_is_the_loss_in_bits(tmp_path, char_dataset):
+    train(tiny_cfg(tmp_path, char_dataset), log=quiet)
+    evals = train_records(tmp_path / "out", "eval")
+    assert evals and all(r["val_bpb"] == pytest.approx(r["val_loss"] / math.log(2), rel=1e-6) for r in evals)
+
+
+def test_val_bpb_counts_the_utf8_bytes_of_the_targets(tmp_path):
+    """A model that knows nothing (uniform over V tokens) on text of 1-, 2- and 3-byte characters:
+    bits per byte = T log2(V) / (UTF-8 bytes of the T targets), worked out from the windows by hand."""
+    import numpy as np
+    from batches import Batches, estimate_loss
+    from data.prepare import prepare
+    from tokenizer import CharTokenizer, read_meta, token_byte_lengths
+    (tmp_path / "in.txt").write_text("aé漢 b漢é\n" * 300, encoding="utf-8")
+    prepare(str(tmp_path / "in.txt"), "char", str(tmp_path / "d"), 0.2, log=quiet)
+    meta = read_meta(str(tmp_path / "d"))
+    V, T, n = meta["vocab_size"], 8, 5
+
+    class Uniform(torch.nn.Module):
+        def forward(self, x, y):
+            logits = torch.zeros(*x.shape, V)
+            return logits, torch.nn.functional.cross_entropy(logits.view(-1, V), y.reshape(-1))
+    cfg = TrainConfig(eval_windows=n, eval_iters=1, block_size=T)
+    batches = Batches(str(tmp_path / "d"), T, 2, torch.device("cpu"), 0, meta)
+    lengths = torch.tensor(token_byte_lengths(CharTokenizer(meta["chars"]), V), dtype=torch.float64)
+    out = estimate_loss(Uniform(), batches, cfg, nullcontext(), token_bytes=lengths)
+    val = np.fromfile(tmp_path / "d" / "val.bin", dtype=np.uint16)
+    starts = np.linspace(0, len(val) - T - 1, n).round().astype(int)
+    nbytes = sum(len(meta["chars"][t].encode("utf-8")) for s in starts for t in val[s + 1:s + T + 1])
+    assert out["val_bpb"] == pytest.approx(n * T * math.log2(V) / nbytes, rel=1e-6)  # float32 logits
+    assert out["val"] == pytest.approx(math.log(V), rel=1e-6)
