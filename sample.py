@@ -1,7 +1,7 @@
 """Sample text from a trained model.
 
     python sample.py --out_dir=out-shakespeare-char
-    python sample.py --out_dir=out-shakespeare-char --start="ROMEO:" --num_samples=3 --temperature=0
+    python sample.py --out_dir=out-shakespeare-char --start="ROMEO:" --num_samples=1 --temperature=0
     python sample.py --out_dir=out --start=FILE:prompt.txt --stream=True --stop="['\\n\\n']"
 
 The tokenizer is the one of the dataset the checkpoint was trained on (its

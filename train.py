@@ -477,13 +477,19 @@ def startup_notes(cfg, model, device, tokens_per_iter, ckpt_path):
             laptop = f"config/{os.path.basename(os.path.normpath(cfg.dataset))}_cpu.py"
             if not os.path.exists(os.path.join(ROOT, laptop)):
                 laptop = "a smaller batch_size, block_size, n_layer and n_embd (see config/shakespeare_char_cpu.py)"
+            total = cfg.max_iters * per_iter + (cfg.max_iters // cfg.eval_interval + 1) * per_eval
             notes.append(f"this run is sized for a GPU: on this CPU an iter takes about {fmt_seconds(per_iter)} and "
-                         f"each evaluation about {fmt_seconds(per_eval)}, {fmt_seconds(cfg.max_iters * per_iter)} "
-                         f"for {cfg.max_iters} iters; for a laptop-sized run use {laptop}")
+                         f"each evaluation about {fmt_seconds(per_eval)}, {fmt_seconds(total)} for {cfg.max_iters} "
+                         f"iters and their evaluations; for a laptop-sized run use {laptop}")
     if cfg.decay_lr and 0 < cfg.max_iters <= cfg.warmup_iters:
         reached = cfg.learning_rate * lr_scale(cfg.max_iters - 1, cfg)
         notes.append(f"warmup_iters ({cfg.warmup_iters}) >= max_iters ({cfg.max_iters}): the learning rate rises "
                      f"only to {reached:.2e} of its {cfg.learning_rate:.2e}; lower warmup_iters to reach it")
+    elif cfg.decay_lr and cfg.warmup_iters < cfg.max_iters < cfg.lr_decay_iters:
+        last = cfg.learning_rate * lr_scale(cfg.max_iters - 1, cfg)
+        notes.append(f"max_iters ({cfg.max_iters}) < lr_decay_iters ({cfg.lr_decay_iters}): the run ends at a "
+                     f"learning rate of {last:.2e}, before its decay to {cfg.min_lr:.2e}; "
+                     f"--lr_decay_iters={cfg.max_iters} decays within the run")
     if cfg.init_from != "resume" and not cfg.eval_only and os.path.exists(ckpt_path):
         notes.append(f"{ckpt_path} holds an earlier run; this {cfg.init_from} run replaces it at its first save "
                      f"(--init_from=resume would continue it instead; --out_dir=DIR keeps both)")

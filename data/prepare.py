@@ -75,6 +75,10 @@ def read_text(path, chunk_bytes=CHUNK_BYTES):
             try:
                 text = pending + utf8.decode(raw, final=not raw)
             except UnicodeDecodeError as e:
+                if not raw:  # the bytes held back at the end never completed a character
+                    raise UserError(f"{path} ends in the middle of a UTF-8 character (the file was cut, e.g. by "
+                                    f"head -c): drop its last {len(utf8.getstate()[0])} byte(s) or cut it at a "
+                                    f"line end (head -n)") from None
                 raise UserError(f"{path} is not UTF-8 text (bad byte near offset {offset + e.start}); "
                                 f"convert it first, e.g. iconv -t utf-8") from None
             offset += len(raw)
@@ -167,6 +171,10 @@ def prepare(input_path, tokenizer="char", out_dir=".", val_fraction=0.1, log=pri
     log(f"vocab size: {tok.vocab_size:,}")
     log(f"train has {counts['train']:,} tokens")
     log(f"val has {counts['val']:,} tokens")
+    per_char = (counts["train"] + counts["val"]) / total
+    if tokenizer == "gpt2" and per_char > 1.2:  # GPT-2's merges are English ones: other scripts fall apart into bytes
+        log(f"note: GPT-2's BPE spends {per_char:.2f} tokens per character on this text, and a 50,257-token "
+            f"vocabulary makes a small model mostly embedding; --tokenizer char or --tokenizer bpe fits it better")
     return {**counts, "vocab_size": tok.vocab_size}
 
 

@@ -155,6 +155,8 @@ def test_interrupt_in_the_first_evaluation_of_a_scratch_run_replaces_nothing(tmp
     proc = start_training(tmp_path, char_dataset, "--eval_iters=10000000")  # an evaluation that never ends
     try:
         note = wait_for_line(proc, "note:")
+        while "holds an earlier run" not in note:
+            note = wait_for_line(proc, "note:")
         time.sleep(1.0)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=30)

@@ -231,3 +231,22 @@ def test_tang_poems_prepare_offline(tmp_path):
     first = text.split("\n\n")[0].split("\n")
     assert poems_text([{"title": first[0], "author": first[1], "paragraphs": first[2:]}]) == text.split("\n\n")[0] + "\n\n"
     assert len(text) == 1_133_213 and len(set(text)) == 6_552
+
+
+def test_a_file_cut_inside_a_character_says_so(tmp_path):
+    (tmp_path / "cut.txt").write_bytes("秦川雄帝宅".encode("utf-8")[:-1])  # 2 of the last character's 3 bytes
+    with pytest.raises(prep.UserError, match=r"ends in the middle of a UTF-8 character .* drop its last 2 byte\(s\)"):
+        prep.prepare(str(tmp_path / "cut.txt"), "char", str(tmp_path / "out"), 0.1, log=lambda *a: None)
+    assert not (tmp_path / "out").exists()
+
+
+def test_gpt2_bpe_on_chinese_points_to_a_better_tokenizer(tmp_path):
+    lines = []
+    (tmp_path / "tang.txt").write_text(TANG, encoding="utf-8")
+    prep.prepare(str(tmp_path / "tang.txt"), "gpt2", str(tmp_path / "out"), 0.1, log=lines.append)
+    note = next(line for line in lines if line.startswith("note:"))
+    assert "tokens per character" in note and "--tokenizer char or --tokenizer bpe" in note
+    lines.clear()
+    (tmp_path / "en.txt").write_text(CORPUS, encoding="utf-8")
+    prep.prepare(str(tmp_path / "en.txt"), "gpt2", str(tmp_path / "out2"), 0.1, log=lines.append)
+    assert not [line for line in lines if line.startswith("note:")]

@@ -184,8 +184,12 @@ def test_notes_name_the_laptop_recipe_a_short_warmup_and_a_checkpoint_about_to_b
     # lr at iter 49 of a 100-iter warmup: 1e-3 * 50 / 101, worked by hand
     assert "rises only to 4.95e-04 of its 1.00e-03" in notes[1]
     assert "holds an earlier run" in notes[2] and "--init_from=resume" in notes[2]
+    short = TrainConfig(max_iters=200, warmup_iters=100, lr_decay_iters=2000, learning_rate=1e-3, min_lr=1e-4,
+                        n_layer=1, n_head=1, n_embd=16, block_size=16, out_dir=str(tmp_path / "new"))
+    note = startup_notes(short, GPT(short.model_config(vocab_size=65)), torch.device("cpu"), 64, "nowhere")
+    assert note[0].startswith("max_iters (200) < lr_decay_iters (2000)") and "--lr_decay_iters=200" in note[0]
     small = TrainConfig(dataset="x", batch_size=4, block_size=16, n_layer=1, n_head=1, n_embd=16, max_iters=200,
-                        warmup_iters=10, out_dir=str(tmp_path / "new"))
+                        warmup_iters=10, lr_decay_iters=200, out_dir=str(tmp_path / "new"))
     assert startup_notes(small, GPT(small.model_config(vocab_size=65)), torch.device("cpu"), 64, "nowhere") == []
 
 
