@@ -83,9 +83,10 @@ def parse_args(cls, argv):
                 check_key(key, hints, item)
                 overrides[key] = convert(value, hints[key], key, item)
     try:
-        return cls(**overrides), overrides
+        cfg = cls(**overrides)
     except ValueError as e:
         raise UserError(str(e)) from None
+    return cfg, {key: getattr(cfg, key) for key in overrides}  # as the config holds them (--stop's escapes read)
 
 
 def help_text(cls, doc=None):

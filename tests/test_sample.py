@@ -58,3 +58,12 @@ def test_empty_stop_is_refused():
     from sample import SampleConfig
     with pytest.raises(UserError, match="empty string"):
         parse_args(SampleConfig, ["--stop="])
+
+
+def test_an_override_is_reported_as_the_config_holds_it():
+    from configurator import parse_args, report_overrides
+    from sample import SampleConfig
+    cfg, overrides = parse_args(SampleConfig, [r"--stop=\n\n"])
+    lines = []
+    report_overrides(overrides, SampleConfig(), lines.append)
+    assert lines == ["override: stop = ['\\n\\n'] (was [])"] and cfg.stop == ["\n\n"]
