@@ -219,7 +219,7 @@ def loop(run, stop):
                 last = run.evaluate(last)
             if last or stop.agreed(run.world, run.iter_num, run.cfg.log_interval):
                 break
-            if stop.abandon:
+            if stop.abandon and run.cfg.dropout > 0:  # only dropout draws random numbers in an iteration
                 run.rng_at_iter = [rng_state()]
             loss = run.forward_backward()
             with stop.finishing():  # from the optimizer step on, the iteration completes
