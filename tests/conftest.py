@@ -1,5 +1,6 @@
 import os
 import sys
+import tempfile
 
 import pytest
 
@@ -10,6 +11,8 @@ SHAKESPEARE = os.path.join(SHARED, "data", "tinyshakespeare", "input.txt")
 TIKTOKEN_CACHE = os.path.join(SHARED, "tiktoken_cache")
 if "TIKTOKEN_CACHE_DIR" not in os.environ and os.path.isdir(TIKTOKEN_CACHE):
     os.environ["TIKTOKEN_CACHE_DIR"] = TIKTOKEN_CACHE
+# hypothesis keeps a .hypothesis directory: tests write only to temporary directories
+os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", os.path.join(tempfile.gettempdir(), "nanogpt-tests-hypothesis"))
 
 from model import GPTConfig  # noqa: E402
 
