@@ -11,11 +11,11 @@ decode with their dataset's meta.json.
 import os
 from dataclasses import dataclass
 
-from batches import dataset_dir
 from checkpoint import load_checkpoint, model_from_checkpoint
 from configurator import UserError, parse_args, run_main
 from hf import GPT2_EOT, incompatibilities, to_hf
-from tokenizer import read_meta, tokenizer_kind
+from sample import tokenizer_meta
+from tokenizer import tokenizer_kind
 
 
 @dataclass
@@ -25,12 +25,9 @@ class ExportConfig:
     hf_dir: str = ""  # where to write the Hugging Face directory
 
 
-def end_of_text(ckpt, vocab_size):
+def end_of_text(ckpt, vocab_size, path):
     """The end-of-text id of the checkpoint's tokenizer, or None where it has none (characters)."""
-    meta = ckpt.get("tokenizer")
-    if meta is None:
-        dataset = (ckpt.get("config") or {}).get("dataset")
-        meta = read_meta(dataset_dir(dataset)) if dataset else None
+    meta = tokenizer_meta(ckpt, path)
     if tokenizer_kind(meta) == "gpt2" and vocab_size > GPT2_EOT:
         return GPT2_EOT
     if tokenizer_kind(meta) == "bpe":
@@ -51,7 +48,7 @@ def main(argv):
         raise UserError(f"{path} is not a GPT-2 architecture ({', '.join(reasons)}); only GPT-2-style models export "
                         f"to Hugging Face's GPT2LMHeadModel")
     try:
-        hf = to_hf(model, end_of_text(ckpt, model.config.vocab_size))
+        hf = to_hf(model, end_of_text(ckpt, model.config.vocab_size, path))
     except ImportError as e:
         raise UserError(f"export needs transformers: {e}") from None
     hf.save_pretrained(cfg.hf_dir, safe_serialization=True)

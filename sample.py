@@ -84,6 +84,15 @@ def read_prompt(start):
         raise UserError(f"--start=FILE:{path}: cannot read the prompt file ({e.strerror})") from None
 
 
+def tokenizer_meta(ckpt, source):
+    """The metadata of a checkpoint's tokenizer: carried in the checkpoint, or (older and nanoGPT
+    checkpoints) its dataset's; None where neither has one (GPT-2 BPE)."""
+    if ckpt.get("tokenizer") is not None:
+        return check_meta(ckpt["tokenizer"], f"{source}: its tokenizer")
+    dataset = (ckpt.get("config") or {}).get("dataset")
+    return read_meta(dataset_dir(dataset)) if dataset else None
+
+
 def load(cfg, device):
     """The model and tokenizer of cfg.out_dir's checkpoint, or of GPT-2's weights."""
     if cfg.init_from != "resume":
@@ -93,10 +102,7 @@ def load(cfg, device):
         ckpt = load_checkpoint(source, map_location=device)
         model = model_from_checkpoint(ckpt, source, dropout=0.0)
         dataset = (ckpt.get("config") or {}).get("dataset")
-        if ckpt.get("tokenizer") is not None:  # the tokenizer travels with the checkpoint
-            meta = check_meta(ckpt["tokenizer"], f"{source}: its tokenizer")
-        else:  # an older or nanoGPT checkpoint: the dataset's
-            meta = read_meta(dataset_dir(dataset)) if dataset else None
+        meta = tokenizer_meta(ckpt, source)
         if meta is None and model.config.vocab_size < 50257:  # not a GPT-2 vocabulary: its own tokenizer is needed
             raise UserError(f"{source} was trained on dataset {dataset!r}, whose meta.json (or meta.pkl) is not "
                             f"found at {dataset_dir(dataset)}; re-run that dataset's prepare.py to decode its tokens")

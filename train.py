@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from batches import TRAINING, Batches, dataset_dir, estimate_loss
+from batches import ROOT, TRAINING, Batches, dataset_dir, estimate_loss
 from checkpoint import (RUNTIME_FIELDS, OutDirLock, is_pretrained, load_checkpoint, load_pretrained,
                         model_args, model_from_checkpoint, rng_state, save_checkpoint, set_rng_state)
 from configurator import UserError, convert, parse_args, report_overrides, run_main
@@ -38,7 +38,6 @@ from optim import configure_optimizers, lr_scale
 from stopping import Interrupted, StopFlag
 from tokenizer import read_meta, token_byte_lengths, tokenizer_from_meta, tokenizer_kind
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
 # the model's fields that fix what its weights mean: a resumed run keeps the checkpoint's
 SHAPE_FIELDS = tuple(f.name for f in fields(GPTConfig) if f.name not in RUNTIME_FIELDS)
 FIXED_ON_RESUME = SHAPE_FIELDS + ("optimizer",)  # the optimizer state must fit the optimizer
