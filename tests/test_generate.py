@@ -152,16 +152,17 @@ def attention_weights(model, idx):
     weights = []
     attns = [block.attn for block in model.transformer.h]
     impls = [attn.impl for attn in attns]
+    hooks = [attn.hook_weights.register_forward_hook(lambda m, args, out: weights.append(out)) for attn in attns]
     for attn in attns:
         attn.impl = "manual"
-        attn.softmax = lambda scores: weights.append(F.softmax(scores, dim=-1)) or weights[-1]
     try:
         with torch.no_grad():
             model(idx)
     finally:
-        for attn, impl in zip(attns, impls):
+        for attn, impl, hook in zip(attns, impls, hooks):
             attn.impl = impl
-            del attn.softmax
+            hook.remove()
+    assert len(weights) == len(attns)
     return weights
 
 
