@@ -86,7 +86,7 @@ class Batches:
 
 
 @torch.no_grad()
-def estimate_loss(model, batches, cfg, ctx, rank=0, world=1, token_bytes=None):
+def estimate_loss(model, batches, cfg, ctx, rank=0, world=1, token_bytes=None, collective=False):
     """Mean loss of each split over the same batches every time, shared across ranks.
 
     eval_iters random batches per split; with eval_windows, val uses that many
@@ -94,6 +94,8 @@ def estimate_loss(model, batches, cfg, ctx, rank=0, world=1, token_bytes=None):
     token_bytes (V,): the UTF-8 bytes of each token; then also val_bpb, bits per
     byte of val text: the summed loss of the val targets in bits over their bytes,
     which compares across tokenizers (for one byte per token it is loss / ln 2).
+    collective: every rank must run the model equally often (FSDP's all-gathers): a rank with one
+    batch fewer runs one more and ignores it.
     """
     out = {}
     model.eval()
@@ -104,7 +106,9 @@ def estimate_loss(model, batches, cfg, ctx, rank=0, world=1, token_bytes=None):
             parts = (batches.get(split, (EVAL[split], k)) for k in range(cfg.eval_iters))
         # sum of batch losses x windows, windows; then the summed token loss in nats and the bytes it covers
         total = torch.zeros(4, dtype=torch.float64, device=batches.device)
+        seen = 0
         for k, (x, y) in enumerate(parts):
+            seen = k + 1
             if k % world != rank:
                 continue
             with ctx:
@@ -114,6 +118,9 @@ def estimate_loss(model, batches, cfg, ctx, rank=0, world=1, token_bytes=None):
             if split == "val" and token_bytes is not None:
                 total[2] += F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1), reduction="sum")
                 total[3] += token_bytes[y].sum()
+        if collective and len(range(rank, seen, world)) < math.ceil(seen / world):
+            with ctx:
+                model(x, y)
         if world > 1:
             dist.all_reduce(total)
         total = total.tolist()  # sync point: once per split per eval

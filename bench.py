@@ -2,6 +2,7 @@
 
     python bench.py config/shakespeare_char_cpu.py
     python bench.py config/shakespeare_char.py --device=cpu --only=generate --json=bench.json
+    python bench.py config/shakespeare_char.py --device=cpu --only=memory --processes=2
 
 Prints a table and, with --json, writes the same figures as JSON. Timings are
 medians after warm-up; compare figures measured in one run, not across runs.
@@ -11,7 +12,7 @@ import os
 import statistics
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import torch
 
@@ -27,7 +28,8 @@ from train import TrainConfig, train
 
 @dataclass
 class BenchConfig(TrainConfig):
-    only: str = "all"  # all, peak, train, generate
+    only: str = "all"  # all, peak, train, generate; memory (not in all): what each process holds, DDP vs FSDP
+    processes: int = 2  # memory: the number of torchrun processes compared with one
     bench_iters: int = 20  # timed training iterations (after bench_warmup)
     bench_warmup: int = 5
     new_tokens: int = 500  # generated tokens per sequence, from a 1-token prompt
@@ -36,8 +38,10 @@ class BenchConfig(TrainConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.only not in ("all", "peak", "train", "generate"):
-            raise ValueError(f"only must be all, peak, train or generate, got {self.only!r}")
+        if self.only not in ("all", "peak", "train", "generate", "memory"):
+            raise ValueError(f"only must be all, peak, train, generate or memory, got {self.only!r}")
+        if self.processes < 1:
+            raise ValueError(f"processes must be at least 1, got {self.processes}")
 
 
 def sync(device):
@@ -161,6 +165,36 @@ def decode_bytes_per_token(model, new_tokens):
     return weights + cache
 
 
+def held_per_process(cfg, log):
+    """Bytes of parameters, gradients and optimizer state per process after one iteration of train.py:
+    one process, then cfg.processes under torchrun with DDP and with FSDP (log.jsonl's memory record)."""
+    import subprocess
+    import sys
+    default = TrainConfig()
+    args = [f"--{f.name}={getattr(cfg, f.name)}" for f in fields(TrainConfig)
+            if getattr(cfg, f.name) != getattr(default, f.name) and f.name not in ("out_dir", "parallel")]
+    n = cfg.processes
+    args += ["--max_iters=1", "--eval_interval=1000", "--eval_iters=1", "--compile=False",
+             f"--gradient_accumulation_steps={n * max(1, cfg.gradient_accumulation_steps // n)}"]
+    rows, results = [], {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, world, parallel in (("one process", 1, "ddp"), (f"{n} x DDP", n, "ddp"), (f"{n} x FSDP", n, "fsdp")):
+            out = os.path.join(tmp, f"{parallel}{world}")
+            launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}"] if world > 1 else []
+            done = subprocess.run([sys.executable, *launcher, "train.py", *args, f"--out_dir={out}",
+                                   f"--parallel={parallel}"], cwd=os.path.dirname(os.path.abspath(__file__)),
+                                  capture_output=True, text=True)
+            if done.returncode != 0:
+                raise UserError(f"train.py failed while measuring memory ({name}): {done.stderr.strip()[-500:]}")
+            held = next(r for r in map(json.loads, open(os.path.join(out, "log.jsonl"))) if r["kind"] == "memory")
+            results[name] = {k: held[k] for k in ("params", "grads", "optimizer")}
+            total = sum(results[name].values())
+            rows.append((f"memory, {name}", f"{total / 2**20:,.1f} MiB per process (parameters "
+                         f"{held['params'] / 2**20:,.1f}, gradients {held['grads'] / 2**20:,.1f}, optimizer "
+                         f"{held['optimizer'] / 2**20:,.1f})"))
+    return results, rows
+
+
 def bench(cfg, log=print):
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
@@ -209,6 +243,9 @@ def bench(cfg, log=print):
                  (f"generate, KV cache, batch {cfg.gen_batch}", f"{batched:,.1f} tok/s ({batched / cached:.1f}x batch 1)"),
                  ("linear layers alone, batch 1", f"{matmuls:,.1f} tok/s ({bound / matmuls:.2f}x from the bound)"),
                  ("bandwidth bound, batch 1", f"{bound:,.1f} tok/s")]
+    if cfg.only == "memory":
+        result["memory"], more = held_per_process(cfg, log)
+        rows += more
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         log(f"{key:<{width}}  {value}")

@@ -3,13 +3,20 @@
 A checkpoint is a dict of tensors and plain types with nanoGPT's keys
 (model, optimizer, model_args, iter_num, best_val_loss, config) plus the
 state exact resume needs (rng, scaler). It loads with weights_only=True.
+
+A sharded checkpoint (train.py --parallel=fsdp) is a directory beside it,
+ckpt.pt's name with .dcp for .pt: each process's shards of the weights and
+optimizer state, written by torch.distributed.checkpoint (DCP), and meta.pt
+with the other fields. Readers take either; the one saved last wins.
 """
 import os
 import random
+import shutil
 import socket
 import tempfile
 import time
 import typing
+import warnings
 from dataclasses import asdict, replace
 
 import numpy as np
@@ -78,19 +85,43 @@ def save_checkpoint(obj, path):
             previous = "the previous one is intact" if os.path.exists(path) else "nothing was written"
             raise UserError(f"saving {path} failed: {describe_os_error(e)}; {previous}") from None
         raise
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # make the rename itself durable
-    finally:
-        os.close(dir_fd)
+    fsync_dir(directory)
 
 
-def load_checkpoint(path, map_location="cpu"):
-    """The checkpoint dict, or a UserError that says what is wrong with the file."""
+def sharded_path(path):
+    """out/ckpt.pt -> out/ckpt.dcp: where the sharded form of a checkpoint lives."""
+    return os.path.splitext(path)[0] + ".dcp"
+
+
+def latest_form(path):
+    """path, or its sharded directory where that was saved after it (or alone)."""
+    sharded = sharded_path(path)
+    if os.path.isdir(sharded) and (not os.path.exists(path) or os.path.getmtime(sharded) > os.path.getmtime(path)):
+        return sharded
+    return path
+
+
+def load_checkpoint(path, map_location="cpu", weights=True):
+    """The checkpoint dict, or a UserError that says what is wrong with the file.
+
+    Where path's sharded form is the latest, its fields, with "sharded" naming the directory and
+    "model" its weights gathered into whole tensors (weights=False: no "model"; load_sharded reads them).
+    """
+    if latest_form(path) != path:
+        return read_sharded(sharded_path(path), weights)
     if not os.path.exists(path):
         raise UserError(f"no checkpoint at {path}; train one first (python train.py ... --out_dir={os.path.dirname(path) or '.'})")
+    ckpt = read_tensors(path, map_location)
+    if not isinstance(ckpt, dict) or "model" not in ckpt or "model_args" not in ckpt:
+        raise UserError(f"{path} is not a training checkpoint (needs 'model' and 'model_args' keys)")
+    check_fields(ckpt, path)
+    return ckpt
+
+
+def read_tensors(path, map_location="cpu"):
+    """torch.load with weights_only: tensors and plain types, or a UserError; never code."""
     try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+        return torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:
         if "GLOBAL" in str(e):  # the weights-only unpickler met a class or function to import
             raise UserError(f"refusing to load {path}: it holds objects other than tensors and plain data, "
@@ -98,8 +129,9 @@ def load_checkpoint(path, map_location="cpu"):
         raise UserError(f"{path} is not a readable checkpoint (truncated or corrupted?): "
                         f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}; "
                         f"restore it from a backup or train again") from None
-    if not isinstance(ckpt, dict) or "model" not in ckpt or "model_args" not in ckpt:
-        raise UserError(f"{path} is not a training checkpoint (needs 'model' and 'model_args' keys)")
+
+
+def check_fields(ckpt, path):
     for key, types in FIELD_TYPES.items():
         value = ckpt.get(key)
         if value is not None and (not isinstance(value, types) or isinstance(value, bool)
@@ -108,7 +140,6 @@ def load_checkpoint(path, map_location="cpu"):
                             f"{' or '.join(t.__name__ for t in types)}; the file is damaged")
     if isinstance(ckpt.get("iter_num"), (int, torch.Tensor)) and int(ckpt["iter_num"]) < 0:
         raise UserError(f"{path}: iter_num is {int(ckpt['iter_num'])}, below 0; the file is damaged")
-    return ckpt
 
 
 # the types of a checkpoint's fields (nanoGPT writes best_val_loss as a 0-d tensor)
@@ -204,6 +235,123 @@ def check_shapes(config, state, path):
                         f"{len(extra)} unexpected, {len(wrong)} of another shape)")
 
 
+# --- sharded checkpoints (train.py --parallel=fsdp) ----------------------------------------------------
+
+def optimizer_list(optimizer):
+    """What torch.distributed.checkpoint.state_dict takes: the optimizers an optim.Optimizers holds, or the one."""
+    return list(optimizer.optimizers.values()) if hasattr(optimizer, "optimizers") else optimizer
+
+
+def save_sharded(meta, model, optimizer, path, rank=0, world=1):
+    """Write model and optimizer, sharded or not, as a DCP directory at path; meta (the other fields)
+    goes into its meta.pt. Every process calls it together and writes its own shards; the directory
+    is written beside path and renamed into place, so path always holds a complete checkpoint."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    parent, name = os.path.split(os.path.abspath(path))
+    tmp, old = os.path.join(parent, f".{name}.tmp"), os.path.join(parent, f".{name}.old")
+    try:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            os.makedirs(tmp)
+        if world > 1:
+            dist.barrier()
+        model_state, optim_state = get_state_dict(model, optimizer_list(optimizer))
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*single process")  # one process: nothing to coordinate
+            dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=tmp)
+        if rank == 0:
+            save_checkpoint(meta, os.path.join(tmp, "meta.pt"))
+            shutil.rmtree(old, ignore_errors=True)
+            moved = os.path.exists(path)
+            if moved:
+                os.replace(path, old)  # a directory cannot be renamed over another: move the old one aside first
+            os.replace(tmp, path)
+            if moved:
+                shutil.rmtree(old)
+            fsync_dir(parent)
+    except (OSError, CheckpointException) as e:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        cause = describe_os_error(e) if isinstance(e, OSError) else str(e).strip().splitlines()[-1]
+        previous = "the previous one is intact" if os.path.exists(path) else "nothing was written"
+        raise UserError(f"saving {path} failed: {cause}; {previous}") from None
+    if world > 1:
+        dist.barrier()  # no process goes on (or exits) before the checkpoint is in place
+
+
+def fsync_dir(directory):
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # make renames in it durable
+    finally:
+        os.close(dir_fd)
+
+
+def read_sharded(directory, weights=True):
+    """A sharded checkpoint's fields; with weights, "model" holds its weights as whole tensors, read
+    from every shard by this one process. Claimed sizes are checked before memory is allocated."""
+    meta_path = os.path.join(directory, "meta.pt")
+    if not os.path.isfile(meta_path):
+        raise UserError(f"{directory} is not a sharded checkpoint (it has no meta.pt); restore it from a backup "
+                        f"or train again")
+    ckpt = read_tensors(meta_path)
+    if not isinstance(ckpt, dict) or "model_args" not in ckpt:
+        raise UserError(f"{meta_path} is not a checkpoint's metadata (needs a 'model_args' key)")
+    check_fields(ckpt, directory)
+    ckpt["sharded"] = directory
+    shapes = sharded_shapes(directory)
+    config = config_from_model_args(ckpt["model_args"], directory, {})
+    check_shapes(config, {k: torch.empty(size, device="meta") for k, (size, _) in shapes.items()}, directory)
+    if weights:
+        from memory import check_fits
+        check_fits(sum(size.numel() * dtype.itemsize for size, dtype in shapes.values()), torch.device("cpu"),
+                   f"reading the weights of {directory}", "free some memory")
+        state = {k: torch.empty(size, dtype=dtype) for k, (size, dtype) in shapes.items()}
+        dcp_load({"model": state}, directory)
+        ckpt["model"] = state
+    return ckpt
+
+
+def sharded_shapes(directory):
+    """{name: (size, dtype)} of the model weights a DCP directory holds, from its metadata."""
+    import torch.distributed.checkpoint as dcp
+    try:
+        metadata = dcp.FileSystemReader(directory).read_metadata()
+    except Exception as e:
+        raise UserError(f"{directory}: its DCP metadata (.metadata) is missing or damaged ({type(e).__name__}); "
+                        f"restore the directory from a backup or train again") from None
+    return {k[len("model."):]: (v.size, v.properties.dtype) for k, v in metadata.state_dict_metadata.items()
+            if k.startswith("model.") and hasattr(v, "size")}
+
+
+def dcp_load(state, directory):
+    """Fill state's tensors, in place, from directory's shards (any number of them, any sharding)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*single process")
+            dcp.load(state, checkpoint_id=directory)
+    except (Exception, CheckpointException) as e:
+        lines = [line for line in str(e).splitlines() if "Error" in line] or [type(e).__name__]
+        raise UserError(f"{directory}: a shard is missing or damaged ({lines[-1].strip()}); restore the directory "
+                        f"from a backup or train again") from None
+
+
+def load_sharded(model, optimizer, directory):
+    """Load a sharded checkpoint's weights and optimizer state into model and optimizer, sharded or not,
+    whatever the number of processes that wrote it. Every process calls it together."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    model_state, optim_state = get_state_dict(model, optimizer_list(optimizer))  # the shapes to fill
+    state = {"model": model_state, "optimizer": optim_state}
+    dcp_load(state, directory)
+    set_state_dict(model, optimizer_list(optimizer), model_state_dict=state["model"],
+                   optim_state_dict=state["optimizer"])
+
+
 def is_pretrained(init_from):
     """True for a GPT-2 name or a local Hugging Face directory."""
     return init_from in GPT2_NAMES or os.path.isfile(os.path.join(init_from, "config.json"))
@@ -270,8 +418,18 @@ class OutDirLock:
 
 
 def remove_partial_saves(out_dir):
-    """Delete temporary files of saves that a killed run left (only the lock holder may: a live run's
-    temporary file looks the same)."""
+    """Delete what saves that a killed run left half done (only the lock holder may: a live run's
+    temporary files look the same): temporary files and directories, and a sharded checkpoint moved
+    aside, which goes back in place where the new one never arrived."""
     for name in os.listdir(out_dir):
+        path = os.path.join(out_dir, name)
         if name.startswith((".ckpt.pt.", ".best.pt.")) and name.endswith(".tmp"):
-            os.remove(os.path.join(out_dir, name))
+            os.remove(path)
+        elif name in (".ckpt.dcp.tmp", ".best.dcp.tmp"):
+            shutil.rmtree(path)
+        elif name in (".ckpt.dcp.old", ".best.dcp.old"):
+            final = os.path.join(out_dir, name[1:-len(".old")])
+            if os.path.exists(final):
+                shutil.rmtree(path)
+            else:
+                os.replace(path, final)

@@ -125,23 +125,34 @@ class Muon(torch.optim.Optimizer):
         return loss
 
     def _update(self, group, shape, params):
-        grads = torch.stack([p.grad for p in params])  # (n, rows, cols)
-        bufs = []
+        updates = []
         for p in params:
             state = self.state[p]
             if "momentum_buffer" not in state:
                 state["momentum_buffer"] = torch.zeros_like(p)
-            bufs.append(state["momentum_buffer"])
-        buf = torch.stack(bufs)
-        buf.lerp_(grads, 1 - group["momentum"])
-        update = grads.lerp(buf, group["momentum"]) if group["nesterov"] else buf
-        dtype = self.ns_dtype or fast_matmul_dtype(grads.device)
-        update = orthogonalize(update, group["ns_steps"], dtype=dtype)
+            buf = state["momentum_buffer"]
+            buf.lerp_(p.grad, 1 - group["momentum"])
+            updates.append(whole(p.grad.lerp(buf, group["momentum"]) if group["nesterov"] else buf))
+        dtype = self.ns_dtype or fast_matmul_dtype(updates[0].device)
+        update = orthogonalize(torch.stack(updates), group["ns_steps"], dtype=dtype)  # (n, rows, cols)
         lr = group["lr"] * math.sqrt(max(1.0, shape[0] / shape[1]))
-        for i, p in enumerate(params):
-            bufs[i].copy_(buf[i])
+        for p, u in zip(params, update):
             p.mul_(1 - group["lr"] * group["weight_decay"])
-            p.add_(update[i], alpha=-lr)
+            p.add_(part_of(u, p), alpha=-lr)
+
+
+def whole(t):
+    """The whole matrix of a parameter's shard (FSDP): Newton-Schulz needs all of it. Every process
+    gathers and orthogonalizes each matrix, the cost of Muon on sharded parameters."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def part_of(full, p):
+    """The piece of a whole matrix that p holds: its shard under FSDP (no communication), else all of it."""
+    if not hasattr(p, "device_mesh"):
+        return full
+    from torch.distributed.tensor import distribute_tensor
+    return distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None)
 
 
 class Optimizers:

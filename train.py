@@ -4,9 +4,11 @@
     python train.py config/shakespeare_char.py --batch_size=32 --compile=False
     python train.py --init_from=resume --out_dir=out-shakespeare-char --max_iters=6000
     torchrun --standalone --nproc_per_node=2 train.py config/shakespeare_char_cpu.py
+    torchrun --standalone --nproc_per_node=2 train.py config/shakespeare_char_cpu.py --parallel=fsdp
 
 Writes out_dir/ckpt.pt (latest), out_dir/best.pt (best val loss) and
-out_dir/log.jsonl (one JSON object per log line). Ctrl-C saves the last
+out_dir/log.jsonl (one JSON object per log line); with --parallel=fsdp the
+checkpoints are sharded directories, ckpt.dcp and best.dcp (checkpoint.py). Ctrl-C saves the last
 completed iteration and exits; a second Ctrl-C exits at once.
 """
 import time
@@ -17,6 +19,7 @@ PROCESS_START = time.time()  # before the heavy imports: "training time" counts 
 import math
 import os
 import shlex
+import shutil
 import typing
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields, replace
@@ -27,10 +30,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from batches import ROOT, TRAINING, Batches, dataset_dir, estimate_loss
-from checkpoint import (RUNTIME_FIELDS, OutDirLock, is_pretrained, load_checkpoint, load_pretrained,
-                        model_args, model_from_checkpoint, rng_state, save_checkpoint, set_rng_state)
+from checkpoint import (RUNTIME_FIELDS, OutDirLock, config_from_model_args, is_pretrained, latest_form,
+                        load_checkpoint, load_pretrained, load_sharded, model_args, model_from_checkpoint, rng_state,
+                        save_checkpoint, save_sharded, set_rng_state, sharded_path)
 from configurator import UserError, convert, parse_args, report_overrides, run_main
 from device import autocast, cpu_matmul_flops, peak_flops_for, resolve_device, resolve_dtype, should_compile
+from fsdp import all_finite, checkpoint_activations, held_bytes, load_optimizer_state, no_gradient_sync, shard
 from memory import check_fits, param_count, training_bytes
 from metrics import Clock, Metrics
 from model import GPT, GPTConfig
@@ -92,6 +97,8 @@ class TrainConfig(GPTConfig):
     dtype: str = "auto"  # auto (bfloat16 on CUDA where supported, else float16; float32 on CPU)
     compile: bool | None = None  # torch.compile the model; None: on CUDA yes (it pays off), elsewhere no
     backend: str = "auto"  # torch.distributed backend: auto (nccl on CUDA, gloo on CPU), nccl, gloo
+    parallel: str = "ddp"  # under torchrun: ddp (a whole copy per process) or fsdp (parameters, grads, optimizer sharded)
+    activation_checkpointing: bool = False  # recompute each Block's activations in backward: less memory, ~1/3 more compute
     seed: int = 1337  # initial weights, batches and dropout all follow from it
     peak_flops: float | None = None  # the device's peak FLOP/s for MFU (bench.py measures it)
     # measurement: val loss over fixed windows, and stopping at a target
@@ -106,6 +113,8 @@ class TrainConfig(GPTConfig):
                              f"Hugging Face GPT-2 directory, got {self.init_from!r}")
         if self.optimizer not in ("adamw", "muon"):
             raise ValueError(f"optimizer must be adamw or muon, got {self.optimizer!r}")
+        if self.parallel not in ("ddp", "fsdp"):
+            raise ValueError(f"parallel must be ddp or fsdp, got {self.parallel!r}")
         if self.lr_schedule not in ("cosine", "wsd"):
             raise ValueError(f"lr_schedule must be cosine or wsd, got {self.lr_schedule!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
@@ -238,8 +247,9 @@ class Run:
         self.ckpt_path = ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
         ckpt = None
         if cfg.init_from == "resume":
-            ckpt = load_checkpoint(ckpt_path)
-            base, cfg = resume_config(ckpt, overrides, ckpt_path)
+            ckpt = load_checkpoint(ckpt_path, weights=False)  # a sharded one's weights load once sharded (restore)
+            base, resumed = resume_config(ckpt, overrides, ckpt_path)
+            cfg = replace(resumed, **{k: getattr(cfg, k) for k in LOCAL_FIELDS})  # this invocation's, as given
         else:
             base = TrainConfig()
         report_overrides(overrides, base, log)
@@ -254,6 +264,18 @@ class Run:
         self.batches.vocab_size = self.raw_model.config.vocab_size  # a token id beyond it is an error
         torch.manual_seed(cfg.seed + rank)  # distinct dropout masks per rank
         self.raw_model.to(device)
+        self.sharded = cfg.parallel == "fsdp" and world > 1
+        if cfg.parallel == "fsdp" and world == 1:
+            log("note: --parallel=fsdp in one process: nothing to shard, so the model trains whole; checkpoints "
+                "are still sharded directories (run under torchrun to shard)")
+        if cfg.parallel == "fsdp" and dtype == torch.float16:
+            raise UserError("--parallel=fsdp computes in bfloat16 or float32, not float16 (no gradient scaler for "
+                            "shards here): use --dtype=bfloat16, or --parallel=ddp")
+        if cfg.activation_checkpointing:
+            checkpoint_activations(self.raw_model)
+        compile = should_compile(cfg.compile, device)
+        if self.sharded:
+            shard(self.raw_model, device, dtype, compile_blocks=compile)
         self.token_bytes = bytes_per_token(meta, self.raw_model.config.vocab_size, device, log)
         self.optimizer = configure_optimizers(self.raw_model, cfg.weight_decay, cfg.learning_rate,
                                               (cfg.beta1, cfg.beta2), device.type, cfg.optimizer, cfg.muon_lr,
@@ -262,12 +284,13 @@ class Run:
         self.iter_num, self.best_val_loss = self.restore(ckpt) if ckpt is not None else (0, float("inf"))
         del ckpt
         self.model = self.raw_model
-        if should_compile(cfg.compile, device):
+        if compile:
             log("compiling the model... (takes a minute)")
-            self.model = torch.compile(self.model)
-        if world > 1:
+            if not self.sharded:  # sharded Blocks were compiled one by one
+                self.model = torch.compile(self.model)
+        if world > 1 and not self.sharded:
             self.model = DDP(self.model, device_ids=[local_rank] if device.type == "cuda" else None)
-        self.ctx = autocast(device, dtype)
+        self.ctx = nullcontext() if self.sharded else autocast(device, dtype)  # FSDP casts per unit itself
         self.accum = cfg.gradient_accumulation_steps // world
         self.tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
         self.peak = cfg.peak_flops or peak_flops_for(device, dtype)
@@ -288,6 +311,11 @@ class Run:
 
     def build_model(self, cfg, ckpt, meta, data_dir):
         """The model: from the checkpoint, from GPT-2's weights, or new; and cfg with the shape it has."""
+        if ckpt is not None and "sharded" in ckpt:  # its weights are loaded into the model, sharded or not, by restore
+            model = GPT(config_from_model_args(ckpt["model_args"], ckpt["sharded"],
+                                               dict(attn_impl=cfg.attn_impl, dropout=cfg.dropout)))
+            check_vocab(model.config.vocab_size, meta, data_dir, ckpt["sharded"])
+            return model, cfg
         if ckpt is not None:
             model = model_from_checkpoint(ckpt, self.ckpt_path, attn_impl=cfg.attn_impl, dropout=cfg.dropout)
             check_vocab(model.config.vocab_size, meta, data_dir, self.ckpt_path)
@@ -312,13 +340,22 @@ class Run:
         return GPT(config), replace(cfg, vocab_size=config.vocab_size)
 
     def restore(self, ckpt):
-        """Optimizer, scaler and RNG state from the checkpoint; returns (iter_num, best_val_loss)."""
-        path = self.ckpt_path
+        """Optimizer, scaler and RNG state from the checkpoint (and a sharded one's weights); returns
+        (iter_num, best_val_loss)."""
+        path = ckpt.get("sharded", self.ckpt_path)
         peaks = [group["initial_lr"] for group in self.optimizer.param_groups]  # this run's peaks, not the saved ones
         try:
-            self.optimizer.load_state_dict(ckpt["optimizer"])
+            if "sharded" in ckpt:  # whatever number of processes wrote it
+                load_sharded(self.raw_model, self.optimizer, path)
+            elif self.sharded:
+                load_optimizer_state(self.raw_model, self.optimizer, ckpt["optimizer"])
+            else:
+                self.optimizer.load_state_dict(ckpt["optimizer"])
         except DAMAGED as e:
             raise UserError(f"{path}: its optimizer state does not fit optimizer={self.cfg.optimizer} ({e})") from None
+        if "sharded" in ckpt and not all_finite(self.raw_model, self.world):
+            raise UserError(f"{path} holds non-finite weights: the run that wrote it diverged; use an earlier "
+                            f"checkpoint (best.dcp?) or train again")
         for group, peak in zip(self.optimizer.param_groups, peaks):
             group["initial_lr"] = peak
         if ckpt.get("iter_num") is None:
@@ -346,7 +383,8 @@ class Run:
         cfg, it = self.cfg, self.iter_num
         wall, train_time = self.clock.wall(), self.clock.train_time()
         self.clock.pause()  # evaluating and saving is not training time
-        losses = estimate_loss(self.model, self.batches, cfg, self.ctx, self.rank, self.world, self.token_bytes)
+        losses = estimate_loss(self.model, self.batches, cfg, self.ctx, self.rank, self.world, self.token_bytes,
+                               collective=self.sharded)
         self.last_val, bpb = losses["val"], losses.get("val_bpb")
         self.metrics.write(f"iter {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
                            + (f", val bpb {bpb:.4f}" if bpb is not None else ""), kind="eval", iter=it,
@@ -380,13 +418,19 @@ class Run:
         loss_accum = torch.zeros((), device=self.device)
         for micro in range(self.accum):
             x, y = self.batches.get("train", (TRAINING, self.iter_num, self.rank * self.accum + micro))
-            sync = self.world == 1 or micro == self.accum - 1  # DDP all-reduces grads on the last micro-step only
-            with (nullcontext() if sync else self.model.no_sync()), self.ctx:
+            sync = self.world == 1 or micro == self.accum - 1  # grads are reduced on the last micro-step only
+            with self.accumulating(sync), self.ctx:
                 _, loss = self.model(x, y)
                 loss = loss / self.accum
             self.scaler.scale(loss).backward()
             loss_accum += loss.detach()
         return loss_accum
+
+    def accumulating(self, sync):
+        """Where gradients stay local: every micro-step but the last of an iteration, under torchrun."""
+        if sync:
+            return nullcontext()
+        return no_gradient_sync(self.model) if self.sharded else self.model.no_sync()
 
     def step(self, loss):
         """The optimizer step that completes the iteration; every log_interval iters, its log line."""
@@ -395,12 +439,23 @@ class Run:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         self.scaler.step(self.optimizer)
         self.scaler.update()
+        if self.iter_num == self.start_iter:
+            self.log_memory()
         self.optimizer.zero_grad(set_to_none=True)
         self.iter_num += 1
         self.rng_at_iter = None
         self.bar.update(1)
         if self.iter_num % self.cfg.log_interval == 0:
             self.log_iter(loss)
+
+    def log_memory(self):
+        """What this process holds for training, beside activations: its shards under FSDP."""
+        held = held_bytes(self.raw_model, self.optimizer)
+        self.metrics.write(f"memory per process: parameters {held['params'] / 2**20:,.1f} MiB, gradients "
+                           f"{held['grads'] / 2**20:,.1f} MiB, optimizer state {held['optimizer'] / 2**20:,.1f} MiB "
+                           f"({self.world} process(es), {self.cfg.parallel})", kind="memory", iter=self.iter_num + 1,
+                           world=self.world,
+                           parallel=self.cfg.parallel, **held)
 
     def log_iter(self, loss):
         if self.world > 1:  # log the loss of the whole global batch, not rank 0's share
@@ -421,18 +476,26 @@ class Run:
                            time=self.clock.wall(), train_time=self.clock.train_time())
 
     def save(self, name, rng=None):
-        """ckpt.pt or best.pt, atomically; never non-finite weights."""
-        bad = [n for n, p in self.raw_model.named_parameters() if not torch.isfinite(p).all()]
-        if bad:
-            raise UserError(f"the weights are not finite at iter {self.iter_num} ({bad[0]}); not saving {name}: "
-                            f"the last good checkpoint is kept (lower learning_rate or raise warmup_iters)")
-        state = {"model": self.raw_model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                 "model_args": model_args(self.raw_model.config), "iter_num": self.iter_num,
-                 "best_val_loss": self.best_val_loss, "config": asdict(self.cfg), "scaler": self.scaler.state_dict(),
-                 "rng": rng or gather_rng(self.world), "tokenizer": self.tokenizer_meta}
-        if self.master:
-            with self.stop.finishing():
-                save_checkpoint(state, os.path.join(self.cfg.out_dir, name))
+        """ckpt.pt or best.pt (with --parallel=fsdp: ckpt.dcp or best.dcp), atomically; never non-finite weights.
+        The other form of the same checkpoint, older, is removed."""
+        if not all_finite(self.raw_model, self.world):
+            raise UserError(f"the weights are not finite at iter {self.iter_num}; not saving {name}: the last good "
+                            f"checkpoint is kept (lower learning_rate or raise warmup_iters)")
+        meta = {"model_args": model_args(self.raw_model.config), "iter_num": self.iter_num,
+                "best_val_loss": self.best_val_loss, "config": asdict(self.cfg), "scaler": self.scaler.state_dict(),
+                "rng": rng or gather_rng(self.world), "tokenizer": self.tokenizer_meta}
+        path = os.path.join(self.cfg.out_dir, name)
+        with self.stop.finishing():
+            if self.cfg.parallel == "fsdp":
+                save_sharded(meta, self.raw_model, self.optimizer, sharded_path(path), self.rank, self.world)
+                stale = path
+            else:
+                state = {"model": self.raw_model.state_dict(), "optimizer": self.optimizer.state_dict(), **meta}
+                if self.master:
+                    save_checkpoint(state, path)
+                stale = sharded_path(path)
+            if self.master and os.path.exists(stale):
+                shutil.rmtree(stale) if os.path.isdir(stale) else os.remove(stale)
 
     def close(self):
         self.bar.close()
@@ -444,7 +507,7 @@ class Run:
         if stop.set and not cfg.eval_only:
             if self.iter_num > self.start_iter:
                 self.save("ckpt.pt", rng=self.rng_at_iter)
-                log(f"interrupted: saved {self.ckpt_path} at iter {self.iter_num}; continue with "
+                log(f"interrupted: saved {latest_form(self.ckpt_path)} at iter {self.iter_num}; continue with "
                     f"python train.py --init_from=resume --out_dir={shlex.quote(cfg.out_dir)}")
             else:
                 log(f"interrupted at iter {self.iter_num}, before this run completed an iteration: nothing saved")
@@ -455,7 +518,7 @@ class Run:
             log(f"did not reach val loss {cfg.target_loss} in {self.iter_num} iters (last {self.last_val:.4f})")
         if self.last_val is not None and not cfg.eval_only and not stop.set:
             log(f"done: {self.iter_num} iters in {summary['time']:.1f}s; val loss {self.last_val:.4f} "
-                f"(best {self.best_val_loss:.4f}); checkpoint {self.ckpt_path}")
+                f"(best {self.best_val_loss:.4f}); checkpoint {latest_form(self.ckpt_path)}")
         return summary
 
 
@@ -489,7 +552,7 @@ def startup_notes(cfg, model, device, tokens_per_iter, ckpt_path):
         notes.append(f"max_iters ({cfg.max_iters}) < lr_decay_iters ({cfg.lr_decay_iters}): the run ends at a "
                      f"learning rate of {last:.2e}, before its decay to {cfg.min_lr:.2e}; "
                      f"--lr_decay_iters={cfg.max_iters} decays within the run")
-    if cfg.init_from != "resume" and not cfg.eval_only and os.path.exists(ckpt_path):
+    if cfg.init_from != "resume" and not cfg.eval_only and os.path.exists(latest_form(ckpt_path)):
         notes.append(f"{ckpt_path} holds an earlier run; this {cfg.init_from} run replaces it at its first save "
                      f"(--init_from=resume would continue it instead; --out_dir=DIR keeps both)")
     return notes

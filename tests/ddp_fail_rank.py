@@ -1,4 +1,4 @@
-"""train.py's main, except that rank 1 raises at its fourth batch: a rank failing mid-run."""
+"""train.py's main, except that rank 1 raises at iteration 3's batch: a rank failing mid-run."""
 import os
 import sys
 
@@ -9,7 +9,7 @@ if os.environ.get("RANK") == "1":
     original = train.Batches.get
 
     def failing(self, split, key):
-        if split == "train" and key[1] == 3:
+        if key[0] == train.TRAINING and key[1] == 3:
             raise RuntimeError("rank 1 failed on purpose")
         return original(self, split, key)
     train.Batches.get = failing

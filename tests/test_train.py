@@ -138,7 +138,11 @@ def test_wandb_gets_the_same_metrics_as_the_json_log(tmp_path, char_dataset, mon
     assert calls[0] == ("init", "p", "r") and sum(c[0] == "init" for c in calls) == 1
     logged = {(c[1], k): v for c in calls[1:] for k, v in c[2].items()}
     records = [json.loads(line) for line in open(tmp_path / "out" / "log.jsonl")][1:]
+    assert {r["kind"] for r in records} == {"train", "eval", "memory"}
     for r in records:
+        if r["kind"] == "memory":
+            assert logged[(r["iter"], "memory/params")] == r["params"]
+            continue
         assert logged[(r["iter"], f"{r['kind']}/loss" if r["kind"] == "train" else "eval/val_loss")] == \
             (r["loss"] if r["kind"] == "train" else r["val_loss"])
 

@@ -1,0 +1,192 @@
+"""FSDP2 through torchrun (gloo on CPU): one process's result, sharded checkpoints, any world size."""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from checkpoint import OutDirLock, load_checkpoint
+from conftest import ROOT, run_script
+from test_ddp import TINY
+from train import TrainConfig, train
+
+FSDP = dict(TINY, parallel="fsdp", gradient_accumulation_steps=2)
+
+
+def torchrun(*args, nproc=2, timeout=120):
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "train.py"]
+    result = run_script(launcher + [f"--{k}={v}" for k, v in FSDP.items()] + list(args), timeout=timeout)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def one_process(tmp_path, name, **overrides):
+    """train() in this process with one thread, as torchrun's workers run: sums in the same order."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return train(TrainConfig(**{**FSDP, **overrides, "out_dir": str(tmp_path / name)}), overrides, log=lambda *a: None)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def records(out_dir, kind):
+    return [r for r in map(json.loads, open(out_dir / "log.jsonl")) if r["kind"] == kind]
+
+
+def weights(out_dir):
+    return load_checkpoint(str(out_dir / "ckpt.pt"))["model"]  # the sharded form where it is the latest
+
+
+def assert_same_run(a, b, atol=1e-5):
+    for key, value in weights(a).items():
+        torch.testing.assert_close(weights(b)[key], value, atol=atol, rtol=0, msg=key)
+    losses = [(r["iter"], r["loss"]) for r in records(a, "train")]
+    for (i, x), (j, y) in zip(losses, [(r["iter"], r["loss"]) for r in records(b, "train")]):
+        assert i == j and abs(x - y) < atol, (i, x, y)
+
+
+@pytest.mark.parametrize("options", [
+    dict(optimizer="adamw"),
+    dict(optimizer="muon", activation_checkpointing=True),  # Muon gathers each sharded matrix
+], ids=["adamw", "muon-activation-checkpointing"])
+def test_two_sharded_processes_equal_one_process(tmp_path, char_dataset, options):
+    args = [f"--{k}={v}" for k, v in options.items()]
+    result = torchrun(f"--dataset={char_dataset}", f"--out_dir={tmp_path / 'fsdp'}", *args)
+    assert "2 process(es)" in result.stdout
+    assert sorted(os.listdir(tmp_path / "fsdp" / "ckpt.dcp")) == [".metadata", "__0_0.distcp", "__1_0.distcp",
+                                                                  "meta.pt"]
+    one_process(tmp_path, "one", dataset=str(char_dataset), parallel="ddp", **options)
+    assert_same_run(tmp_path / "fsdp", tmp_path / "one")
+    sharded, whole = records(tmp_path / "fsdp", "memory")[0], records(tmp_path / "one", "memory")[0]
+    for part in ("params", "grads", "optimizer"):  # each process holds about half (the shards are padded)
+        assert 0.45 * whole[part] < sharded[part] < 0.6 * whole[part], (part, sharded, whole)
+
+
+def test_sharded_resume_is_exact_with_the_same_world_size(tmp_path, char_dataset):
+    common = [f"--dataset={char_dataset}", "--dropout=0.1", "--optimizer=muon"]
+    torchrun(*common, f"--out_dir={tmp_path / 'a'}")
+    torchrun(*common, f"--out_dir={tmp_path / 'b'}", "--max_iters=3")
+    torchrun(f"--out_dir={tmp_path / 'b'}", "--init_from=resume")
+    for key, value in weights(tmp_path / "a").items():
+        assert torch.equal(value, weights(tmp_path / "b")[key]), key
+    assert [r["loss"] for r in records(tmp_path / "a", "train")] == [r["loss"] for r in records(tmp_path / "b", "train")]
+
+
+def test_sharded_resume_crosses_world_sizes(tmp_path, char_dataset):
+    """2 processes -> 1 and 1 -> 2 continue the run one process makes straight through (dropout off)."""
+    one_process(tmp_path, "straight", dataset=str(char_dataset), parallel="ddp")
+    torchrun(f"--dataset={char_dataset}", f"--out_dir={tmp_path / 'two_one'}", "--max_iters=3")
+    one_process(tmp_path, "two_one", init_from="resume", max_iters=5)
+    assert_same_run(tmp_path / "straight", tmp_path / "two_one")
+
+    one_process(tmp_path, "one_two", dataset=str(char_dataset), max_iters=3)  # fsdp in one process: one shard
+    assert os.listdir(tmp_path / "one_two" / "ckpt.dcp").count("__0_0.distcp") == 1
+    torchrun(f"--out_dir={tmp_path / 'one_two'}", "--init_from=resume", "--max_iters=5")
+    assert_same_run(tmp_path / "straight", tmp_path / "one_two")
+
+
+def test_a_single_file_checkpoint_resumes_sharded(tmp_path, char_dataset):
+    one_process(tmp_path, "straight", dataset=str(char_dataset), parallel="ddp", optimizer="muon")
+    one_process(tmp_path, "moved", dataset=str(char_dataset), parallel="ddp", optimizer="muon", max_iters=3)
+    torchrun(f"--out_dir={tmp_path / 'moved'}", "--init_from=resume", "--parallel=fsdp")
+    assert not os.path.exists(tmp_path / "moved" / "ckpt.pt")  # replaced by its newer, sharded form
+    assert_same_run(tmp_path / "straight", tmp_path / "moved")
+
+
+def test_readers_take_a_sharded_checkpoint_and_fsdp_py_writes_one_file(tmp_path, char_dataset):
+    out = tmp_path / "fsdp"
+    torchrun(f"--dataset={char_dataset}", f"--out_dir={out}")
+    sample = ["sample.py", f"--out_dir={out}", "--temperature=0", "--max_new_tokens=40", "--start=the"]
+    sharded_text = run_script(sample)
+    assert sharded_text.returncode == 0, sharded_text.stderr
+    eval_only = one_process(tmp_path, "fsdp", init_from="resume", eval_only=True)
+    assert eval_only["val_loss"] == pytest.approx(records(out, "eval")[-1]["val_loss"], abs=1e-6)
+
+    sharded = load_checkpoint(str(out / "ckpt.pt"))
+    assert sharded["sharded"] == str(out / "ckpt.dcp")
+    result = run_script(["fsdp.py", f"--out_dir={out}"])
+    assert result.returncode == 0, result.stderr
+    ckpt = torch.load(out / "ckpt.pt", weights_only=True)  # nanoGPT's way of reading it
+    assert {"model", "optimizer", "model_args", "iter_num", "best_val_loss", "config"} <= set(ckpt)
+    assert ckpt["iter_num"] == 5 and len(ckpt["optimizer"]["state"]) == len(list(ckpt["model"])) - 1  # tied head
+    assert "sharded" not in load_checkpoint(str(out / "ckpt.pt"))  # the single file is now the latest form
+    shutil.rmtree(out / "ckpt.dcp")
+    assert run_script(sample).stdout == sharded_text.stdout
+    for key, value in ckpt["model"].items():
+        assert torch.equal(value, sharded["model"][key])
+
+
+def test_a_missing_shard_is_one_line_and_nothing_is_lost(tmp_path, char_dataset):
+    out = tmp_path / "fsdp"
+    one_process(tmp_path, "fsdp", dataset=str(char_dataset), max_iters=2)
+    os.remove(out / "ckpt.dcp" / "__0_0.distcp")
+    kept = sorted(os.listdir(out / "ckpt.dcp"))
+    for args in (["sample.py", f"--out_dir={out}"], ["train.py", f"--out_dir={out}", "--init_from=resume"]):
+        result = run_script(args)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        errors = [line for line in result.stderr.splitlines() if not line.startswith("override:")]
+        assert len(errors) == 1 and "a shard is missing or damaged" in errors[0], errors
+    assert sorted(os.listdir(out / "ckpt.dcp")) == kept
+
+
+def test_fsdp_refuses_float16(tmp_path, char_dataset):
+    from configurator import UserError
+    with pytest.raises(UserError, match="not float16"):
+        one_process(tmp_path, "o", dataset=str(char_dataset), dtype="float16")
+
+
+def test_a_save_interrupted_between_renames_is_repaired_by_the_next_writer(tmp_path):
+    """A kill between moving the old checkpoint aside and renaming the new one in leaves .ckpt.dcp.old alone."""
+    (tmp_path / ".ckpt.dcp.old").mkdir()
+    (tmp_path / ".ckpt.dcp.old" / "meta.pt").write_text("old")
+    (tmp_path / ".ckpt.dcp.tmp").mkdir()
+    (tmp_path / ".best.dcp.old").mkdir()
+    (tmp_path / "best.dcp").mkdir()
+    lock = OutDirLock(str(tmp_path)).acquire()
+    lock.release()
+    assert (tmp_path / "ckpt.dcp" / "meta.pt").read_text() == "old"
+    assert sorted(os.listdir(tmp_path)) == [".lock", "best.dcp", "ckpt.dcp"]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_nodes_on_localhost_equal_one_process(tmp_path, char_dataset):
+    """The README's multi-node command: one torchrun agent per node, rendezvous over c10d."""
+    port = free_port()
+    args = [f"--{k}={v}" for k, v in FSDP.items()] + [f"--dataset={char_dataset}", f"--out_dir={tmp_path / 'nodes'}"]
+    agents = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
+                                f"--node_rank={node}", "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}",
+                                "--rdzv_id=test", "train.py", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True) for node in (0, 1)]
+    outputs = [agent.communicate(timeout=180) for agent in agents]
+    assert all(agent.returncode == 0 for agent in agents), [err[-2000:] for _, err in outputs]
+    assert sum("2 process(es)" in out for out, _ in outputs) == 1  # the global rank 0 alone reports
+    one_process(tmp_path, "one", dataset=str(char_dataset), parallel="ddp")
+    assert_same_run(tmp_path / "nodes", tmp_path / "one")
+
+
+def test_a_rank_failing_keeps_the_last_sharded_checkpoint(tmp_path, char_dataset):
+    out = tmp_path / "o"
+    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "tests/ddp_fail_rank.py"]
+    result = run_script(launcher + [f"--{k}={v}" for k, v in FSDP.items()]
+                        + [f"--dataset={char_dataset}", f"--out_dir={out}", "--max_iters=1000", "--eval_interval=2"],
+                        timeout=120)
+    assert result.returncode != 0 and "rank 1 failed on purpose" in result.stderr + result.stdout
+    assert load_checkpoint(str(out / "ckpt.pt"))["iter_num"] == 2
+
+
+def test_fsdp_in_one_process_says_there_is_nothing_to_shard(tmp_path, char_dataset):
+    lines = []
+    train(TrainConfig(**{**FSDP, "max_iters": 1}, dataset=str(char_dataset), out_dir=str(tmp_path / "o")),
+          log=lines.append)
+    assert any("nothing to shard" in line for line in lines), lines
+    assert os.path.isdir(tmp_path / "o" / "ckpt.dcp") and not os.path.exists(tmp_path / "o" / "ckpt.pt")
