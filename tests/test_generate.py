@@ -5,7 +5,6 @@ from dataclasses import replace
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import generate as generate_module
 from generate import filter_logits, onednn_available, pack, sample_next, unpack
