@@ -3,6 +3,7 @@
     python bench.py config/shakespeare_char_cpu.py
     python bench.py config/shakespeare_char.py --device=cpu --only=generate --json=bench.json
     python bench.py config/shakespeare_char.py --device=cpu --only=memory --processes=2
+    python bench.py config/shakespeare_char_cpu.py --only=serve    # serve.py: needs pip install -r requirements-dev.txt
 
 Prints a table and, with --json, writes the same figures as JSON. Timings are
 medians after warm-up; compare figures measured in one run, not across runs.
@@ -22,24 +23,24 @@ from device import autocast, resolve_device, resolve_dtype, should_compile
 from generate import packed_weights, window_start
 from model import GPT
 from optim import configure_optimizers
-from tokenizer import read_meta
+from tokenizer import read_meta, tokenizer_from_meta
 from train import TrainConfig, train
 
 
 @dataclass
 class BenchConfig(TrainConfig):
-    only: str = "all"  # all, peak, train, generate; memory (not in all): what each process holds, DDP vs FSDP
+    only: str = "all"  # all (peak, train and generate), peak, train, generate; serve; memory (DDP vs FSDP)
     processes: int = 2  # memory: the number of torchrun processes compared with one
     bench_iters: int = 20  # timed training iterations (after bench_warmup)
     bench_warmup: int = 5
     new_tokens: int = 500  # generated tokens per sequence, from a 1-token prompt
-    gen_batch: int = 8  # sequences decoded together for the batched figure
+    gen_batch: int = 8  # sequences decoded together for the batched figure, and clients of the serve figures
     json: str | None = None  # also write the results here
 
     def __post_init__(self):
         super().__post_init__()
-        if self.only not in ("all", "peak", "train", "generate", "memory"):
-            raise ValueError(f"only must be all, peak, train, generate or memory, got {self.only!r}")
+        if self.only not in ("all", "peak", "train", "generate", "serve", "memory"):
+            raise ValueError(f"only must be all, peak, train, generate, serve or memory, got {self.only!r}")
         if self.processes < 1:
             raise ValueError(f"processes must be at least 1, got {self.processes}")
 
@@ -195,6 +196,41 @@ def held_per_process(cfg, log):
     return results, rows
 
 
+def serve_client(url, prompt, max_tokens, seed):
+    """(seconds to the first token, tokens/s after it) of one streamed completion from serve.py's server."""
+    import openai
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+    t0, first, tokens = time.perf_counter(), None, 0
+    for chunk in client.completions.create(model="bench", prompt=prompt, max_tokens=max_tokens, seed=seed, stream=True,
+                                           stream_options={"include_usage": True}):
+        if first is None and chunk.choices and chunk.choices[0].text:
+            first = time.perf_counter()
+        tokens = chunk.usage.completion_tokens if chunk.usage else tokens
+    return first - t0, (tokens - 1) / (time.perf_counter() - first)
+
+
+def bench_serve(model, tokenizer, device, dtype, new_tokens, clients):
+    """serve.py's server on this process: for 1 and for `clients` concurrent openai clients, each streaming
+    new_tokens from a 1-token prompt, the median time to first token (ms) and tokens/s per client, and the
+    tokens of all clients over the wall time from the first request to the last token (aggregate)."""
+    from concurrent.futures import ThreadPoolExecutor
+    from serve import Service, running
+    service = Service(model, tokenizer, "bench", device, dtype, max_batch=clients, max_queue=clients)
+    prompt = tokenizer.decode([0])
+    max_tokens = min(new_tokens, model.config.block_size - len(tokenizer.encode(prompt)))
+    figures = {}
+    with running(service.app()) as url:
+        serve_client(url, prompt, 8, 0)  # warm-up
+        for n in sorted({1, clients}):
+            t0 = time.perf_counter()
+            with ThreadPoolExecutor(n) as pool:
+                runs = list(pool.map(lambda i: serve_client(url, prompt, max_tokens, i), range(n)))
+            figures[n] = {"ttft_ms": 1000 * statistics.median(r[0] for r in runs),
+                          "tok_s_per_client": statistics.median(r[1] for r in runs),
+                          "aggregate_tok_s": n * max_tokens / (time.perf_counter() - t0)}
+    return figures
+
+
 def bench(cfg, log=print):
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
@@ -246,6 +282,15 @@ def bench(cfg, log=print):
     if cfg.only == "memory":
         result["memory"], more = held_per_process(cfg, log)
         rows += more
+    if cfg.only == "serve":
+        model.eval()
+        figures = bench_serve(model, tokenizer_from_meta(meta), device, dtype, cfg.new_tokens, cfg.gen_batch)
+        result["serve"] = figures
+        one = figures[1]["aggregate_tok_s"]
+        for n, f in figures.items():
+            rows.append((f"serve.py, {n} client{'s' * (n > 1)}", f"first token {f['ttft_ms']:,.0f} ms, "
+                         f"{f['tok_s_per_client']:,.1f} tok/s per client, {f['aggregate_tok_s']:,.1f} tok/s in all "
+                         f"({f['aggregate_tok_s'] / one:.1f}x one client)"))
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         log(f"{key:<{width}}  {value}")

@@ -40,3 +40,15 @@ def test_decode_bytes_count_each_weight_once_plus_the_cache(tiny_config):
     untied = GPT(replace(tiny_config, tie_weights=False))  # the embedding gives one row, the head reads all of its own
     rows = sum(p.numel() for p in untied.parameters()) - (c.block_size + c.vocab_size) * c.n_embd + 2 * c.n_embd
     assert decode_bytes_per_token(untied, 100) == pytest.approx(rows * 4 + cache)
+
+
+def test_bench_serve_reports_first_token_and_speed_per_client(char_dataset):
+    pytest.importorskip("openai")
+    pytest.importorskip("starlette")
+    cfg = BenchConfig(dataset=str(char_dataset), n_layer=2, n_head=2, n_embd=32, block_size=32, device="cpu",
+                      only="serve", new_tokens=20, gen_batch=3)
+    lines = []
+    figures = bench(cfg, log=lines.append)["serve"]
+    assert sorted(figures) == [1, 3]
+    assert all(f["ttft_ms"] > 0 and f["tok_s_per_client"] > 0 and f["aggregate_tok_s"] > 0 for f in figures.values())
+    assert any(line.startswith("serve.py, 3 clients") for line in lines)

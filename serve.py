@@ -1,0 +1,457 @@
+"""Serve a model over HTTP: OpenAI's completions API with continuous batching, and a playground page.
+
+    python serve.py --out_dir=out-shakespeare-char-cpu
+    python serve.py --init_from=gpt2 --port=8080 --max_batch=4
+
+Open http://127.0.0.1:8000/ for the playground, or use any OpenAI client:
+
+    from openai import OpenAI
+    client = OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="none")
+    client.completions.create(model="out-shakespeare-char-cpu", prompt="ROMEO:", max_tokens=50, temperature=0)
+
+Endpoints: GET /v1/models; POST /v1/completions (prompt, max_tokens, temperature, top_p, top_k, stop,
+seed, n, stream, logprobs, as OpenAI's legacy completions); POST /v1/attention (this server's own:
+each head's attention weights over a text). A request joins the running batch at the next step and
+leaves it when it ends; the same seed gives the same text whatever else is being served.
+logprobs are the model's own (temperature 1, before top-k and top-p), so greedy text has them too.
+"""
+import asyncio
+import difflib
+import json
+import math
+import os
+import secrets
+import sys
+import threading
+import time
+import uuid
+from contextlib import ExitStack, asynccontextmanager, contextmanager
+from dataclasses import dataclass
+
+import torch
+import uvicorn
+from starlette.applications import Starlette
+from starlette.responses import HTMLResponse, JSONResponse, StreamingResponse
+from starlette.routing import Route
+
+from batching import Engine, QueueFull, Sequence
+from checkpoint import is_pretrained
+from configurator import UserError, parse_args, report_overrides, run_main
+from device import autocast, resolve_device, resolve_dtype
+from generate import Continuation, check_sampling
+from memory import check_fits, kv_cache_bytes
+from sample import load, sample_seed
+from trace import Recorder
+
+PAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "playground.html")
+MAX_BODY_BYTES = 1 << 20  # a request's JSON; a longer prompt would not fit any block_size anyway
+MAX_LOGPROBS = 20  # alternatives per token (OpenAI's limit is 5)
+MAX_STOPS = 4  # as OpenAI
+ATTENTION_MAX_VALUES = 1 << 22  # weights one /v1/attention answer holds (layers x heads x tokens^2): about 30 MB
+DISCONNECT_POLL_S = 0.25  # while a request waits for tokens, how often it checks that its client is still there
+# OpenAI's parameters this server takes only at the value that means "off"
+OFF = {"echo": (False,), "best_of": (1,), "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0),
+       "logit_bias": ({},), "suffix": ("",)}
+PARAMS = {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "n", "stream",
+          "stream_options", "logprobs", "user", *OFF}
+
+
+@dataclass
+class ServeConfig:
+    init_from: str = "resume"  # "resume" (out_dir's checkpoint) or GPT-2 weights: gpt2, ..., gpt2-xl, a local HF dir
+    out_dir: str = "out"  # where train.py wrote the checkpoint
+    ckpt: str = "ckpt.pt"  # ckpt.pt (latest) or best.pt (best val loss)
+    host: str = "127.0.0.1"  # this machine only; 0.0.0.0 serves every network the machine is on
+    port: int = 8000
+    device: str = "auto"
+    dtype: str = "auto"
+    max_batch: int = 8  # sequences decoded together: the KV cache holds this many
+    max_queue: int = 64  # sequences that may wait for a free slot; beyond, requests get 429
+    max_tokens: int = 4096  # the most tokens one request may ask for (past block_size the context shifts)
+
+    def __post_init__(self):
+        if self.init_from != "resume" and not is_pretrained(self.init_from):
+            raise ValueError(f"init_from must be resume, gpt2, gpt2-medium, gpt2-large, gpt2-xl or a local "
+                             f"Hugging Face GPT-2 directory, got {self.init_from!r}")
+        if not 0 <= self.port < 1 << 16:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if min(self.max_batch, self.max_queue, self.max_tokens) < 1:
+            raise ValueError(f"max_batch ({self.max_batch}), max_queue ({self.max_queue}) and max_tokens "
+                             f"({self.max_tokens}) must be at least 1")
+
+
+class BadRequest(Exception):
+    """A request the server refuses: an OpenAI error object with this status."""
+
+    def __init__(self, message, param=None, status=400, kind="invalid_request_error", code=None):
+        super().__init__(message)
+        self.param, self.status, self.kind, self.code = param, status, kind, code
+
+
+def error_response(e):
+    body = {"error": {"message": str(e), "type": e.kind, "param": e.param, "code": e.code}}
+    return JSONResponse(body, status_code=e.status)
+
+
+# --- reading a request --------------------------------------------------------------------------------
+
+def typed(body, name, types, default, what):
+    """body[name] if it is one of types (a bool is not a number), default if absent or null."""
+    value, types = body.get(name), types if isinstance(types, tuple) else (types,)
+    if value is None:
+        return default
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+        raise BadRequest(f"{name} must be {what}, got {json.dumps(value)[:60]}", name)
+    return value
+
+
+@dataclass
+class CompletionRequest:
+    prompts: list  # of str
+    max_tokens: int
+    temperature: float
+    top_k: int | None
+    top_p: float | None
+    stops: list  # of str
+    seed: int
+    n: int
+    stream: bool
+    include_usage: bool
+    logprobs: int | None
+
+
+def parse_completion(body, model_name):
+    """The request's settings, checked; a BadRequest names the first wrong one."""
+    for name in sorted(set(body) - PARAMS):
+        close = difflib.get_close_matches(name, PARAMS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else f"; this server takes {', '.join(sorted(PARAMS))}"
+        raise BadRequest(f"unrecognized request argument: {name}{hint}", name)
+    for name, off in OFF.items():
+        if body.get(name) is not None and body[name] not in off:
+            raise BadRequest(f"{name} is not supported by this server; leave it out", name)
+    model = typed(body, "model", str, model_name, "a string")
+    if model != model_name:
+        raise BadRequest(f"model {model!r} is not served here; this server serves {model_name!r}", "model", 404,
+                         code="model_not_found")
+    prompts = body.get("prompt", "")
+    prompts = [prompts] if isinstance(prompts, str) else prompts
+    if not (isinstance(prompts, list) and prompts and all(isinstance(p, str) for p in prompts)):
+        raise BadRequest("prompt must be a string or a non-empty list of strings", "prompt")
+    stops = typed(body, "stop", (str, list), [], "a string or a list of strings")
+    stops = [stops] if isinstance(stops, str) else stops
+    if not all(isinstance(s, str) and s for s in stops) or len(stops) > MAX_STOPS:
+        raise BadRequest(f"stop must be a non-empty string or a list of at most {MAX_STOPS} of them", "stop")
+    req = CompletionRequest(
+        prompts=prompts, stops=stops,
+        max_tokens=typed(body, "max_tokens", int, 16, "an integer"),
+        temperature=float(typed(body, "temperature", (int, float), 1.0, "a number")),
+        top_k=typed(body, "top_k", int, None, "an integer"),
+        top_p=typed(body, "top_p", (int, float), None, "a number"),
+        seed=typed(body, "seed", int, None, "an integer"),
+        n=typed(body, "n", int, 1, "an integer"),
+        stream=typed(body, "stream", bool, False, "true or false"),
+        include_usage=typed(typed(body, "stream_options", dict, {}, "an object"), "include_usage", bool, False,
+                            "true or false"),
+        logprobs=typed(body, "logprobs", int, None, "an integer"))
+    check_settings(req)
+    return req
+
+
+def check_settings(req):
+    if req.max_tokens < 1:
+        raise BadRequest(f"max_tokens must be at least 1, got {req.max_tokens}", "max_tokens")
+    if req.top_p == 1:
+        req.top_p = None  # OpenAI's default: no nucleus
+    try:
+        check_sampling(req.max_tokens, req.temperature, req.top_k, req.top_p)
+    except ValueError as e:
+        raise BadRequest(str(e), str(e).split()[0]) from None
+    if req.n < 1:
+        raise BadRequest(f"n must be at least 1, got {req.n}", "n")
+    if req.logprobs is not None and not 0 <= req.logprobs <= MAX_LOGPROBS:
+        raise BadRequest(f"logprobs must be in [0, {MAX_LOGPROBS}], got {req.logprobs}", "logprobs")
+    if req.seed is None:
+        req.seed = secrets.randbits(64)
+    elif not 0 <= req.seed < 1 << 64:
+        raise BadRequest(f"seed must be in [0, 2^64), got {req.seed}", "seed")
+
+
+# --- one choice's text --------------------------------------------------------------------------------
+
+class Choice:
+    """A batching.Sequence's sink: one choice's text, its stops and logprobs as its tokens arrive.
+
+    Text that a stop could still remove is held back (generate.Continuation), and so is each
+    token's logprobs entry until its text has been sent; entries past a stop are dropped. Each
+    piece goes to post(piece), from the engine's thread.
+    """
+
+    def __init__(self, index, tokenizer, stops, prompt_chars, logprobs, token_text, post):
+        self.index, self.post, self.token_text, self.logprobs = index, post, token_text, logprobs
+        self.text = Continuation(tokenizer, stops)
+        self.decoder = tokenizer.decoder()  # each token's own text, for logprobs
+        self.entries, self.chars, self.prompt_chars, self.tokens = [], 0, prompt_chars, 0
+
+    def add(self, token, logprobs):
+        self.tokens += 1
+        new = self.text.add(token)
+        if logprobs is not None:
+            piece = self.decoder.feed(token)
+            self.entries.append((piece, logprobs, self.chars))
+            self.chars += len(piece)
+        shown = [e for e in self.entries if e[2] + len(e[0]) <= self.text.shown]  # entries are in text order
+        self.entries = self.entries[len(shown):]
+        self.send(new, shown, None)
+        return self.text.done
+
+    def end(self, reason, error):
+        new = self.text.finish() if error is None else ""
+        cut = len(self.text.text) if self.text.done else math.inf  # a stop cut the text there
+        entries, self.entries = [e for e in self.entries if e[2] < cut], []
+        self.send(new, entries, reason, error)
+
+    def send(self, text, entries, finish_reason, error=None):
+        if text or entries or finish_reason:
+            self.post({"index": self.index, "text": text, "logprobs": self.logprobs_json(entries),
+                       "finish_reason": finish_reason, "error": error, "tokens": self.tokens})
+
+    def logprobs_json(self, entries):
+        """OpenAI's legacy format; text_offset counts characters from the start of the prompt, as OpenAI's."""
+        if not self.logprobs:
+            return None
+        return {"tokens": [piece for piece, _, _ in entries],
+                "token_logprobs": [lp for _, (lp, _), _ in entries],
+                "top_logprobs": [{self.token_text(i): v for i, v in top} for _, (_, top), _ in entries],
+                "text_offset": [self.prompt_chars + offset for _, _, offset in entries]}
+
+
+# --- the service --------------------------------------------------------------------------------------
+
+class Service:
+    """A model and its tokenizer behind the HTTP endpoints; the engine thread runs while the app does."""
+
+    def __init__(self, model, tokenizer, name, device, dtype, max_batch=8, max_queue=64, max_tokens=4096):
+        self.model, self.tokenizer, self.name, self.device, self.dtype = model, tokenizer, name, device, dtype
+        self.max_tokens = max_tokens
+        self.engine = Engine(model, max_batch, max_queue, device, autocast(device, dtype))
+        self.texts = {}
+        with open(PAGE, encoding="utf-8") as f:
+            self.page = f.read()
+
+    @classmethod
+    def load(cls, cfg):
+        device = resolve_device(cfg.device)
+        dtype = resolve_dtype(cfg.dtype, device)
+        model, tokenizer = load(cfg, device)
+        model.eval().to(device)
+        check_fits(kv_cache_bytes(model.config, cfg.max_batch, model.lm_head.weight.element_size()), device,
+                   f"a KV cache of {cfg.max_batch} sequences", "lower max_batch")
+        name = cfg.init_from if cfg.init_from != "resume" else os.path.basename(os.path.abspath(cfg.out_dir))
+        return cls(model, tokenizer, name, device, dtype, cfg.max_batch, cfg.max_queue, cfg.max_tokens)
+
+    def app(self):
+        @asynccontextmanager
+        async def lifespan(app):
+            thread = threading.Thread(target=self.engine.run, name="engine", daemon=True)
+            thread.start()
+            try:
+                yield
+            finally:
+                self.engine.stop()
+                await asyncio.to_thread(thread.join)
+
+        routes = [Route("/", lambda request: HTMLResponse(self.page)),
+                  Route("/v1/models", self.models),
+                  Route("/v1/completions", self.completions, methods=["POST"]),
+                  Route("/v1/attention", self.attention, methods=["POST"])]
+        return Starlette(routes=routes, lifespan=lifespan,
+                         exception_handlers={BadRequest: lambda request, e: error_response(e)})
+
+    def token_text(self, token):
+        """A token's text alone (a byte-level BPE token that is part of a character shows as U+FFFD)."""
+        if token not in self.texts:
+            decoder = self.tokenizer.decoder()
+            self.texts[token] = decoder.feed(token) + decoder.flush()
+        return self.texts[token]
+
+    def encode(self, prompt):
+        """The prompt's token ids. The model reads the last block_size of them; past that, as text grows,
+        the context shifts (batching.Engine.prefill)."""
+        try:
+            ids = self.tokenizer.encode(prompt) or ([self.tokenizer.eot] if self.tokenizer.eot is not None else [])
+        except UserError as e:
+            raise BadRequest(str(e), "prompt") from None
+        if not ids:
+            raise BadRequest("the prompt is empty; give some text to continue", "prompt")
+        return ids
+
+    async def models(self, request):
+        return JSONResponse({"object": "list", "data": [
+            {"id": self.name, "object": "model", "created": 0, "owned_by": "nanogpt",
+             "block_size": self.model.config.block_size}]})
+
+    async def completions(self, request):
+        req = parse_completion(await read_json(request), self.name)
+        if req.max_tokens > self.max_tokens:
+            raise BadRequest(f"max_tokens is {req.max_tokens}, beyond this server's limit of {self.max_tokens} (its "
+                             f"--max_tokens); ask for fewer", "max_tokens")
+        prompt_ids = [self.encode(p) for p in req.prompts]
+        if len(req.prompts) * req.n > self.engine.max_queue:
+            raise BadRequest(f"{len(req.prompts)} prompts x n={req.n} is more sequences than the server queues "
+                             f"({self.engine.max_queue}); send fewer at once", "n")
+        loop, queue = asyncio.get_running_loop(), asyncio.Queue()
+
+        def post(piece):  # called on the engine's thread
+            loop.call_soon_threadsafe(queue.put_nowait, piece)
+        seqs = []
+        for p, (prompt, ids) in enumerate(zip(req.prompts, prompt_ids)):
+            for i in range(req.n):
+                sink = Choice(p * req.n + i, self.tokenizer, req.stops, len(prompt), req.logprobs is not None,
+                              self.token_text, post)
+                generator = torch.Generator(device=self.device).manual_seed(sample_seed(req.seed, i))
+                seqs.append(Sequence(ids, req.max_tokens, sink, req.temperature, req.top_k, req.top_p, generator,
+                                     req.logprobs))
+        try:
+            self.engine.submit(seqs)
+        except QueueFull as e:
+            raise BadRequest(f"the server is busy: {e}", status=429, kind="server_busy") from None
+        usage = {"prompt_tokens": sum(map(len, prompt_ids)), "completion_tokens": 0, "total_tokens": 0}
+        head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+                "model": self.name}
+        pieces = arrivals(request, queue, seqs)
+        if req.stream:
+            return StreamingResponse(events(pieces, head, usage, req.include_usage), media_type="text/event-stream")
+        return JSONResponse(await collect(pieces, head, usage, len(seqs)))
+
+    async def attention(self, request):
+        body = await read_json(request)
+        prompt = typed(body, "prompt", str, None, "a string")
+        if prompt is None:
+            raise BadRequest("prompt is required: the text whose attention to show", "prompt")
+        c = self.model.config
+        layer = typed(body, "layer", int, None, "an integer")
+        if layer is not None and not 0 <= layer < c.n_layer:
+            raise BadRequest(f"layer must be in [0, {c.n_layer - 1}], got {layer}", "layer")
+        ids = self.encode(prompt)[-c.block_size:]  # what the model reads: the last block_size tokens
+        layers = list(range(c.n_layer)) if layer is None else [layer]
+        if len(layers) * c.n_head * len(ids) ** 2 > ATTENTION_MAX_VALUES:
+            raise BadRequest(f"{len(layers)} layers x {c.n_head} heads x {len(ids)}^2 tokens is more weights than one "
+                             f"answer holds ({ATTENTION_MAX_VALUES:,}); ask for one layer or a shorter text", "prompt")
+        weights = await asyncio.to_thread(self.attention_weights, ids, layers)
+        decoder = self.tokenizer.decoder()
+        return JSONResponse({"model": self.name, "tokens": [decoder.feed(i) for i in ids],
+                             "layers": [{"layer": l, "heads": w} for l, w in zip(layers, weights)]})
+
+    def attention_weights(self, ids, layers):
+        """Each layer's attention weights (heads, T, T) as lists, recorded by trace.Recorder between engine steps."""
+        with self.engine.lock, ExitStack() as stack, torch.no_grad(), autocast(self.device, self.dtype):
+            recorders = [stack.enter_context(Recorder(self.model, layer)) for layer in layers]
+            self.model(torch.tensor([ids], device=self.device))
+        return [rec.stages["attention weights"][0].float().mul(1e4).round().div(1e4).tolist() for rec in recorders]
+
+
+async def read_json(request):
+    """The request's JSON object; at most MAX_BODY_BYTES are read."""
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_BODY_BYTES:
+            raise BadRequest(f"the request body is over {MAX_BODY_BYTES:,} bytes", status=413)
+    try:
+        value = json.loads(body)
+    except ValueError as e:
+        raise BadRequest(f"the body is not JSON ({e}); send a JSON object") from None
+    if not isinstance(value, dict):
+        raise BadRequest(f"the body is a JSON {type(value).__name__}; send a JSON object")
+    return value
+
+
+async def arrivals(request, queue, seqs):
+    """The pieces of a request's choices as they come, until each has ended. A client that goes away,
+    or stops reading, cancels the request's sequences: their slots are free at the engine's next step."""
+    ended = 0
+    try:
+        while ended < len(seqs):
+            try:
+                piece = await asyncio.wait_for(queue.get(), DISCONNECT_POLL_S)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    return
+                continue
+            ended += piece["finish_reason"] is not None
+            yield piece
+    finally:
+        for seq in seqs:
+            seq.cancel()
+
+
+async def events(pieces, head, usage, include_usage):
+    """Server-sent events in OpenAI's chunk format, ending with data: [DONE]."""
+    async for piece in pieces:
+        if piece["error"] is not None:
+            yield sse({"error": {"message": piece["error"], "type": "server_error", "param": None, "code": None}})
+            return
+        count(usage, piece)
+        chunk = {**head, "choices": [{k: piece[k] for k in ("text", "index", "logprobs", "finish_reason")}]}
+        yield sse({**chunk, "usage": None} if include_usage else chunk)
+    if include_usage:
+        yield sse({**head, "choices": [], "usage": usage})
+    yield "data: [DONE]\n\n"
+
+
+async def collect(pieces, head, usage, n):
+    """The whole response: each choice's pieces joined."""
+    choices = [{"text": "", "index": i, "logprobs": None, "finish_reason": None} for i in range(n)]
+    async for piece in pieces:
+        if piece["error"] is not None:
+            raise BadRequest(f"generation failed: {piece['error']}", status=500, kind="server_error")
+        count(usage, piece)
+        choice = choices[piece["index"]]
+        choice["text"] += piece["text"]
+        choice["finish_reason"] = piece["finish_reason"]
+        if piece["logprobs"] is not None:
+            lp = choice["logprobs"] = choice["logprobs"] or {k: [] for k in piece["logprobs"]}
+            for k, values in piece["logprobs"].items():
+                lp[k] += values
+    return {**head, "choices": choices, "usage": usage}
+
+
+def count(usage, piece):
+    if piece["finish_reason"] is not None:
+        usage["completion_tokens"] += piece["tokens"]
+        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+
+
+def sse(obj):
+    return f"data: {json.dumps(obj)}\n\n"
+
+
+@contextmanager
+def running(app, host="127.0.0.1", port=0):
+    """Within: app served by uvicorn on a thread of this process (port 0: a free one); yields its base URL."""
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"the server did not start on {host}:{port}")
+        time.sleep(0.01)
+    try:
+        yield f"http://{host}:{server.servers[0].sockets[0].getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join()
+
+
+def main(argv):
+    cfg, overrides = parse_args(ServeConfig, argv)
+    report_overrides(overrides, ServeConfig())
+    service = Service.load(cfg)
+    print(f"serving {service.name} on http://{cfg.host}:{cfg.port}/ (the playground) and "
+          f"http://{cfg.host}:{cfg.port}/v1 (OpenAI's completions API); Ctrl-C stops", file=sys.stderr)
+    uvicorn.run(service.app(), host=cfg.host, port=cfg.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,303 @@
+"""serve.py: the real server on a free local port, spoken to with the openai package and a headless Chromium."""
+import concurrent.futures
+import os
+import shutil
+import time
+
+import pytest
+import torch
+
+from checkpoint import model_args
+from conftest import CORPUS, run_script
+from model import GPTConfig
+from sample import sample_seed
+from test_generate import sharp
+
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("uvicorn")
+pytest.importorskip("starlette")
+
+from serve import Service, ServeConfig, running  # noqa: E402  (needs starlette)
+
+CHROMIUM = "/usr/bin/chromium"
+CHARS = sorted(set(CORPUS))
+
+
+@pytest.fixture(scope="module")
+def out_dir(tmp_path_factory):
+    """A tiny random char-level checkpoint (sharp: a token at a wrong position changes what follows)."""
+    config = GPTConfig(block_size=64, vocab_size=len(CHARS), n_layer=2, n_head=4, n_embd=32, pos_emb="rope")
+    model = sharp(config).float()
+    out = tmp_path_factory.mktemp("serve") / "out-tiny"
+    out.mkdir()
+    torch.save({"model": model.state_dict(), "model_args": model_args(model.config),
+                "tokenizer": {"tokenizer": "char", "chars": CHARS}}, out / "ckpt.pt")
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(out_dir):
+    """(base URL, Service) of a server run by uvicorn in a thread: 3 slots, at most 4 sequences waiting."""
+    service = Service.load(ServeConfig(out_dir=str(out_dir), device="cpu", max_batch=3, max_queue=4))
+    with running(service.app()) as url:
+        yield url, service
+
+
+@pytest.fixture
+def client(server):
+    return openai.OpenAI(base_url=server[0] + "/v1", api_key="none", max_retries=0, timeout=30)
+
+
+def alone(service, prompt, max_tokens, temperature=0.0, seed=None, top_k=None, use_cache=False):
+    """The text generate decodes for prompt alone (sample i=0's generator for a seed); uncached by default,
+    which equals the cached path while prompt and text fit in block_size."""
+    ids = service.tokenizer.encode(prompt)
+    generator = torch.Generator().manual_seed(sample_seed(seed, 0)) if seed is not None else None
+    out = service.model.generate(torch.tensor([ids]), max_tokens, temperature, top_k=top_k, generator=generator,
+                                 use_cache=use_cache)
+    return service.tokenizer.decode(out[0, len(ids):].tolist())
+
+
+def test_models_lists_the_checkpoint(client):
+    (model,) = client.models.list().data
+    assert model.id == "out-tiny" and model.block_size == 64
+
+
+def test_greedy_completion_equals_the_uncached_path(server, client):
+    r = client.completions.create(model="out-tiny", prompt="First Citizen:\n", max_tokens=40, temperature=0)
+    assert r.choices[0].text == alone(server[1], "First Citizen:\n", 40)
+    assert r.choices[0].finish_reason == "length"
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.total_tokens) == (15, 40, 55)
+
+
+def test_seeded_samples_equal_sample_py(out_dir, client):
+    """n samples with a seed: sample.py's samples for that seed (sample i from sample_seed(seed, i))."""
+    r = client.completions.create(model="out-tiny", prompt="All:", max_tokens=30, temperature=1.2, seed=7, n=2,
+                                  extra_body={"top_k": 10})
+    run = run_script(["sample.py", f"--out_dir={out_dir}", "--start=All:", "--max_new_tokens=30", "--temperature=1.2",
+                      "--top_k=10", "--seed=7", "--num_samples=2", "--device=cpu"])
+    assert run.returncode == 0, run.stderr
+    samples = [s[len("All:"):-1] for s in run.stdout.split("---------------\n")[:2]]  # prompt + text + "\n"
+    assert [c.text for c in r.choices] == samples and samples[0] != samples[1]
+
+
+def test_stop_ends_the_text_before_the_stop(server, client):
+    free = alone(server[1], "All:", 40)
+    stop = free[5:7]
+    r = client.completions.create(model="out-tiny", prompt="All:", max_tokens=40, temperature=0, stop=[stop, "QQ"])
+    assert r.choices[0].text == free[:free.index(stop)] and r.choices[0].finish_reason == "stop"
+
+
+def test_streamed_text_and_logprobs_equal_the_whole_response(server, client):
+    args = dict(model="out-tiny", prompt=["All:", "Speak"], max_tokens=25, temperature=0.9, seed=3, n=2, logprobs=3)
+    args["stop"] = client.completions.create(**args).choices[0].text[8:10]  # a stop that ends the first choice
+    whole = client.completions.create(**args)
+    parts = {}
+    chunks = list(client.completions.create(**args, stream=True, stream_options={"include_usage": True}))
+    for chunk in chunks[:-1]:
+        (c,) = chunk.choices
+        text, lp, reason = parts.get(c.index, ("", {"tokens": [], "token_logprobs": [], "top_logprobs": [],
+                                                      "text_offset": []}, None))
+        parts[c.index] = (text + c.text, {k: v + getattr(c.logprobs, k) for k, v in lp.items()},
+                          c.finish_reason or reason)
+    assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
+    assert len(chunks) > 8  # pieces, not one answer
+    for c in whole.choices:
+        text, lp, reason = parts[c.index]
+        assert (text, reason) == (c.text, c.finish_reason)
+        assert lp == c.logprobs.model_dump()
+        assert "".join(lp["tokens"]).startswith(c.text)  # the tokens make the text (and a stop's start, if any)
+        prompt = args["prompt"][c.index // 2]
+        assert lp["text_offset"] == [len(prompt) + len("".join(lp["tokens"][:i])) for i in range(len(lp["tokens"]))]
+        assert all(len(top) >= 3 and lp["tokens"][i] in top or lp["token_logprobs"][i] < min(top.values())
+                   for i, top in enumerate(lp["top_logprobs"]))
+    assert whole.choices[0].finish_reason == "stop" and len(whole.choices[0].text) <= 8
+
+
+def test_the_stream_is_server_sent_events_ending_with_done(server):
+    with httpx.stream("POST", server[0] + "/v1/completions", json={"prompt": "All:", "max_tokens": 5, "stream": True}) as r:
+        body = r.read().decode()
+    assert r.headers["content-type"].startswith("text/event-stream")
+    events = body.split("\n\n")
+    assert events[-2:] == ["data: [DONE]", ""] and all(e.startswith("data: {") for e in events[:-2])
+
+
+@pytest.fixture
+def slow_steps(server, monkeypatch):
+    """Each decode step of the server's engine takes at least 20 ms, so that a client can act between steps;
+    the list of each step's number of sequences."""
+    engine, sizes = server[1].engine, []
+    step = engine.step
+    monkeypatch.setattr(engine, "step", lambda seqs: sizes.append(len(seqs)) or time.sleep(0.02) or step(seqs))
+    return sizes
+
+
+def test_concurrent_requests_give_the_texts_they_give_alone(server, slow_steps):
+    """More requests than slots, greedy and seeded, prompts and lengths different: each joins and leaves
+    the running batch, and its text is the one decoded alone."""
+    url, service = server
+    asks = [("First", 30, 0.0, None), ("All:\nS", 20, 1.0, 11), ("Before we", 41, 0.0, None), ("R", 12, 0.7, 5),
+            ("You are all", 33, 1.3, 8), ("hear me", 25, 0.0, None), ("Speak", 17, 1.0, 9)]
+
+    def ask(a):
+        prompt, n, temperature, seed = a
+        c = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=5, timeout=60)
+        return c.completions.create(model="out-tiny", prompt=prompt, max_tokens=n, temperature=temperature,
+                                    seed=seed, extra_body={"top_k": 20}).choices[0].text
+
+    with concurrent.futures.ThreadPoolExecutor(len(asks)) as pool:
+        texts = list(pool.map(ask, asks))
+    assert texts == [alone(service, p, n, t, s, top_k=20) for p, n, t, s in asks]
+    assert max(slow_steps) == 3 and min(slow_steps) < 3  # every slot busy, then fewer: requests joined and left
+
+
+def shifted(service, prompt, max_tokens, temperature, seed):
+    """generate's cached path (its context shift past block_size): the text and each token's log-probability."""
+    ids, logits = service.tokenizer.encode(prompt), []
+    generator = torch.Generator().manual_seed(sample_seed(seed, 0)) if seed is not None else None
+    out = service.model.generate(torch.tensor([ids]), max_tokens, temperature, generator=generator,
+                                 on_step=lambda report: logits.append(report["logits"][0].clone()))
+    tokens = out[0, len(ids):].tolist()
+    logprobs = [torch.log_softmax(l.float(), -1)[t].item() for l, t in zip(logits, tokens)]
+    return service.tokenizer.decode(tokens), logprobs
+
+
+def test_text_past_block_size_shifts_the_context_as_sample_py_does(server, slow_steps):
+    """A prompt longer than the 64-token context, and text that runs past it, decoded together: each the
+    text and log-probabilities of generate's cached path (the last half of the window recomputed when full)."""
+    url, service = server
+    asks = [(CORPUS[:70], 90, 0.0, None), ("All:", 150, 1.0, 4), (CORPUS[100:140], 70, 0.8, 6)]
+
+    def ask(a):
+        prompt, n, temperature, seed = a
+        c = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=5, timeout=60)
+        r = c.completions.create(model="out-tiny", prompt=prompt, max_tokens=n, temperature=temperature, seed=seed,
+                                 logprobs=0)
+        return r.choices[0].text, r.choices[0].logprobs.token_logprobs, r.usage.prompt_tokens
+
+    with concurrent.futures.ThreadPoolExecutor(len(asks)) as pool:
+        results = list(pool.map(ask, asks))
+    assert [r[2] for r in results] == [70, 4, 40]  # the whole prompt is counted; the model reads its last 64
+    for (text, logprobs, _), ask_ in zip(results, asks):
+        want_text, want_logprobs = shifted(service, *ask_)
+        assert text == want_text
+        torch.testing.assert_close(torch.tensor(logprobs), torch.tensor(want_logprobs), atol=1e-5, rtol=0)
+    assert max(slow_steps) == 3
+
+
+@pytest.mark.parametrize("args, status, param, match", [
+    (dict(temperature=-1), 400, "temperature", "temperature must be a finite number >= 0"),
+    (dict(top_p=1.5), 400, "top_p", "top_p must be in"),
+    (dict(extra_body={"top_k": 0}), 400, "top_k", "top_k must be >= 1"),
+    (dict(max_tokens=5000), 400, "max_tokens", "max_tokens is 5000, beyond this server's limit of 4096"),
+    (dict(prompt="ü"), 400, "prompt", "outside the vocabulary"),
+    (dict(logprobs=50), 400, "logprobs", "logprobs must be in"),
+    (dict(n=5), 400, "n", "more sequences than the server queues"),
+    (dict(stop=["a", ""]), 400, "stop", "non-empty"),
+    (dict(seed=-1), 400, "seed", "seed must be in"),
+    (dict(echo=True), 400, "echo", "not supported"),
+    (dict(extra_body={"top_kk": 3}), 400, "top_kk", "unrecognized request argument: top_kk (did you mean 'top_k'?)"),
+    (dict(max_tokens="many"), 400, "max_tokens", "max_tokens must be an integer"),
+    (dict(model="gpt-4"), 404, "model", "'gpt-4' is not served here"),
+])
+def test_bad_requests_get_openai_errors(client, args, status, param, match):
+    with pytest.raises(openai.APIStatusError) as e:
+        client.completions.create(**{"model": "out-tiny", "prompt": "All:", "max_tokens": 5, **args})
+    error = e.value.body
+    assert e.value.status_code == status and error["param"] == param and match in error["message"]
+    assert error["type"] == "invalid_request_error" and error["code"] in (None, "model_not_found")
+    assert "\n" not in error["message"]
+    assert client.completions.create(model="out-tiny", prompt="All:", max_tokens=3).choices[0].text  # still serving
+
+
+def test_a_body_that_is_not_json_is_a_400(server):
+    r = httpx.post(server[0] + "/v1/completions", content=b"{prompt", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "not JSON" in r.json()["error"]["message"]
+
+
+def wait_for(condition, what, timeout=10):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+def test_a_full_queue_gets_429_and_the_queued_requests_finish(server, client):
+    url, service = server
+    engine = service.engine
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        with engine.lock:  # the engine stops at its next forward: one sequence prefilling, three waiting
+            first = pool.submit(client.completions.create, model="out-tiny", prompt="All:", max_tokens=5, n=4)
+            wait_for(lambda: engine.busy() == (1, 3), "the engine to take one sequence of four")
+            with pytest.raises(openai.RateLimitError, match="busy"):
+                client.completions.create(model="out-tiny", prompt="All:", max_tokens=5, n=2)
+        assert [c.finish_reason for c in first.result().choices] == ["length"] * 4
+
+
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_slot(server, slow_steps):
+    url, service = server
+    body = {"prompt": "All:", "max_tokens": 55, "stream": True, "temperature": 0}
+    with httpx.stream("POST", url + "/v1/completions", json=body) as r:
+        next(r.iter_lines())
+        (seq,) = service.engine.active.values()
+    wait_for(lambda: not service.engine.active, "the slot to be freed")
+    assert seq.cancelled and seq.generated < 20  # 55 would take more than a second
+
+
+def test_the_attention_view_returns_each_heads_weights(server):
+    r = httpx.post(server[0] + "/v1/attention", json={"prompt": "All: hear"})
+    data = r.json()
+    assert data["tokens"] == list("All: hear") and len(data["layers"]) == 2
+    heads = torch.tensor(data["layers"][1]["heads"])  # (heads, T, T)
+    assert heads.shape == (4, 9, 9)
+    torch.testing.assert_close(heads.sum(-1), torch.ones(4, 9), atol=1e-3, rtol=0)
+    assert heads.triu(1).abs().max() == 0  # causal: no weight on later tokens
+    r = httpx.post(server[0] + "/v1/attention", json={"prompt": "All:", "layer": 2})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "layer"
+
+
+def test_serve_py_help_and_a_missing_checkpoint(tmp_path):
+    run = run_script(["serve.py", "--help"])
+    assert run.returncode == 0 and "--max_batch=8" in run.stdout and "--host='127.0.0.1'" in run.stdout
+    run = run_script(["serve.py", f"--out_dir={tmp_path}"])
+    assert run.returncode == 2 and run.stderr.strip().splitlines()[-1].startswith("error: no checkpoint at")
+
+
+@pytest.fixture
+def page(server):
+    sync_api = pytest.importorskip("playwright.sync_api")
+    if not os.path.exists(CHROMIUM) and not shutil.which("chromium"):
+        pytest.skip("needs Debian's chromium (apt-get install chromium)")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium"))
+        page = browser.new_page()
+        page.goto(server[0] + "/")
+        yield page
+        browser.close()
+
+
+def test_the_playground_streams_tokens_shaded_with_alternatives_and_attention(server, page, slow_steps):
+    page.fill("#prompt", "All:")
+    page.fill("#max_tokens", "30")
+    page.fill("#temperature", "0")
+    page.click("#generate")
+    # tokens arrive while generation goes on
+    page.wait_for_function("document.querySelectorAll('#output .tok').length > 2 && document.querySelector('#generate').disabled")
+    page.wait_for_function("!document.querySelector('#generate').disabled")
+    tokens = page.locator("#output .tok")
+    assert tokens.count() == 30 and page.inner_text("#status").startswith("30 tokens")
+    assert "".join(tokens.all_text_contents()) == alone(server[1], "All:", 30)
+    assert tokens.first.evaluate("e => getComputedStyle(e).backgroundColor").startswith("rgba(255, 140, 0")
+    tokens.nth(3).hover()
+    tip = page.locator("#tip")
+    assert tip.is_visible() and tip.locator("tr").count() >= 5 and "%" in tip.inner_text()
+    assert tip.locator("tr.chosen").inner_text().startswith(f'"{tokens.nth(3).inner_text()}"'[:-1])
+    att = page.locator("#attention .tok")
+    att.nth(33).wait_for()
+    assert att.count() == 34
+    att.nth(33).hover()  # the last token: every token before it shaded by its weight
+    shaded = att.evaluate_all("spans => spans.filter(s => s.style.background).length")
+    assert shaded > 1
