@@ -93,12 +93,32 @@ def sharded_path(path):
     return os.path.splitext(path)[0] + ".dcp"
 
 
+def complete_sharded(path):
+    """The directory holding path's sharded form with its meta.pt (written last): ckpt.dcp, or where a save
+    stopped between its two renames, the previous one moved aside (.ckpt.dcp.old); None if neither."""
+    sharded = sharded_path(path)
+    aside = os.path.join(os.path.dirname(sharded), f".{os.path.basename(sharded)}.old")
+    return next((d for d in (sharded, aside) if os.path.isfile(os.path.join(d, "meta.pt"))), None)
+
+
 def latest_form(path):
     """path, or its sharded directory where that was saved after it (or alone)."""
-    sharded = sharded_path(path)
-    if os.path.isdir(sharded) and (not os.path.exists(path) or os.path.getmtime(sharded) > os.path.getmtime(path)):
+    sharded = complete_sharded(path)
+    if sharded is not None and (not os.path.isfile(path) or
+                                os.path.getmtime(os.path.join(sharded, "meta.pt")) > os.path.getmtime(path)):
         return sharded
     return path
+
+
+def discard(path):
+    """Remove a file or directory that a newer save made stale: renamed aside first, so that an interrupted
+    removal never leaves a half-deleted checkpoint under its name. Failing to remove it is harmless."""
+    aside = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.stale")
+    try:
+        os.replace(path, aside)
+    except OSError:
+        return
+    shutil.rmtree(aside, ignore_errors=True) if os.path.isdir(aside) else os.remove(aside)
 
 
 def load_checkpoint(path, map_location="cpu", weights=True):
@@ -107,8 +127,9 @@ def load_checkpoint(path, map_location="cpu", weights=True):
     Where path's sharded form is the latest, its fields, with "sharded" naming the directory and
     "model" its weights gathered into whole tensors (weights=False: no "model"; load_sharded reads them).
     """
-    if latest_form(path) != path:
-        return read_sharded(sharded_path(path), weights)
+    form = latest_form(path)
+    if form != path:
+        return read_sharded(form, weights)
     if not os.path.exists(path):
         raise UserError(f"no checkpoint at {path}; train one first (python train.py ... --out_dir={os.path.dirname(path) or '.'})")
     ckpt = read_tensors(path, map_location)
@@ -263,7 +284,12 @@ def save_sharded(meta, model, optimizer, path, rank=0, world=1):
             warnings.filterwarnings("ignore", message=".*single process")  # one process: nothing to coordinate
             dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=tmp)
         if rank == 0:
-            save_checkpoint(meta, os.path.join(tmp, "meta.pt"))
+            missing = [r for r in range(world) if not os.path.exists(os.path.join(tmp, f"__{r}_0.distcp"))]
+            if missing:
+                raise UserError(f"saving {path}: the shards of rank {missing[0]} are not in {tmp}: out_dir must be "
+                                f"on a filesystem every node shares (NFS, a cluster filesystem); the previous "
+                                f"checkpoint is intact")
+            save_checkpoint(meta, os.path.join(tmp, "meta.pt"))  # last: a directory with meta.pt is complete
             shutil.rmtree(old, ignore_errors=True)
             moved = os.path.exists(path)
             if moved:
@@ -276,7 +302,8 @@ def save_sharded(meta, model, optimizer, path, rank=0, world=1):
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
         cause = describe_os_error(e) if isinstance(e, OSError) else str(e).strip().splitlines()[-1]
-        previous = "the previous one is intact" if os.path.exists(path) else "nothing was written"
+        previous = ("the previous one is intact" if os.path.exists(path) else
+                    f"the previous one is in {old}" if os.path.exists(old) else "nothing was written")
         raise UserError(f"saving {path} failed: {cause}; {previous}") from None
     if world > 1:
         dist.barrier()  # no process goes on (or exits) before the checkpoint is in place
@@ -423,9 +450,10 @@ def remove_partial_saves(out_dir):
     aside, which goes back in place where the new one never arrived."""
     for name in os.listdir(out_dir):
         path = os.path.join(out_dir, name)
-        if name.startswith((".ckpt.pt.", ".best.pt.")) and name.endswith(".tmp"):
+        if name.startswith((".ckpt.pt.", ".best.pt.")) and name.endswith(".tmp") or name in (".ckpt.pt.stale",
+                                                                                            ".best.pt.stale"):
             os.remove(path)
-        elif name in (".ckpt.dcp.tmp", ".best.dcp.tmp"):
+        elif name in (".ckpt.dcp.tmp", ".best.dcp.tmp", ".ckpt.dcp.stale", ".best.dcp.stale"):
             shutil.rmtree(path)
         elif name in (".ckpt.dcp.old", ".best.dcp.old"):
             final = os.path.join(out_dir, name[1:-len(".old")])

@@ -8,8 +8,9 @@ state (AdamW in float32: 16 bytes per parameter). Under fully_shard each
 process holds 1/world of each: a Block's whole weights exist only while it
 runs (all-gathered before, freed after), and its gradients are
 reduce-scattered to the processes that own them. Each Block is one unit and
-the root (embeddings, final norm, head) another. On CUDA the units compute in
-bfloat16 and reduce gradients in float32, in place of autocast.
+the root (embeddings, final norm, head) another. With --dtype=bfloat16 (the
+default on CUDA) the units compute in bfloat16 and reduce gradients in
+float32, in place of autocast.
 """
 import functools
 import os
@@ -25,7 +26,7 @@ from configurator import UserError, parse_args, run_main
 def shard(model, device, dtype, compile_blocks=False):
     """fully_shard each Block, then the whole model (in place: parameters become DTensor shards)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    mixed = device.type == "cuda" and dtype != torch.float32
+    mixed = dtype != torch.float32
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if mixed else MixedPrecisionPolicy()
     for block in model.transformer.h:
         if compile_blocks:
@@ -48,15 +49,17 @@ def local(t):
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-def all_finite(model, world):
-    """True when every weight is finite on every process (each checks its own shards)."""
-    ok = torch.tensor([all(torch.isfinite(local(p)).all() for p in model.parameters())], dtype=torch.int32)
+def first_non_finite(model, world):
+    """The name of a weight that is not finite on some process ("on another process" where this one's
+    shards are all finite), or None when every weight is finite everywhere."""
+    bad = next((name for name, p in model.named_parameters() if not torch.isfinite(local(p)).all()), None)
     if world > 1:
         import torch.distributed as dist
-        if dist.get_backend() == "nccl":
-            ok = ok.cuda()
-        dist.all_reduce(ok, op=dist.ReduceOp.MIN)
-    return bool(ok.item())
+        count = torch.tensor([int(bad is not None)], device="cuda" if dist.get_backend() == "nccl" else "cpu")
+        dist.all_reduce(count)
+        if count.item() and bad is None:
+            return "on another process"
+    return bad
 
 
 def held_bytes(model, optimizer):

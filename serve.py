@@ -105,6 +105,16 @@ def typed(body, name, types, default, what):
     return value
 
 
+def number(body, name, default):
+    """body[name] as a float (an integer too), default if absent or null."""
+    value = typed(body, name, (int, float), default, "a number")
+    try:
+        return float(value) if value is not None else None
+    except OverflowError:
+        raise BadRequest(f"{name} must be a number of float range, got an integer of {len(str(value))} digits",
+                         name) from None
+
+
 @dataclass
 class CompletionRequest:
     prompts: list  # of str
@@ -144,9 +154,9 @@ def parse_completion(body, model_name):
     req = CompletionRequest(
         prompts=prompts, stops=stops,
         max_tokens=typed(body, "max_tokens", int, 16, "an integer"),
-        temperature=float(typed(body, "temperature", (int, float), 1.0, "a number")),
+        temperature=number(body, "temperature", 1.0),
         top_k=typed(body, "top_k", int, None, "an integer"),
-        top_p=typed(body, "top_p", (int, float), None, "a number"),
+        top_p=number(body, "top_p", None),
         seed=typed(body, "seed", int, None, "an integer"),
         n=typed(body, "n", int, 1, "an integer"),
         stream=typed(body, "stream", bool, False, "true or false"),
@@ -359,7 +369,7 @@ async def read_json(request):
             raise BadRequest(f"the request body is over {MAX_BODY_BYTES:,} bytes", status=413)
     try:
         value = json.loads(body)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:  # deep nesting exhausts the parser's recursion
         raise BadRequest(f"the body is not JSON ({e}); send a JSON object") from None
     if not isinstance(value, dict):
         raise BadRequest(f"the body is a JSON {type(value).__name__}; send a JSON object")
@@ -369,14 +379,18 @@ async def read_json(request):
 async def arrivals(request, queue, seqs):
     """The pieces of a request's choices as they come, until each has ended. A client that goes away,
     or stops reading, cancels the request's sequences: their slots are free at the engine's next step."""
-    ended = 0
+    ended, checked = 0, time.monotonic()
     try:
         while ended < len(seqs):
             try:
                 piece = await asyncio.wait_for(queue.get(), DISCONNECT_POLL_S)
             except asyncio.TimeoutError:
+                piece = None
+            if time.monotonic() - checked >= DISCONNECT_POLL_S:  # also while tokens keep coming
+                checked = time.monotonic()
                 if await request.is_disconnected():
                     return
+            if piece is None:
                 continue
             ended += piece["finish_reason"] is not None
             yield piece

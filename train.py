@@ -19,7 +19,6 @@ PROCESS_START = time.time()  # before the heavy imports: "training time" counts 
 import math
 import os
 import shlex
-import shutil
 import typing
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields, replace
@@ -30,12 +29,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from batches import ROOT, TRAINING, Batches, dataset_dir, estimate_loss
-from checkpoint import (RUNTIME_FIELDS, OutDirLock, config_from_model_args, is_pretrained, latest_form,
+from checkpoint import (RUNTIME_FIELDS, OutDirLock, config_from_model_args, discard, is_pretrained, latest_form,
                         load_checkpoint, load_pretrained, load_sharded, model_args, model_from_checkpoint, rng_state,
                         save_checkpoint, save_sharded, set_rng_state, sharded_path)
 from configurator import UserError, convert, parse_args, report_overrides, run_main
 from device import autocast, cpu_matmul_flops, peak_flops_for, resolve_device, resolve_dtype, should_compile
-from fsdp import all_finite, checkpoint_activations, held_bytes, load_optimizer_state, no_gradient_sync, shard
+from fsdp import checkpoint_activations, first_non_finite, held_bytes, load_optimizer_state, no_gradient_sync, shard
 from memory import check_fits, param_count, training_bytes
 from metrics import Clock, Metrics
 from model import GPT, GPTConfig
@@ -264,18 +263,8 @@ class Run:
         self.batches.vocab_size = self.raw_model.config.vocab_size  # a token id beyond it is an error
         torch.manual_seed(cfg.seed + rank)  # distinct dropout masks per rank
         self.raw_model.to(device)
-        self.sharded = cfg.parallel == "fsdp" and world > 1
-        if cfg.parallel == "fsdp" and world == 1:
-            log("note: --parallel=fsdp in one process: nothing to shard, so the model trains whole; checkpoints "
-                "are still sharded directories (run under torchrun to shard)")
-        if cfg.parallel == "fsdp" and dtype == torch.float16:
-            raise UserError("--parallel=fsdp computes in bfloat16 or float32, not float16 (no gradient scaler for "
-                            "shards here): use --dtype=bfloat16, or --parallel=ddp")
-        if cfg.activation_checkpointing:
-            checkpoint_activations(self.raw_model)
         compile = should_compile(cfg.compile, device)
-        if self.sharded:
-            shard(self.raw_model, device, dtype, compile_blocks=compile)
+        self.sharded = self.parallelize(cfg, dtype, compile)
         self.token_bytes = bytes_per_token(meta, self.raw_model.config.vocab_size, device, log)
         self.optimizer = configure_optimizers(self.raw_model, cfg.weight_decay, cfg.learning_rate,
                                               (cfg.beta1, cfg.beta2), device.type, cfg.optimizer, cfg.muon_lr,
@@ -308,6 +297,22 @@ class Run:
         self.clock = Clock(t_start)
         self.bar = tqdm(total=cfg.max_iters, initial=self.iter_num, disable=not self.master or None, desc="train",
                         unit="iter")
+
+    def parallelize(self, cfg, dtype, compile):
+        """Activation checkpointing, and FSDP's shards under torchrun; True when the model is sharded."""
+        if cfg.activation_checkpointing:
+            checkpoint_activations(self.raw_model)
+        if cfg.parallel != "fsdp":
+            return False
+        if dtype == torch.float16:
+            raise UserError("--parallel=fsdp computes in bfloat16 or float32, not float16 (no gradient scaler for "
+                            "shards here): use --dtype=bfloat16, or --parallel=ddp")
+        if self.world == 1:
+            self.log("note: --parallel=fsdp in one process: nothing to shard, so the model trains whole; "
+                     "checkpoints are still sharded directories (run under torchrun to shard)")
+            return False
+        shard(self.raw_model, self.device, dtype, compile_blocks=compile)
+        return True
 
     def build_model(self, cfg, ckpt, meta, data_dir):
         """The model: from the checkpoint, from GPT-2's weights, or new; and cfg with the shape it has."""
@@ -353,7 +358,7 @@ class Run:
                 self.optimizer.load_state_dict(ckpt["optimizer"])
         except DAMAGED as e:
             raise UserError(f"{path}: its optimizer state does not fit optimizer={self.cfg.optimizer} ({e})") from None
-        if "sharded" in ckpt and not all_finite(self.raw_model, self.world):
+        if "sharded" in ckpt and first_non_finite(self.raw_model, self.world):
             raise UserError(f"{path} holds non-finite weights: the run that wrote it diverged; use an earlier "
                             f"checkpoint (best.dcp?) or train again")
         for group, peak in zip(self.optimizer.param_groups, peaks):
@@ -478,9 +483,10 @@ class Run:
     def save(self, name, rng=None):
         """ckpt.pt or best.pt (with --parallel=fsdp: ckpt.dcp or best.dcp), atomically; never non-finite weights.
         The other form of the same checkpoint, older, is removed."""
-        if not all_finite(self.raw_model, self.world):
-            raise UserError(f"the weights are not finite at iter {self.iter_num}; not saving {name}: the last good "
-                            f"checkpoint is kept (lower learning_rate or raise warmup_iters)")
+        bad = first_non_finite(self.raw_model, self.world)
+        if bad:
+            raise UserError(f"the weights are not finite at iter {self.iter_num} ({bad}); not saving {name}: the last "
+                            f"good checkpoint is kept (lower learning_rate or raise warmup_iters)")
         meta = {"model_args": model_args(self.raw_model.config), "iter_num": self.iter_num,
                 "best_val_loss": self.best_val_loss, "config": asdict(self.cfg), "scaler": self.scaler.state_dict(),
                 "rng": rng or gather_rng(self.world), "tokenizer": self.tokenizer_meta}
@@ -495,7 +501,7 @@ class Run:
                     save_checkpoint(state, path)
                 stale = sharded_path(path)
             if self.master and os.path.exists(stale):
-                shutil.rmtree(stale) if os.path.isdir(stale) else os.remove(stale)
+                discard(stale)
 
     def close(self):
         self.bar.close()

@@ -43,11 +43,14 @@ def weights(out_dir):
 
 
 def assert_same_run(a, b, atol=1e-5):
-    for key, value in weights(a).items():
-        torch.testing.assert_close(weights(b)[key], value, atol=atol, rtol=0, msg=key)
-    losses = [(r["iter"], r["loss"]) for r in records(a, "train")]
-    for (i, x), (j, y) in zip(losses, [(r["iter"], r["loss"]) for r in records(b, "train")]):
-        assert i == j and abs(x - y) < atol, (i, x, y)
+    wa, wb = weights(a), weights(b)
+    assert wa.keys() == wb.keys()
+    for key, value in wa.items():
+        torch.testing.assert_close(wb[key], value, atol=atol, rtol=0, msg=key)
+    la, lb = ([(r["iter"], r["loss"]) for r in records(out, "train")] for out in (a, b))
+    assert [i for i, _ in la] == [i for i, _ in lb] and la, (la, lb)
+    for (i, x), (_, y) in zip(la, lb):
+        assert abs(x - y) < atol, (i, x, y)
 
 
 @pytest.mark.parametrize("options", [
@@ -72,8 +75,9 @@ def test_sharded_resume_is_exact_with_the_same_world_size(tmp_path, char_dataset
     torchrun(*common, f"--out_dir={tmp_path / 'a'}")
     torchrun(*common, f"--out_dir={tmp_path / 'b'}", "--max_iters=3")
     torchrun(f"--out_dir={tmp_path / 'b'}", "--init_from=resume")
-    for key, value in weights(tmp_path / "a").items():
-        assert torch.equal(value, weights(tmp_path / "b")[key]), key
+    a, b = weights(tmp_path / "a"), weights(tmp_path / "b")
+    for key, value in a.items():
+        assert torch.equal(value, b[key]), key
     assert [r["loss"] for r in records(tmp_path / "a", "train")] == [r["loss"] for r in records(tmp_path / "b", "train")]
 
 

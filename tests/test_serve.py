@@ -11,7 +11,7 @@ from checkpoint import model_args
 from conftest import CORPUS, run_script
 from model import GPTConfig
 from sample import sample_seed
-from test_generate import sharp
+from test_generate import attention_weights, sharp
 
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
@@ -199,6 +199,7 @@ def test_text_past_block_size_shifts_the_context_as_sample_py_does(server, slow_
     (dict(echo=True), 400, "echo", "not supported"),
     (dict(extra_body={"top_kk": 3}), 400, "top_kk", "unrecognized request argument: top_kk (did you mean 'top_k'?)"),
     (dict(max_tokens="many"), 400, "max_tokens", "max_tokens must be an integer"),
+    (dict(temperature=10**400), 400, "temperature", "float range"),
     (dict(model="gpt-4"), 404, "model", "'gpt-4' is not served here"),
 ])
 def test_bad_requests_get_openai_errors(client, args, status, param, match):
@@ -211,8 +212,9 @@ def test_bad_requests_get_openai_errors(client, args, status, param, match):
     assert client.completions.create(model="out-tiny", prompt="All:", max_tokens=3).choices[0].text  # still serving
 
 
-def test_a_body_that_is_not_json_is_a_400(server):
-    r = httpx.post(server[0] + "/v1/completions", content=b"{prompt", headers={"content-type": "application/json"})
+@pytest.mark.parametrize("body", [b"{prompt", b"[" * 200_000], ids=["broken", "nested-too-deep"])
+def test_a_body_that_is_not_json_is_a_400(server, body):
+    r = httpx.post(server[0] + "/v1/completions", content=body, headers={"content-type": "application/json"})
     assert r.status_code == 400 and "not JSON" in r.json()["error"]["message"]
 
 
@@ -247,12 +249,24 @@ def test_a_client_that_disconnects_mid_stream_frees_its_slot(server, slow_steps)
     assert seq.cancelled and seq.generated < 20  # 55 would take more than a second
 
 
+def test_a_client_that_disconnects_while_waiting_for_a_whole_answer_frees_its_slot(server, slow_steps):
+    url, service = server
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes its connection
+        httpx.post(url + "/v1/completions", json={"prompt": "All:", "max_tokens": 4000}, timeout=1.0)
+    (seq,) = service.engine.active.values()
+    wait_for(lambda: not service.engine.active, "the slot to be freed", timeout=5)
+    assert seq.cancelled and seq.generated < 1000  # 4000 steps would take 80 s
+
+
 def test_the_attention_view_returns_each_heads_weights(server):
     r = httpx.post(server[0] + "/v1/attention", json={"prompt": "All: hear"})
     data = r.json()
     assert data["tokens"] == list("All: hear") and len(data["layers"]) == 2
     heads = torch.tensor(data["layers"][1]["heads"])  # (heads, T, T)
     assert heads.shape == (4, 9, 9)
+    ids = torch.tensor([server[1].tokenizer.encode("All: hear")])
+    expected = attention_weights(server[1].model, ids)[1][0]  # layer 1, through the manual path's hook
+    torch.testing.assert_close(heads, expected, atol=1e-4, rtol=0)
     torch.testing.assert_close(heads.sum(-1), torch.ones(4, 9), atol=1e-3, rtol=0)
     assert heads.triu(1).abs().max() == 0  # causal: no weight on later tokens
     r = httpx.post(server[0] + "/v1/attention", json={"prompt": "All:", "layer": 2})
