@@ -20,7 +20,7 @@ import torch
 from batches import dataset_dir
 from configurator import UserError, parse_args, run_main
 from device import autocast, resolve_device, resolve_dtype, should_compile
-from generate import packed_weights, window_start
+from generate import onednn_available, packed_weights, window_start
 from model import GPT
 from optim import configure_optimizers
 from tokenizer import read_meta, tokenizer_from_meta
@@ -65,14 +65,38 @@ def best_time(fn, device, repeats=5):
     return min(times)
 
 
+def matmul_kernels(device, dtype):
+    """{name: make(n)} for every matmul kernel PyTorch offers here; make(n) prepares two n x n operands and
+    returns the product to time. The default kernel in dtype, and on CPUs oneDNN's on a packed weight
+    (generate.py decodes with it) in float32 and, where the CPU has fast bfloat16 (AVX-512 BF16, AMX),
+    the default and packed kernels in bfloat16 too."""
+    def default(t):
+        def make(n):
+            a, b = (torch.randn(n, n, device=device, dtype=t) for _ in range(2))
+            return lambda: a @ b
+        return make
+
+    def packed(t):
+        def make(n):
+            a, b = (torch.randn(n, n, dtype=t) for _ in range(2))
+            weight = torch.ops.mkldnn._reorder_linear_weight(b.t().contiguous(), n)  # packed once, not timed
+            return lambda: torch.ops.mkldnn._linear_pointwise(a, weight, None, "none", [], "")
+        return make
+
+    kernels = {f"default {str(dtype)[6:]}": default(dtype)}
+    if device.type == "cpu" and onednn_available():
+        types = [torch.float32] + ([torch.bfloat16] if torch.ops.mkldnn._is_mkldnn_bf16_supported() else [])
+        for t in types:
+            kernels.setdefault(f"default {str(t)[6:]}", default(t))
+            kernels[f"oneDNN packed {str(t)[6:]}"] = packed(t)
+    return kernels
+
+
 def peak_matmul_flops(device, dtype, sizes=(512, 1024, 2048)):
-    """Measured peak FLOP/s of square matmuls: the best over a few sizes."""
-    best = 0.0
-    for n in sizes:
-        a = torch.randn(n, n, device=device, dtype=dtype)
-        b = torch.randn(n, n, device=device, dtype=dtype)
-        best = max(best, 2 * n ** 3 / best_time(lambda: a @ b, device))
-    return best
+    """{kernel: measured FLOP/s of square matmuls, the best over a few sizes}: the device's peak is the
+    best of them, whichever kernel reaches it."""
+    return {name: max(2 * n ** 3 / best_time(make(n), device) for n in sizes)
+            for name, make in matmul_kernels(device, dtype).items()}
 
 
 def read_bandwidth(device, nbytes=1 << 28):
@@ -247,9 +271,12 @@ def bench(cfg, log=print):
     rows = [("device", f"{device} ({result['dtype']}, {result['threads']} threads)"),
             ("parameters", f"{result['params'] / 1e6:.2f}M")]
     if cfg.only in ("all", "peak", "train"):
-        result["peak_flops"] = peak_matmul_flops(device, dtype)
+        kernels = peak_matmul_flops(device, dtype)
+        best = max(kernels, key=kernels.get)
+        result.update(peak_flops=kernels[best], peak_kernel=best, kernel_flops=kernels)
         result["read_bandwidth"] = read_bandwidth(device)
-        rows += [("peak matmul", f"{result['peak_flops'] / 1e9:,.1f} GFLOP/s"),
+        rows += [(f"matmul, {name}", f"{flops / 1e9:,.1f} GFLOP/s") for name, flops in kernels.items()]
+        rows += [("peak matmul (MFU's base)", f"{result['peak_flops'] / 1e9:,.1f} GFLOP/s ({best})"),
                  ("read bandwidth", f"{result['read_bandwidth'] / 1e9:,.1f} GB/s")]
     if cfg.only in ("all", "train"):
         tokens = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
