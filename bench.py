@@ -20,7 +20,8 @@ import torch
 from batches import dataset_dir
 from configurator import UserError, parse_args, run_main
 from device import autocast, resolve_device, resolve_dtype, should_compile
-from generate import onednn_available, packed_weights, window_start
+from generate import packed_weights, window_start
+from kernels import onednn_available, packed_product
 from model import GPT
 from optim import configure_optimizers
 from tokenizer import read_meta, tokenizer_from_meta
@@ -80,7 +81,7 @@ def matmul_kernels(device, dtype):
         def make(n):
             a, b = (torch.randn(n, n, dtype=t) for _ in range(2))
             weight = torch.ops.mkldnn._reorder_linear_weight(b.t().contiguous(), n)  # packed once, not timed
-            return lambda: torch.ops.mkldnn._linear_pointwise(a, weight, None, "none", [], "")
+            return lambda: packed_product(a, weight)
         return make
 
     kernels = {f"default {str(dtype)[6:]}": default(dtype)}

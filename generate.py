@@ -13,6 +13,8 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
+from kernels import onednn_available, packed_product
+
 # bytes of linear weights packed_weights copies; beyond this (gpt2-large holds 3.1 GB,
 # gpt2-xl 6.2 GB) a second copy could exhaust a laptop's memory
 PACKED_COPY_LIMIT = 2 << 30
@@ -48,10 +50,6 @@ def window_start(n, start, block):
 
 # --- packed CPU weights -------------------------------------------------------------------------------
 
-def onednn_available():
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-
-
 def pack(linear, rows):
     """Give an nn.Linear a copy of its weight laid out for oneDNN for inputs of about `rows` rows.
 
@@ -70,7 +68,7 @@ def pack(linear, rows):
     def forward(x):
         if (not torch.compiler.is_compiling() and linear.weight is weight and weight._version == version
                 and x.dtype == torch.float32 and torch.is_inference_mode_enabled()):
-            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, linear.bias, "none", [], "")
+            return packed_product(x.contiguous(), packed, linear.bias)
         return F.linear(x, linear.weight, linear.bias)
     linear.forward = forward  # an instance attribute: shadows nn.Linear.forward until unpack
     return True

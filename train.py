@@ -35,6 +35,7 @@ from checkpoint import (RUNTIME_FIELDS, OutDirLock, config_from_model_args, disc
 from configurator import UserError, convert, parse_args, report_overrides, run_main
 from device import autocast, cpu_matmul_flops, peak_flops_for, resolve_device, resolve_dtype, should_compile
 from fsdp import checkpoint_activations, first_non_finite, held_bytes, load_optimizer_state, no_gradient_sync, shard
+from kernels import can_pack, packed_training
 from memory import check_fits, param_count, training_bytes
 from metrics import Clock, Metrics
 from model import GPT, GPTConfig
@@ -46,7 +47,8 @@ from tokenizer import read_meta, token_byte_lengths, tokenizer_from_meta, tokeni
 SHAPE_FIELDS = tuple(f.name for f in fields(GPTConfig) if f.name not in RUNTIME_FIELDS)
 FIXED_ON_RESUME = SHAPE_FIELDS + ("optimizer",)  # the optimizer state must fit the optimizer
 # fields about this machine and this invocation: a resumed run never takes them from the checkpoint
-LOCAL_FIELDS = ("out_dir", "init_from", "eval_only", "device", "dtype", "compile", "backend", "peak_flops")
+LOCAL_FIELDS = ("out_dir", "init_from", "eval_only", "device", "dtype", "compile", "backend", "peak_flops",
+                "packed_linear")
 # what loading a damaged optimizer, scaler or RNG state raises
 DAMAGED = (ValueError, KeyError, TypeError, IndexError, RuntimeError, AttributeError, OverflowError)
 
@@ -95,6 +97,7 @@ class TrainConfig(GPTConfig):
     device: str = "auto"  # auto (cuda, else mps, else cpu), cpu, cuda, cuda:1, mps
     dtype: str = "auto"  # auto (bfloat16 on CUDA where supported, else float16; float32 on CPU)
     compile: bool | None = None  # torch.compile the model; None: on CUDA yes (it pays off), elsewhere no
+    packed_linear: bool | None = None  # CPU, float32: linear layers through oneDNN on packed weights (kernels.py); None: where it applies
     backend: str = "auto"  # torch.distributed backend: auto (nccl on CUDA, gloo on CPU), nccl, gloo
     parallel: str = "ddp"  # under torchrun: ddp (a whole copy per process) or fsdp (parameters, grads, optimizer sharded)
     activation_checkpointing: bool = False  # recompute each Block's activations in backward: less memory, ~1/3 more compute
@@ -200,7 +203,8 @@ def train(cfg, overrides=None, log=print, t_start=None):
         stop.abandon = world == 1  # DDP ranks stop together, at a log iteration
         log = log if rank == 0 else (lambda *a, **k: None)
         run = Run(cfg, overrides or {}, rank, local_rank, world, log, t_start, stop, lock)
-        loop(run, stop)
+        with packed_training(run.raw_model) if run.packed else nullcontext():
+            loop(run, stop)
         summary = run.finish(stop)
         if world > 1:  # rank 0 saves last: no rank tears down its connections while another still uses them
             dist.barrier()
@@ -280,6 +284,11 @@ class Run:
         if world > 1 and not self.sharded:
             self.model = DDP(self.model, device_ids=[local_rank] if device.type == "cuda" else None)
         self.ctx = nullcontext() if self.sharded else autocast(device, dtype)  # FSDP casts per unit itself
+        self.packed = (cfg.packed_linear is not False and dtype == torch.float32 and can_pack(self.raw_model)
+                       and not compile and not self.sharded)
+        if cfg.packed_linear and not self.packed:
+            log("note: packed_linear applies to float32 training on a CPU with oneDNN, without compile or FSDP; "
+                "training with the default matmul")
         self.accum = cfg.gradient_accumulation_steps // world
         self.tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
         self.peak = cfg.peak_flops or peak_flops_for(device, dtype)

@@ -108,6 +108,11 @@ def test_readers_take_a_sharded_checkpoint_and_fsdp_py_writes_one_file(tmp_path,
     sample = ["sample.py", f"--out_dir={out}", "--temperature=0", "--max_new_tokens=40", "--start=the"]
     sharded_text = run_script(sample)
     assert sharded_text.returncode == 0, sharded_text.stderr
+    trace = run_script(["trace.py", f"--out_dir={out}", "--start=the", "--steps=1"])
+    assert trace.returncode == 0 and "attention" in trace.stdout, trace.stderr
+    pytest.importorskip("transformers")
+    export = run_script(["export.py", f"--out_dir={out}", f"--hf_dir={tmp_path / 'hf'}"])
+    assert export.returncode == 0 and (tmp_path / "hf" / "model.safetensors").exists(), export.stderr
     eval_only = one_process(tmp_path, "fsdp", init_from="resume", eval_only=True)
     assert eval_only["val_loss"] == pytest.approx(records(out, "eval")[-1]["val_loss"], abs=1e-6)
 
