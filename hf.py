@@ -63,6 +63,10 @@ def incompatibilities(config):
         reasons.append(f"activation={config.activation}")
     if config.kv_heads != config.n_head:
         reasons.append(f"n_kv_head={config.n_kv_head}")
+    if config.qk_norm:
+        reasons.append("qk_norm=True")
+    if config.logit_softcap is not None:
+        reasons.append(f"logit_softcap={config.logit_softcap}")
     return reasons
 
 

@@ -46,6 +46,9 @@ class GPTConfig:
     mlp_hidden: int | None = None  # None: 4*n_embd (swiglu: 8/3*n_embd up to a multiple of 64)
     n_kv_head: int | None = None  # None: n_head; fewer gives GQA, 1 gives MQA
     tie_weights: bool = True  # lm_head shares wte's weight
+    qk_norm: bool = False  # RMS-normalize each head's q and k (no gain) before RoPE and the scores
+    logit_softcap: float | None = None  # logits = cap * tanh(logits / cap): none beyond +-cap
+    zero_init_proj: bool = False  # residual projections (c_proj) start at zero: each Block starts as identity
 
     def __post_init__(self):
         for name, allowed in CHOICES.items():
@@ -64,6 +67,8 @@ class GPTConfig:
             raise ValueError(f"mlp_hidden must be at least 1, got {self.mlp_hidden}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.logit_softcap is not None and not self.logit_softcap > 0:
+            raise ValueError(f"logit_softcap must be > 0 (or None), got {self.logit_softcap}")
         if not (self.norm_eps > 0 and self.rope_base > 0):
             raise ValueError(f"norm_eps ({self.norm_eps}) and rope_base ({self.rope_base}) must be > 0")
 
@@ -109,6 +114,7 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = make_dropout(config)
         self.dropout = config.dropout
         self.impl = config.attn_impl
+        self.qk_norm, self.norm_eps = config.qk_norm, config.norm_eps
         # observation points, in the order the tensors are made (the scores exist on the manual path only)
         self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()  # (B, nh or nkv, T, hs)
         self.hook_q_rot, self.hook_k_rot = HookPoint(), HookPoint()  # after RoPE, where it is used
@@ -120,8 +126,11 @@ class CausalSelfAttention(nn.Module):
         q_dim, kv_dim = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
         q, k, v = self.c_attn(x).split([q_dim, kv_dim, kv_dim], dim=2)
         # heads are contiguous channel blocks: channel c belongs to head c // hs
-        q = self.hook_q(q.view(B, T, self.n_head, self.head_dim).transpose(1, 2))  # (B, nh, T, hs)
-        k = self.hook_k(k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2))  # (B, nkv, T, hs)
+        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, nkv, T, hs)
+        if self.qk_norm:  # every q and k of length sqrt(hs): the scores' scale no longer grows with training
+            q, k = F.rms_norm(q, (self.head_dim,), eps=self.norm_eps), F.rms_norm(k, (self.head_dim,), eps=self.norm_eps)
+        q, k = self.hook_q(q), self.hook_k(k)
         v = self.hook_v(v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2))  # (B, nkv, T, hs)
         if rope is not None:
             q, k = self.hook_q_rot(apply_rope(q, rope)), self.hook_k_rot(apply_rope(k, rope))
@@ -294,6 +303,8 @@ class GPT(nn.Module):
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):
                 torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+                if config.zero_init_proj:
+                    torch.nn.init.zeros_(p)
 
     def _init_weights(self, module):
         if isinstance(module, nn.Linear):
@@ -328,11 +339,15 @@ class GPT(nn.Module):
         if kv_cache is not None:
             kv_cache.pos += T
         if targets is not None:
-            logits = self.lm_head(x)
+            logits = self.softcap(self.lm_head(x))
             # in float32 whatever the logits' dtype: a bfloat16 loss near 4 moves in steps of 1/64
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
             return logits, loss
-        return self.lm_head(x[:, [-1], :] if last_only else x), None
+        return self.softcap(self.lm_head(x[:, [-1], :] if last_only else x)), None
+
+    def softcap(self, logits):
+        cap = self.config.logit_softcap
+        return logits if cap is None else cap * torch.tanh(logits / cap)
 
     def get_num_params(self, non_embedding=True):
         """Parameters, each shared tensor once; position embeddings excluded by default."""

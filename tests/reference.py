@@ -60,6 +60,9 @@ def attention(x, sd, prefix, cfg):
     q = qkv[:, :nh * hd].reshape(T, nh, hd)
     k = qkv[:, nh * hd:(nh + nkv) * hd].reshape(T, nkv, hd)
     v = qkv[:, (nh + nkv) * hd:].reshape(T, nkv, hd)
+    if cfg.qk_norm:  # each head's vector divided by its root mean square
+        q = q / np.sqrt((q ** 2).mean(-1, keepdims=True) + cfg.norm_eps)
+        k = k / np.sqrt((k ** 2).mean(-1, keepdims=True) + cfg.norm_eps)
     if cfg.pos_emb == "rope":
         q = np.stack([[rotate(q[t, h], t, cfg.rope_base) for h in range(nh)] for t in range(T)])
         k = np.stack([[rotate(k[t, h], t, cfg.rope_base) for h in range(nkv)] for t in range(T)])
@@ -94,4 +97,7 @@ def forward(sd, cfg, idx):
         x = x + linear(activation(h, cfg.activation), sd, p + "mlp.c_proj")
     final = norm(x, sd["transformer.ln_f.weight"], sd.get("transformer.ln_f.bias"), cfg.norm, cfg.norm_eps)
     head = sd.get("lm_head.weight", sd["transformer.wte.weight"])
-    return final @ head.T, final
+    logits = final @ head.T
+    if cfg.logit_softcap is not None:
+        logits = cfg.logit_softcap * np.tanh(logits / cfg.logit_softcap)
+    return logits, final

@@ -20,6 +20,8 @@ OPTIONS = {
     "mqa": dict(n_kv_head=1, pos_emb="rope"),
     "untied": dict(tie_weights=False),
     "modern": dict(pos_emb="rope", norm="rmsnorm", activation="relu2", bias=False, tie_weights=False, n_kv_head=2),
+    "qk_norm": dict(qk_norm=True, pos_emb="rope", n_kv_head=2),
+    "softcap": dict(logit_softcap=2.0),
 }
 
 
@@ -153,7 +155,30 @@ def test_untied_head_has_its_own_weight(tiny_config):
     assert "wpe" not in GPT(replace(tiny_config, pos_emb="rope")).transformer
 
 
+def test_zero_initialized_projections_start_every_block_as_the_identity(tiny_config):
+    torch.manual_seed(0)
+    model = GPT(replace(tiny_config, zero_init_proj=True))
+    projections = [p for name, p in model.named_parameters() if name.endswith("c_proj.weight")]
+    assert len(projections) == 2 * tiny_config.n_layer and all(not p.any() for p in projections)
+    assert model.transformer.h[0].attn.c_attn.weight.std() > 0.01  # the other matrices keep GPT-2's init
+    idx = torch.randint(0, tiny_config.vocab_size, (2, 8))
+    x = model.transformer.wte(idx) + model.transformer.wpe(torch.arange(8))  # Blocks add nothing (biases start at 0)
+    torch.testing.assert_close(model(idx)[0], model.lm_head(model.transformer.ln_f(x)), atol=1e-6, rtol=0)
+
+
+def test_logit_softcap_bounds_logits_and_keeps_their_order(tiny_config):
+    model, idx = perturbed(replace(tiny_config, logit_softcap=0.05)), torch.randint(0, tiny_config.vocab_size, (2, 8))
+    capped = model(idx)[0]
+    model.config.logit_softcap = None
+    plain = model(idx)[0]
+    assert capped.abs().max() < 0.05 < plain.abs().max()
+    torch.testing.assert_close(capped, 0.05 * torch.tanh(plain / 0.05))
+    assert torch.equal(capped.argsort(-1), plain.argsort(-1))
+
+
 def test_option_validation_messages():
+    with pytest.raises(ValueError, match="logit_softcap must be > 0"):
+        GPTConfig(logit_softcap=0.0)
     with pytest.raises(ValueError, match=r"n_head \(12\) must be a multiple of n_kv_head \(5\)"):
         GPTConfig(n_kv_head=5)
     with pytest.raises(ValueError, match="activation must be one of"):
