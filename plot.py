@@ -49,8 +49,8 @@ def draw(runs, target=None, label="val loss"):
         iters, times, losses = zip(*evals)
         by_time.plot(times, losses, marker=".", label=os.path.basename(os.path.normpath(name)))
         by_iter.plot(iters, losses, marker=".", label=os.path.basename(os.path.normpath(name)))
-    for ax, label in ((by_time, "training time, s (from process start, evals excluded)"), (by_iter, "iterations")):
-        ax.set_xlabel(label)
+    for ax, xlabel in ((by_time, "training time, s (from process start, evals excluded)"), (by_iter, "iterations")):
+        ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
         if target is not None:
             ax.axhline(target, color="gray", linestyle="--", linewidth=1)

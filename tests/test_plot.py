@@ -23,6 +23,15 @@ def test_loss_axis_contains_every_point(tmp_path, losses):
     assert bottom < min(losses) and max(losses) < top
 
 
+@pytest.mark.parametrize("label", ["val loss", "val bits per byte"])
+def test_axes_are_labelled_with_what_they_show(tmp_path, label):
+    write_log(tmp_path / "run", [4.2, 2.5])
+    fig = plot.draw({str(tmp_path / "run"): plot.read_evals(str(tmp_path / "run"))}, label=label)
+    by_time, by_iter = fig.axes
+    assert by_time.get_ylabel() == label and by_iter.get_xlabel() == "iterations"
+    assert by_time.get_xlabel().startswith("training time, s")
+
+
 def test_plot_writes_a_png(tmp_path):
     write_log(tmp_path / "a", [10.8, 6.0])
     write_log(tmp_path / "b", [10.9, 5.0])
