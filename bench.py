@@ -256,6 +256,36 @@ def bench_serve(model, tokenizer, device, dtype, new_tokens, clients):
     return figures
 
 
+def generation_rows(cfg, model, device, ctx, result):
+    """Decoding tokens/s, uncached, cached and batched, against the bandwidth bound (into result)."""
+    model.eval()
+    result["read_bandwidth"] = result.get("read_bandwidth") or read_bandwidth(device)
+    with ctx:
+        uncached = decode_tok_s(model, device, 1, cfg.new_tokens, use_cache=False)
+        cached = decode_tok_s(model, device, 1, cfg.new_tokens, use_cache=True)
+        batched = decode_tok_s(model, device, cfg.gen_batch, cfg.new_tokens, use_cache=True)
+        matmuls = decode_matmuls_tok_s(model, device)
+    bound = result["read_bandwidth"] / decode_bytes_per_token(model, cfg.new_tokens)
+    result.update(uncached_tok_s=uncached, cached_tok_s=cached, batched_tok_s=batched, gen_batch=cfg.gen_batch,
+                  matmuls_tok_s=matmuls, bandwidth_bound_tok_s=bound, new_tokens=cfg.new_tokens)
+    return [("generate, uncached", f"{uncached:,.1f} tok/s"),
+            ("generate, KV cache", f"{cached:,.1f} tok/s ({cached / uncached:.1f}x uncached, "
+                                   f"{bound / cached:.2f}x from the bandwidth bound)"),
+            (f"generate, KV cache, batch {cfg.gen_batch}", f"{batched:,.1f} tok/s ({batched / cached:.1f}x batch 1)"),
+            ("linear layers alone, batch 1", f"{matmuls:,.1f} tok/s ({bound / matmuls:.2f}x from the bound)"),
+            ("bandwidth bound, batch 1", f"{bound:,.1f} tok/s")]
+
+
+def serve_rows(cfg, model, tokenizer, device, dtype, result):
+    """serve.py's time to first token and tokens/s with 1 and gen_batch clients (into result)."""
+    model.eval()
+    figures = result["serve"] = bench_serve(model, tokenizer, device, dtype, cfg.new_tokens, cfg.gen_batch)
+    one = figures[1]["aggregate_tok_s"]
+    return [(f"serve.py, {n} client{'s' * (n > 1)}", f"first token {f['ttft_ms']:,.0f} ms, {f['tok_s_per_client']:,.1f} "
+             f"tok/s per client, {f['aggregate_tok_s']:,.1f} tok/s in all ({f['aggregate_tok_s'] / one:.1f}x one client)")
+            for n, f in figures.items()]
+
+
 def bench(cfg, log=print):
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
@@ -291,34 +321,12 @@ def bench(cfg, log=print):
             result.update(train_ms=loop, train_overhead=loop / plain - 1)
             rows += [("train.py loop", f"{loop:.1f} ms/iter ({(loop / plain - 1) * 100:+.1f}% vs plain)")]
     if cfg.only in ("all", "generate"):
-        model.eval()
-        result["read_bandwidth"] = result.get("read_bandwidth") or read_bandwidth(device)
-        with ctx:
-            uncached = decode_tok_s(model, device, 1, cfg.new_tokens, use_cache=False)
-            cached = decode_tok_s(model, device, 1, cfg.new_tokens, use_cache=True)
-            batched = decode_tok_s(model, device, cfg.gen_batch, cfg.new_tokens, use_cache=True)
-            matmuls = decode_matmuls_tok_s(model, device)
-        bound = result["read_bandwidth"] / decode_bytes_per_token(model, cfg.new_tokens)
-        result.update(uncached_tok_s=uncached, cached_tok_s=cached, batched_tok_s=batched, gen_batch=cfg.gen_batch,
-                      matmuls_tok_s=matmuls, bandwidth_bound_tok_s=bound, new_tokens=cfg.new_tokens)
-        rows += [("generate, uncached", f"{uncached:,.1f} tok/s"),
-                 ("generate, KV cache", f"{cached:,.1f} tok/s ({cached / uncached:.1f}x uncached, "
-                                        f"{bound / cached:.2f}x from the bandwidth bound)"),
-                 (f"generate, KV cache, batch {cfg.gen_batch}", f"{batched:,.1f} tok/s ({batched / cached:.1f}x batch 1)"),
-                 ("linear layers alone, batch 1", f"{matmuls:,.1f} tok/s ({bound / matmuls:.2f}x from the bound)"),
-                 ("bandwidth bound, batch 1", f"{bound:,.1f} tok/s")]
+        rows += generation_rows(cfg, model, device, ctx, result)
     if cfg.only == "memory":
         result["memory"], more = held_per_process(cfg, log)
         rows += more
     if cfg.only == "serve":
-        model.eval()
-        figures = bench_serve(model, tokenizer_from_meta(meta), device, dtype, cfg.new_tokens, cfg.gen_batch)
-        result["serve"] = figures
-        one = figures[1]["aggregate_tok_s"]
-        for n, f in figures.items():
-            rows.append((f"serve.py, {n} client{'s' * (n > 1)}", f"first token {f['ttft_ms']:,.0f} ms, "
-                         f"{f['tok_s_per_client']:,.1f} tok/s per client, {f['aggregate_tok_s']:,.1f} tok/s in all "
-                         f"({f['aggregate_tok_s'] / one:.1f}x one client)"))
+        rows += serve_rows(cfg, model, tokenizer_from_meta(meta), device, dtype, result)
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         log(f"{key:<{width}}  {value}")
