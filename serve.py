@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 import uvicorn
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.responses import HTMLResponse, JSONResponse, StreamingResponse
 from starlette.routing import Route
 
@@ -86,6 +87,13 @@ class BadRequest(Exception):
     def __init__(self, message, param=None, status=400, kind="invalid_request_error", code=None):
         super().__init__(message)
         self.param, self.status, self.kind, self.code = param, status, kind, code
+
+
+async def unknown_route(request, e):
+    """A path or method this server does not serve, as OpenAI's error object (404, 405)."""
+    return error_response(BadRequest(f"{request.method} {request.url.path} is not served here ({e.detail}); this "
+                                     f"server serves GET /v1/models, POST /v1/completions, POST /v1/attention and "
+                                     f"the playground at /", status=e.status_code))
 
 
 def error_response(e):
@@ -275,7 +283,8 @@ class Service:
                   Route("/v1/completions", self.completions, methods=["POST"]),
                   Route("/v1/attention", self.attention, methods=["POST"])]
         return Starlette(routes=routes, lifespan=lifespan,
-                         exception_handlers={BadRequest: lambda request, e: error_response(e)})
+                         exception_handlers={BadRequest: lambda request, e: error_response(e),
+                                             HTTPException: unknown_route})
 
     def token_text(self, token):
         """A token's text alone (a byte-level BPE token that is part of a character shows as U+FFFD)."""

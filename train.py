@@ -294,7 +294,7 @@ class Run:
         self.peak = cfg.peak_flops or peak_flops_for(device, dtype)
         log(f"model: {self.raw_model.get_num_params() / 1e6:.2f}M parameters; device {device}, {str(dtype)[6:]}, "
             f"{world} process(es); {self.tokens_per_iter:,} tokens per iter")
-        for note in startup_notes(cfg, self.raw_model, device, self.tokens_per_iter, ckpt_path):
+        for note in startup_notes(cfg, self.raw_model, device, self.tokens_per_iter, ckpt_path, self.iter_num):
             log(f"note: {note}")
         writer = self.master and not cfg.eval_only  # eval_only only reads out_dir
         self.metrics = Metrics(os.path.join(cfg.out_dir, "log.jsonl"), cfg, console=self.master, record=writer)
@@ -541,9 +541,9 @@ class Run:
 CPU_TRAINING_EFFICIENCY = 0.5
 
 
-def startup_notes(cfg, model, device, tokens_per_iter, ckpt_path):
+def startup_notes(cfg, model, device, tokens_per_iter, ckpt_path, iter_num=0):
     """Warnings worth a line before a run starts: a GPU-sized run on a CPU, a warmup longer than the run,
-    a scratch run about to replace a checkpoint."""
+    a scratch run about to replace a checkpoint, a resumed run with nothing left to do."""
     notes = []
     if device.type == "cpu" and not cfg.eval_only:
         flops_per_token = model.flops_per_token()
@@ -568,8 +568,12 @@ def startup_notes(cfg, model, device, tokens_per_iter, ckpt_path):
                      f"learning rate of {last:.2e}, before its decay to {cfg.min_lr:.2e}; "
                      f"--lr_decay_iters={cfg.max_iters} decays within the run")
     if cfg.init_from != "resume" and not cfg.eval_only and os.path.exists(latest_form(ckpt_path)):
-        notes.append(f"{ckpt_path} holds an earlier run; this {cfg.init_from} run replaces it at its first save "
-                     f"(--init_from=resume would continue it instead; --out_dir=DIR keeps both)")
+        notes.append(f"{latest_form(ckpt_path)} holds an earlier run; this {cfg.init_from} run replaces it, and its "
+                     f"best checkpoint, at its first saves (--init_from=resume would continue it instead; "
+                     f"--out_dir=DIR keeps both)")
+    if cfg.init_from == "resume" and not cfg.eval_only and iter_num >= cfg.max_iters:
+        notes.append(f"the checkpoint is at iter {iter_num} and max_iters is {cfg.max_iters}: nothing to train; "
+                     f"pass --max_iters=N with N > {iter_num} to continue")
     return notes
 
 

@@ -1,5 +1,6 @@
 """train.py and sample.py end to end on a tiny char dataset: checkpoints, resume, logs, schedule."""
 import json
+from dataclasses import replace
 import math
 import os
 from contextlib import nullcontext
@@ -187,7 +188,10 @@ def test_notes_name_the_laptop_recipe_a_short_warmup_and_a_checkpoint_about_to_b
     assert "use config/shakespeare_char_cpu.py" in notes[0]
     # lr at iter 49 of a 100-iter warmup: 1e-3 * 50 / 101, worked by hand
     assert "rises only to 4.95e-04 of its 1.00e-03" in notes[1]
-    assert "holds an earlier run" in notes[2] and "--init_from=resume" in notes[2]
+    assert "holds an earlier run" in notes[2] and "--init_from=resume" in notes[2] and "best checkpoint" in notes[2]
+    done = replace(cfg, init_from="resume", warmup_iters=10, lr_decay_iters=50)
+    assert startup_notes(done, model, torch.device("cpu"), 64 * 256, "x", iter_num=50)[-1] == (
+        "the checkpoint is at iter 50 and max_iters is 50: nothing to train; pass --max_iters=N with N > 50 to continue")
     short = TrainConfig(max_iters=200, warmup_iters=100, lr_decay_iters=2000, learning_rate=1e-3, min_lr=1e-4,
                         n_layer=1, n_head=1, n_embd=16, block_size=16, out_dir=str(tmp_path / "new"))
     note = startup_notes(short, GPT(short.model_config(vocab_size=65)), torch.device("cpu"), 64, "nowhere")
