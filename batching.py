@@ -55,18 +55,20 @@ class SlotCache:
         return self.k[layer, self.rows, :, :self.end], self.v[layer, self.rows, :, :self.end]
 
     def decode(self, model, tokens, slots, positions):
-        """Logits (A, V) of one step: tokens[i] at position positions[i] of the sequence in slot slots[i]."""
+        """Logits (A, V) of one step: tokens[i] at position positions[i] of the sequence in slot slots[i]
+        (tokens a tensor (A,), slots and positions lists of ints)."""
         if len(slots) == 1:  # one row has one position: the model's own cached step, no hooks
-            view = self.row(int(slots[0]))
-            view.pos = int(positions[0])
+            view = self.row(slots[0])
+            view.pos = positions[0]
             logits, _ = model(tokens[:, None], kv_cache=view)
             return logits[:, -1]
-        self.slots, self.positions, self.pos = slots, positions, 0
-        self.end = int(positions.max()) + 1
-        first, listed = int(slots[0]), slots.tolist()
+        device = tokens.device
+        self.slots, self.positions = torch.tensor(slots, device=device), torch.tensor(positions, device=device)
+        self.pos, self.end = 0, max(positions) + 1
         # adjacent slots (the usual case: the lowest free slot is taken first) are read as a view, others copied
-        self.rows = slice(first, first + len(listed)) if listed == list(range(first, first + len(listed))) else slots
-        with per_row(model, positions):
+        adjacent = slots == list(range(slots[0], slots[0] + len(slots)))
+        self.rows = slice(slots[0], slots[0] + len(slots)) if adjacent else self.slots
+        with per_row(model, self.positions):
             logits, _ = model(tokens[:, None], kv_cache=self)
         return logits[:, -1]
 
@@ -113,7 +115,7 @@ class Sequence:
     """
 
     def __init__(self, ids, max_tokens, sink, temperature=1.0, top_k=None, top_p=None, generator=None, logprobs=None):
-        self.ids, self.max_tokens, self.sink = list(ids), max_tokens, sink
+        self.max_tokens, self.sink = max_tokens, sink
         self.temperature, self.top_k, self.top_p, self.generator = temperature, top_k, top_p, generator
         self.logprobs = logprobs
         self.cancelled = False  # set by other threads: a bool's write is atomic
@@ -231,10 +233,8 @@ class Engine:
         if not seqs:
             return
         tokens = torch.tensor([seq.last for seq in seqs], device=self.device)
-        slots = torch.tensor([seq.slot for seq in seqs], device=self.device)
-        positions = torch.tensor([seq.pos for seq in seqs], device=self.device)
         with self.lock:
-            logits = self.cache.decode(self.model, tokens, slots, positions)
+            logits = self.cache.decode(self.model, tokens, [seq.slot for seq in seqs], [seq.pos for seq in seqs])
         for seq in seqs:
             seq.pos += 1
         self.choose(seqs, logits)

@@ -191,7 +191,7 @@ def decode_bytes_per_token(model, new_tokens):
     return weights + cache
 
 
-def held_per_process(cfg, log):
+def held_per_process(cfg):
     """Bytes of parameters, gradients and optimizer state per process after one iteration of train.py:
     one process, then cfg.processes under torchrun with DDP and with FSDP (log.jsonl's memory record)."""
     import subprocess
@@ -323,7 +323,7 @@ def bench(cfg, log=print):
     if cfg.only in ("all", "generate"):
         rows += generation_rows(cfg, model, device, ctx, result)
     if cfg.only == "memory":
-        result["memory"], more = held_per_process(cfg, log)
+        result["memory"], more = held_per_process(cfg)
         rows += more
     if cfg.only == "serve":
         rows += serve_rows(cfg, model, tokenizer_from_meta(meta), device, dtype, result)
