@@ -22,6 +22,7 @@ from contextlib import ExitStack, contextmanager
 import torch
 import torch.nn.functional as F
 
+from decode import FusedStep
 from generate import KVCache, packed_weights, sample_next
 from model import apply_rope
 
@@ -54,12 +55,15 @@ class SlotCache:
         self.v[layer, self.slots, :, self.positions] = v[:, :, 0]
         return self.k[layer, self.rows, :, :self.end], self.v[layer, self.rows, :, :self.end]
 
-    def decode(self, model, tokens, slots, positions):
+    def decode(self, model, tokens, slots, positions, fused=None):
         """Logits (A, V) of one step: tokens[i] at position positions[i] of the sequence in slot slots[i]
-        (tokens a tensor (A,), slots and positions lists of ints)."""
+        (tokens a tensor (A,), slots and positions lists of ints). fused: the model's decode.FusedStep, or None.
+        """
         if len(slots) == 1:  # one row has one position: the model's own cached step, no hooks
             view = self.row(slots[0])
             view.pos = positions[0]
+            if fused is not None and fused.valid():
+                return fused(tokens, view)[:, -1]
             logits, _ = model(tokens[:, None], kv_cache=view)
             return logits[:, -1]
         device = tokens.device
@@ -148,6 +152,7 @@ class Engine:
         self.wake = threading.Condition()
         self.lock = threading.Lock()
         self.stopping = False
+        self.fused = None  # decode.FusedStep while run() holds packed weights
 
     def submit(self, seqs):
         with self.wake:
@@ -168,7 +173,8 @@ class Engine:
 
     @torch.inference_mode()
     def run(self):
-        with packed_weights(self.model, self.max_batch), self.autocast:
+        with packed_weights(self.model, self.max_batch) as packed, self.autocast:
+            self.fused = FusedStep.build(self.model, packed)  # one active sequence decodes on it
             while True:
                 with self.wake:
                     while not (self.stopping or self.waiting or self.active):
@@ -179,6 +185,7 @@ class Engine:
                 self.admit()
                 if self.active:
                     self.guarded(self.step, list(self.active.values()))
+        self.fused = None  # it holds the packed copies
         for seq in list(self.active.values()) + list(self.waiting):
             self.leave(seq, "cancelled", "the server is shutting down")
 
@@ -234,7 +241,8 @@ class Engine:
             return
         tokens = torch.tensor([seq.last for seq in seqs], device=self.device)
         with self.lock:
-            logits = self.cache.decode(self.model, tokens, [seq.slot for seq in seqs], [seq.pos for seq in seqs])
+            logits = self.cache.decode(self.model, tokens, [seq.slot for seq in seqs], [seq.pos for seq in seqs],
+                                       self.fused)
         for seq in seqs:
             seq.pos += 1
         self.choose(seqs, logits)

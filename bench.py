@@ -8,6 +8,9 @@
 Prints a table and, with --json, writes the same figures as JSON. Timings are
 medians after warm-up; compare figures measured in one run, not across runs.
 """
+import contextlib
+import importlib.util
+import io
 import json
 import os
 import statistics
@@ -36,6 +39,8 @@ class BenchConfig(TrainConfig):
     bench_warmup: int = 5
     new_tokens: int = 500  # generated tokens per sequence, from a 1-token prompt
     gen_batch: int = 8  # sequences decoded together for the batched figure, and clients of the serve figures
+    gen_repeats: int = 3  # timed runs of each cached generation figure (the median is reported)
+    nanogpt: str | None = None  # a nanoGPT checkout: also time its GPT.generate on the same weights
     json: str | None = None  # also write the results here
 
     def __post_init__(self):
@@ -44,6 +49,8 @@ class BenchConfig(TrainConfig):
             raise ValueError(f"only must be all, peak, train, generate, serve or memory, got {self.only!r}")
         if self.processes < 1:
             raise ValueError(f"processes must be at least 1, got {self.processes}")
+        if self.gen_repeats < 1:
+            raise ValueError(f"gen_repeats must be at least 1, got {self.gen_repeats}")
 
 
 def sync(device):
@@ -147,15 +154,63 @@ def train_loop_ms(cfg):
     return statistics.median(r["ms"] for r in records if r.get("kind") == "train" and r["iter"] > cfg.bench_warmup)
 
 
-def decode_tok_s(model, device, batch, new_tokens, use_cache):
-    """Generated tokens per second (all sequences together) from a 1-token prompt."""
+def decode_tok_s(model, device, batch, new_tokens, use_cache=True, repeats=1, **sampling):
+    """Generated tokens per second (all sequences together) from a 1-token prompt: the median of `repeats`
+    timed runs after a warm-up. sampling: generate's temperature (default 0, greedy) and top_k."""
     idx = torch.zeros(batch, 1, dtype=torch.long, device=device)
-    model.generate(idx, 8, temperature=0, use_cache=use_cache)  # warm-up
-    sync(device)
-    t0 = time.perf_counter()
-    model.generate(idx, new_tokens, temperature=0, use_cache=use_cache)
-    sync(device)
-    return batch * new_tokens / (time.perf_counter() - t0)
+    sampling = {"temperature": 0, **sampling}
+    model.generate(idx, 8, use_cache=use_cache, **sampling)  # warm-up
+    rates = []
+    for _ in range(repeats):
+        sync(device)
+        t0 = time.perf_counter()
+        model.generate(idx, new_tokens, use_cache=use_cache, **sampling)
+        sync(device)
+        rates.append(batch * new_tokens / (time.perf_counter() - t0))
+    return statistics.median(rates)
+
+
+NANOGPT_SAMPLING = dict(temperature=0.8, top_k=200)  # nanoGPT's sample.py defaults
+
+
+def nanogpt_model(path, model):
+    """nanoGPT's own GPT, from model.py in the checkout at path, holding model's weights."""
+    file = os.path.join(path, "model.py")
+    if not os.path.isfile(file):
+        raise UserError(f"--nanogpt={path}: no model.py there; give the directory of a nanoGPT checkout "
+                        f"(git clone https://github.com/karpathy/nanoGPT)")
+    c = model.config
+    gpt2_style = dict(pos_emb="learned", norm="layernorm", activation="gelu", mlp_hidden=None, n_kv_head=None,
+                      tie_weights=True, qk_norm=False, logit_softcap=None)
+    if any(getattr(c, k) != v for k, v in gpt2_style.items()):
+        raise UserError("--nanogpt compares GPT-2-style models only (learned positions, LayerNorm, GELU, tied "
+                        "head, no GQA, QK-norm or soft-cap): nanoGPT's model has nothing else")
+    spec = importlib.util.spec_from_file_location("nanogpt_model", file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with contextlib.redirect_stdout(io.StringIO()):  # it prints its parameter count
+        theirs = module.GPT(module.GPTConfig(block_size=c.block_size, vocab_size=c.vocab_size, n_layer=c.n_layer,
+                                             n_head=c.n_head, n_embd=c.n_embd, dropout=0.0, bias=c.bias))
+    missing, unexpected = theirs.load_state_dict(model.state_dict(), strict=False)
+    if unexpected or any(not k.endswith(".attn.bias") for k in missing):  # its causal-mask buffer, if any
+        raise UserError(f"--nanogpt={path}: its model does not hold ours (missing {missing}, unexpected {unexpected})")
+    return theirs.to(next(model.parameters()).device).eval()
+
+
+def against_nanogpt(cfg, model, device):
+    """(nanoGPT's tokens/s, ours) with nanoGPT's sampling defaults, timed alternately: medians of gen_repeats."""
+    theirs = nanogpt_model(cfg.nanogpt, model)
+    idx = torch.zeros(1, 1, dtype=torch.long, device=device)
+    rates = {"nanogpt": [], "ours": []}
+    with torch.no_grad():
+        for _ in range(cfg.gen_repeats):
+            for name, m in (("nanogpt", theirs), ("ours", model)):
+                sync(device)
+                t0 = time.perf_counter()
+                m.generate(idx, cfg.new_tokens, **NANOGPT_SAMPLING)
+                sync(device)
+                rates[name].append(cfg.new_tokens / (time.perf_counter() - t0))
+    return statistics.median(rates["nanogpt"]), statistics.median(rates["ours"])
 
 
 def decode_matmuls_tok_s(model, device, batch=1):
@@ -262,13 +317,19 @@ def generation_rows(cfg, model, device, ctx, result):
     result["read_bandwidth"] = result.get("read_bandwidth") or read_bandwidth(device)
     with ctx:
         uncached = decode_tok_s(model, device, 1, cfg.new_tokens, use_cache=False)
-        cached = decode_tok_s(model, device, 1, cfg.new_tokens, use_cache=True)
-        batched = decode_tok_s(model, device, cfg.gen_batch, cfg.new_tokens, use_cache=True)
+        cached = decode_tok_s(model, device, 1, cfg.new_tokens, repeats=cfg.gen_repeats)
+        batched = decode_tok_s(model, device, cfg.gen_batch, cfg.new_tokens, repeats=cfg.gen_repeats)
         matmuls = decode_matmuls_tok_s(model, device)
+        theirs = against_nanogpt(cfg, model, device) if cfg.nanogpt else None
     bound = result["read_bandwidth"] / decode_bytes_per_token(model, cfg.new_tokens)
     result.update(uncached_tok_s=uncached, cached_tok_s=cached, batched_tok_s=batched, gen_batch=cfg.gen_batch,
                   matmuls_tok_s=matmuls, bandwidth_bound_tok_s=bound, new_tokens=cfg.new_tokens)
-    return [("generate, uncached", f"{uncached:,.1f} tok/s"),
+    rows = []
+    if theirs is not None:
+        result.update(nanogpt_tok_s=theirs[0], ours_sampled_tok_s=theirs[1])
+        rows = [("nanoGPT's generate (t=0.8, top_k=200)", f"{theirs[0]:,.1f} tok/s"),
+                ("ours, the same sampling", f"{theirs[1]:,.1f} tok/s ({theirs[1] / theirs[0]:.1f}x nanoGPT)")]
+    return rows + [("generate, uncached", f"{uncached:,.1f} tok/s"),
             ("generate, KV cache", f"{cached:,.1f} tok/s ({cached / uncached:.1f}x uncached, "
                                    f"{bound / cached:.2f}x from the bandwidth bound)"),
             (f"generate, KV cache, batch {cfg.gen_batch}", f"{batched:,.1f} tok/s ({batched / cached:.1f}x batch 1)"),

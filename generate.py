@@ -13,11 +13,13 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
+from decode import FusedStep
 from kernels import onednn_available, packed_product
 
 # bytes of linear weights packed_weights copies; beyond this (gpt2-large holds 3.1 GB,
 # gpt2-xl 6.2 GB) a second copy could exhaust a laptop's memory
 PACKED_COPY_LIMIT = 2 << 30
+PACK_MIN_ROWS = 16  # the row count packed weights are laid out for, at least
 
 
 class KVCache:
@@ -56,14 +58,15 @@ def pack(linear, rows):
     On CPU, PyTorch's default float32 matmul reads a weight matrix far below memory
     bandwidth when the input has few rows, as in decoding one token per step; the
     packed copy gives the same float32 numbers faster. It is used only in inference
-    mode, only while the weight is unchanged, never under torch.compile. False where
-    it cannot be packed (not float32 on a CPU with oneDNN).
+    mode, only while the weight is unchanged, never under torch.compile. Returns the
+    packed copy, or None where it cannot be packed (not float32 on a CPU with oneDNN).
     """
     weight = linear.weight
     if weight.dtype != torch.float32 or weight.device.type != "cpu" or not onednn_available():
-        return False
+        return None
     with torch.no_grad():
-        packed, version = torch.ops.mkldnn._reorder_linear_weight(weight, rows), weight._version
+        # the layout oneDNN picks for fewer rows is slower even for one-row inputs (docs/generation.md)
+        packed, version = torch.ops.mkldnn._reorder_linear_weight(weight, max(rows, PACK_MIN_ROWS)), weight._version
 
     def forward(x):
         if (not torch.compiler.is_compiling() and linear.weight is weight and weight._version == version
@@ -71,7 +74,7 @@ def pack(linear, rows):
             return packed_product(x.contiguous(), packed, linear.bias)
         return F.linear(x, linear.weight, linear.bias)
     linear.forward = forward  # an instance attribute: shadows nn.Linear.forward until unpack
-    return True
+    return packed
 
 
 def unpack(linear):
@@ -82,15 +85,14 @@ def unpack(linear):
 def packed_weights(model, rows):
     """Within: model's linear layers run on packed copies of their weights (pack), freed at the end.
 
-    Nothing is packed beyond PACKED_COPY_LIMIT bytes of weights.
+    Yields {linear: its packed weight} for the layers packed: none beyond PACKED_COPY_LIMIT bytes.
     """
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
     if sum(m.weight.numel() * m.weight.element_size() for m in linears) > PACKED_COPY_LIMIT:
         linears = []
     try:
-        for m in linears:
-            pack(m, rows)
-        yield
+        packed = {m: pack(m, rows) for m in linears}
+        yield {m: p for m, p in packed.items() if p is not None}
     finally:
         for m in linears:
             unpack(m)
@@ -242,7 +244,8 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, 
     context shift does (the uncached path slides the window by one each
     step, so the two differ beyond block_size). On CPU the linear layers
     run on packed float32 weights (packed_weights), a second copy of them
-    held while the generator runs, up to PACKED_COPY_LIMIT bytes.
+    held while the generator runs, up to PACKED_COPY_LIMIT bytes, and each decode step
+    is decode.FusedStep where it applies (no hooks, a config it knows).
     on_step(report): called each step with the step's logits, probs, draws and tokens.
     The yielded tensors are inference tensors: call .tolist() or .clone().
     """
@@ -252,7 +255,8 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, 
     was_training = model.training
     model.eval()
     try:
-        with packed_weights(model, B):  # decoding feeds B rows per step
+        with packed_weights(model, B) as packed:  # decoding feeds B rows per step
+            fused = FusedStep.build(model, packed)  # None: the model's own forward
             # the last `block` tokens are all any forward reads: nothing grows with max_new_tokens
             window = torch.empty(B, block, dtype=idx.dtype, device=idx.device)  # tokens n - block .. n - 1
             held = min(T, block)
@@ -267,6 +271,8 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, 
                     else:  # keep half: the fewer recomputations, the faster
                         start, cache.pos = window_start(n, start, block), 0
                     logits, _ = model(window[:, block - (n - start):], kv_cache=cache, last_only=True)
+                elif fused is not None and fused.valid():
+                    logits = fused(window[:, -1], cache)
                 else:
                     logits, _ = model(window[:, -1:], kv_cache=cache)
                 report = {} if on_step is not None else None

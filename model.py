@@ -144,8 +144,6 @@ class CausalSelfAttention(nn.Module):
         """Causal attention of T queries over L >= T keys; the queries are the last T positions."""
         T, L = q.size(2), k.size(2)
         dropout_p = self.dropout if self.training else 0.0
-        if self.impl == "sdpa" and T == 1 and dropout_p == 0.0 and q.device.type == "cpu":
-            return self.attend_one(q, k, v)
         if self.impl == "sdpa":
             # is_causal aligns its mask top-left, which is right only when T == L;
             # one query (a decode step) sees every key, so it needs no mask
@@ -163,16 +161,6 @@ class CausalSelfAttention(nn.Module):
         masked = self.hook_masked(scores.masked_fill(~causal_mask(T, L, q.device), float("-inf")))
         weights = self.hook_weights(F.softmax(masked, dim=-1))  # each row sums to 1 over the keys it may see
         return self.attn_dropout(weights) @ v  # (B, nh, T, hs)
-
-    def attend_one(self, q, k, v):
-        """One query per sequence (a decode step) sees every key: no mask, two batched matmuls.
-
-        GQA groups the query heads of each kv head instead of copying k and v.
-        """
-        B, nh, _, hs = q.shape
-        q = q.reshape(B, self.n_kv_head, nh // self.n_kv_head, hs)  # (B, nkv, group, hs): head h reads kv head h // group
-        weights = F.softmax((q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs)), dim=-1)  # (B, nkv, group, L)
-        return (weights @ v).view(B, nh, 1, hs)
 
     def expand_kv(self, t):
         """GQA/MQA: query head h reads kv head h // (n_head / n_kv_head)."""

@@ -3,6 +3,7 @@ import json
 from dataclasses import replace
 
 import pytest
+import torch
 
 from bench import BenchConfig, bench, decode_bytes_per_token
 from model import GPT
@@ -52,3 +53,63 @@ def test_bench_serve_reports_first_token_and_speed_per_client(char_dataset):
     assert sorted(figures) == [1, 3]
     assert all(f["ttft_ms"] > 0 and f["tok_s_per_client"] > 0 and f["aggregate_tok_s"] > 0 for f in figures.values())
     assert any(line.startswith("serve.py, 3 clients") for line in lines)
+
+
+STUB_NANOGPT = '''
+import sys
+from dataclasses import dataclass
+sys.path.insert(0, {root!r})
+import model as ours
+
+
+@dataclass
+class GPTConfig:  # nanoGPT's fields and defaults
+    block_size: int = 1024
+    vocab_size: int = 50304
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    dropout: float = 0.0
+    bias: bool = True
+
+
+class GPT(ours.GPT):  # its generate(idx, max_new_tokens, temperature, top_k) is nanoGPT's call
+    def __init__(self, config):
+        print("number of parameters: printed, as nanoGPT does")
+        super().__init__(ours.GPTConfig(**vars(config)))
+        self.loaded = None
+
+    def load_state_dict(self, state, strict=True):
+        self.loaded = state
+        return super().load_state_dict(state, strict=strict)
+'''
+
+
+def test_bench_times_nanogpts_generate_on_the_same_weights(tmp_path, char_dataset, monkeypatch):
+    """--nanogpt=DIR loads DIR/model.py, gives its GPT our weights, and times both with nanoGPT's sampling."""
+    import bench as bench_module
+    from configurator import UserError
+    from tests.conftest import ROOT
+    checkout = tmp_path / "nanoGPT"
+    checkout.mkdir()
+    (checkout / "model.py").write_text(STUB_NANOGPT.format(root=ROOT))
+    cfg = BenchConfig(dataset=str(char_dataset), n_layer=2, n_head=2, n_embd=32, block_size=16, device="cpu",
+                      only="generate", new_tokens=20, gen_batch=2, gen_repeats=2, nanogpt=str(checkout))
+    theirs = []
+    real = bench_module.nanogpt_model
+    monkeypatch.setattr(bench_module, "nanogpt_model", lambda *a: theirs.append(real(*a)) or theirs[-1])
+    lines = []
+    result = bench(cfg, log=lines.append)
+    assert result["nanogpt_tok_s"] > 0 and result["ours_sampled_tok_s"] > 0
+    assert any(line.startswith("nanoGPT's generate") for line in lines)
+    assert not any("number of parameters" in line for line in lines)
+    (model,) = theirs
+    torch.manual_seed(cfg.seed)  # bench's own model, built again: nanoGPT's holds exactly its weights
+    ours = GPT(cfg.model_config(vocab_size=read_meta(str(char_dataset))["vocab_size"]))
+    assert model.loaded is not None and model.config.n_embd == 32
+    for name, tensor in ours.state_dict().items():
+        torch.testing.assert_close(model.state_dict()[name], tensor, atol=0, rtol=0)
+    with pytest.raises(UserError, match="no model.py there"):
+        bench(replace(cfg, nanogpt=str(tmp_path)), log=lines.append)
+    with pytest.raises(UserError, match="GPT-2-style models only"):
+        bench(replace(cfg, pos_emb="rope"), log=lines.append)

@@ -1,0 +1,152 @@
+"""The cached decode step for CPUs, fused: GPT.forward's math for one new token per row, in fewer operations.
+
+A cached decode step is a matrix-vector product per weight plus ~200 small
+operations around them. On CPU the products run on packed weights
+(generate.packed_weights) at close to the memory bandwidth, so the small
+operations and the Python around them are what is left to remove: module
+calls, hook points, dropout no-ops, the views of the general path. This step
+is the forward of model.py for one position, written flat over the model's own
+parameters, with the bias, the GELU or ReLU and the residual addition fused
+into oneDNN's products. It is the same float32 math summed in another order
+(tests/test_decode.py holds it to the model's cached and uncached paths for
+every GPTConfig option).
+
+FusedStep.build returns None wherever it does not apply, and callers then run
+the model itself: not float32 on a CPU with oneDNN, weights not packed, hooks on
+any module (trace.py and batching.py observe or change the model through
+them), the manual attention path asked for, or a GPTConfig field this step does
+not know.
+"""
+import torch
+import torch.nn.functional as F
+from torch.nn.modules import module as nn_module
+
+from model import apply_rope
+
+# every GPTConfig field and what this step supports of it (None: any value); a field added to
+# GPTConfig and not here turns the step off until it is written here (tests/test_decode.py checks)
+SUPPORTED = {
+    "block_size": None, "vocab_size": None, "n_layer": None, "n_head": None, "n_embd": None,
+    "dropout": None,  # generation runs in eval mode: dropout is the identity
+    "bias": None, "attn_impl": ("sdpa",), "pos_emb": None, "rope_base": None, "norm": None, "norm_eps": None,
+    "activation": None, "mlp_hidden": None, "n_kv_head": None, "tie_weights": None, "qk_norm": None,
+    "logit_softcap": None, "zero_init_proj": None,
+}
+# oneDNN post-ops applied inside the up-projection: (name, scalars, algorithm)
+FUSED_ACTIVATION = {"gelu": ("gelu", [], "none"), "gelu_tanh": ("gelu", [], "tanh"), "relu": ("relu", [], ""),
+                    "relu2": ("relu", [], "")}
+
+
+def supported(config):
+    """True when every field of config is one this step computes, with a value it computes."""
+    fields = vars(config)
+    return set(fields) <= set(SUPPORTED) and all(
+        allowed is None or fields[name] in allowed for name, allowed in SUPPORTED.items() if name in fields)
+
+
+def hooked(modules):
+    """True when a forward hook could observe or change any module's forward (global hooks included)."""
+    if (nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks
+            or nn_module._global_forward_hooks_always_called):
+        return True
+    return any(m._forward_hooks or m._forward_pre_hooks for m in modules)
+
+
+class FusedStep:
+    """One cached step of a model for its packed weights: step(tokens, cache) as model(tokens[:, None],
+    kv_cache=cache)[0]."""
+
+    @classmethod
+    def build(cls, model, packed):
+        """The fused step for model (eval mode) and packed ({linear: packed weight}, from packed_weights),
+        or None where the model's own forward must run (see the module's docstring)."""
+        linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+        weight = model.lm_head.weight
+        if (weight.device.type != "cpu" or weight.dtype != torch.float32 or not supported(model.config)
+                or not all(m in packed for m in linears)):
+            return None
+        step = cls(model, packed)
+        return step if step.valid() else None
+
+    def __init__(self, model, packed):
+        self.model, self.config = model, model.config
+        self.modules = list(model.modules())
+        t, c = model.transformer, self.config
+        norm = (lambda n: (n.weight,)) if c.norm == "rmsnorm" else (lambda n: (n.weight, n.bias))
+        linear = lambda m: (packed[m], m.bias)  # noqa: E731
+        # each block's tensors in the order __call__ reads them, gathered once: module attribute lookups
+        # cost more than this step's small operations
+        self.blocks = [(norm(b.ln_1), linear(b.attn.c_attn), linear(b.attn.c_proj), norm(b.ln_2),
+                        linear(b.mlp.c_fc), linear(b.mlp.c_proj)) for b in t.h]
+        self.wte, self.wpe = t.wte.weight, t.wpe.weight if c.pos_emb == "learned" else None
+        self.ln_f, self.head = norm(t.ln_f), linear(model.lm_head)
+        # the weights as packed and read: one changed since (by its version) sends the step back to the model
+        self.versions = [(p, p._version) for p in model.parameters()]
+
+    def valid(self):
+        """Still the model it was built for: weights unchanged, no hook added since, eval mode, and no
+        autocast (the model's forward would compute in another dtype)."""
+        return (not self.model.training and not torch.is_autocast_enabled("cpu")
+                and all(p._version == v for p, v in self.versions) and not hooked(self.modules))
+
+    def norm(self, x, params):
+        c = self.config
+        if c.norm == "rmsnorm":
+            return F.rms_norm(x, (c.n_embd,), *params, c.norm_eps)
+        return F.layer_norm(x, (c.n_embd,), *params, c.norm_eps)
+
+    def activation(self, x, c_fc):
+        """The MLP's hidden activation (B, hidden) of its input x (B, C): c_fc with the activation fused."""
+        act = self.config.activation
+        if act == "swiglu":
+            gate, up = linear(x, c_fc).chunk(2, dim=-1)  # gate rows first, as MLP.forward reads them
+            return F.silu(gate) * up
+        h = linear(x, c_fc, FUSED_ACTIVATION[act])
+        return h.square() if act == "relu2" else h
+
+    @torch.inference_mode()
+    def __call__(self, tokens, cache):
+        """Logits (B, 1, V) for tokens (B,) at position cache.pos of every row; stores their keys and
+        values in cache and advances cache.pos, as GPT.forward does with a kv_cache."""
+        c = self.config
+        B, pos = tokens.size(0), cache.pos
+        if pos + 1 > c.block_size:
+            raise ValueError(f"sequence of {pos + 1} tokens is longer than block_size ({c.block_size}); "
+                             f"crop the input to its last {c.block_size} tokens")
+        nh, nkv, hs = c.n_head, c.kv_heads, c.head_dim
+        x = F.embedding(tokens, self.wte)  # (B, C)
+        rope = None
+        if self.wpe is not None:
+            x = x + self.wpe[pos]
+        else:
+            rope = self.model.rope[pos:pos + 1]  # (1, hs/2)
+        for i, (ln_1, c_attn, c_proj, ln_2, c_fc, mlp_proj) in enumerate(self.blocks):
+            qkv = linear(self.norm(x, ln_1), c_attn)  # (B, (nh + 2 nkv) hs): q, then k, then v
+            q = qkv[:, :nh * hs].view(B, nh, 1, hs)
+            k = qkv[:, nh * hs:(nh + nkv) * hs].view(B, nkv, 1, hs)
+            v = qkv[:, (nh + nkv) * hs:].view(B, nkv, 1, hs)
+            if c.qk_norm:
+                q, k = F.rms_norm(q, (hs,), eps=c.norm_eps), F.rms_norm(k, (hs,), eps=c.norm_eps)
+            if rope is not None:
+                q, k = apply_rope(q, rope), apply_rope(k, rope)
+            cache.k[i, :, :, pos:pos + 1] = k
+            cache.v[i, :, :, pos:pos + 1] = v
+            # one query sees every key so far: no mask
+            y = F.scaled_dot_product_attention(q, cache.k[i, :, :, :pos + 1], cache.v[i, :, :, :pos + 1],
+                                               enable_gqa=nkv != nh)  # (B, nh, 1, hs)
+            x = linear_add(y.reshape(B, c.n_embd), c_proj, x)  # heads concatenated, projected, added
+            x = linear_add(self.activation(self.norm(x, ln_2), c_fc), mlp_proj, x)
+        cache.pos += 1
+        logits = linear(self.norm(x, self.ln_f), self.head)
+        return self.model.softcap(logits).view(B, 1, -1)
+
+
+def linear(x, weights, post=("none", [], "")):
+    """x (B, in) times a packed weight, plus its bias (weights = (packed, bias)), then oneDNN's post-op
+    (an activation, or none)."""
+    return torch.ops.mkldnn._linear_pointwise(x, *weights, *post)
+
+
+def linear_add(x, weights, residual):
+    """residual + x times a packed weight plus its bias: the addition inside the product."""
+    return torch.ops.mkldnn._linear_pointwise.binary(x, residual, *weights, "add")

@@ -1,0 +1,120 @@
+"""decode.FusedStep: GPT.forward's math for one cached position, against the model's uncached forward."""
+import dataclasses
+from dataclasses import replace
+
+import pytest
+import torch
+
+import decode
+from decode import SUPPORTED, FusedStep
+from generate import KVCache, onednn_available, packed_weights
+from model import GPTConfig
+from test_generate import assert_attention_is_sharp, greedy_by_hand, sharp
+from test_model_options import OPTIONS
+
+pytestmark = pytest.mark.skipif(not onednn_available(), reason="this PyTorch build has no oneDNN")
+
+
+def sharp32(config):
+    """test_generate.sharp in float32: attention far from uniform, logits spread, biases and gains random."""
+    return sharp(config).float()
+
+
+@pytest.mark.parametrize("option", list(OPTIONS) + ["no_bias", "softcap_rope_swiglu"])
+def test_fused_steps_match_the_full_forward_for_every_option(tiny_config, option):
+    """Prefill 5 positions with the model, then one fused step per position: each step's logits equal the
+    last row of a full (uncached) forward over the sequence so far, and the cache holds the model's keys."""
+    extra = {"no_bias": dict(bias=False), "softcap_rope_swiglu": dict(logit_softcap=3.0, pos_emb="rope",
+                                                                      activation="swiglu")}
+    model = sharp32(replace(tiny_config, **OPTIONS.get(option, extra.get(option, {}))))
+    idx = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1))
+    assert_attention_is_sharp(model, idx)
+    fused_cache, model_cache = (KVCache(model.config, 2, "cpu", torch.float32) for _ in range(2))
+    with torch.inference_mode(), packed_weights(model, 2) as packed:
+        step = FusedStep.build(model, packed)
+        assert step is not None and step.valid()
+        full, _ = model(idx)
+        model(idx[:, :5], kv_cache=fused_cache)
+        model(idx[:, :5], kv_cache=model_cache)
+        for t in range(5, 16):
+            logits = step(idx[:, t], fused_cache)
+            assert logits.shape == (2, 1, 64) and fused_cache.pos == t + 1
+            torch.testing.assert_close(logits[:, 0], full[:, t], atol=2e-5, rtol=1e-5)
+            model(idx[:, t:t + 1], kv_cache=model_cache)
+        torch.testing.assert_close(fused_cache.k, model_cache.k, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(fused_cache.v, model_cache.v, atol=1e-5, rtol=1e-5)
+        with pytest.raises(ValueError, match="block_size"):
+            step(idx[:, 0], fused_cache)
+
+
+def test_generation_runs_on_the_fused_step_and_gives_the_greedy_tokens(monkeypatch, tiny_config):
+    model = sharp32(replace(tiny_config, **OPTIONS["modern"]))
+    calls = []
+    real = FusedStep.__call__
+    monkeypatch.setattr(FusedStep, "__call__", lambda self, *a: calls.append(1) or real(self, *a))
+    idx = torch.randint(0, 64, (3, 4), generator=torch.Generator().manual_seed(2))
+    out = model.generate(idx, 12, temperature=0)
+    assert len(calls) == 11  # every step after the prefill
+    torch.testing.assert_close(out, greedy_by_hand(model, idx, 12))
+
+
+def test_every_gptconfig_field_is_one_the_fused_step_knows():
+    """A field added to GPTConfig must be decided on in decode.SUPPORTED: until then the step is off."""
+    assert set(SUPPORTED) == {f.name for f in dataclasses.fields(GPTConfig)}
+    assert decode.supported(GPTConfig())
+
+    @dataclasses.dataclass
+    class Extended(GPTConfig):
+        new_option: bool = False
+    assert not decode.supported(Extended())
+
+
+def test_the_model_runs_itself_where_the_fused_step_does_not_apply(tiny_config):
+    """Hooks (trace.py, batching), the manual attention path, other dtypes, autocast, a changed weight and
+    training mode all send a step back to the model's forward."""
+    def built(model):
+        with packed_weights(model, 1) as packed:
+            return FusedStep.build(model, packed)
+
+    model = sharp32(tiny_config)
+    assert built(model) is not None
+    assert built(sharp32(replace(tiny_config, attn_impl="manual"))) is None
+    assert built(sharp(tiny_config)) is None  # float64
+    handle = model.transformer.h[1].attn.hook_weights.register_forward_hook(lambda *a: None)
+    assert built(model) is None
+    handle.remove()
+    with packed_weights(model, 1) as packed:
+        step = FusedStep.build(model, packed)
+        assert step.valid()
+        handle = model.transformer.h[0].mlp.register_forward_pre_hook(lambda *a: None)
+        assert not step.valid()  # a hook added after the step was built
+        handle.remove()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert not step.valid()
+        model.train()
+        assert not step.valid()
+        model.eval()
+        assert step.valid()
+        with torch.no_grad():
+            model.transformer.ln_f.weight.mul_(2)  # not a packed weight, still read by the step
+        assert not step.valid()
+
+
+
+def test_one_active_sequence_in_the_batching_engine_decodes_on_the_fused_step(monkeypatch, tiny_config):
+    """serve.py with one client: its slot of the shared cache, at its own position, through the fused step."""
+    from batching import SlotCache
+    model = sharp32(replace(tiny_config, pos_emb="rope"))
+    calls = []
+    real = FusedStep.__call__
+    monkeypatch.setattr(FusedStep, "__call__", lambda self, *a: calls.append(1) or real(self, *a))
+    idx = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(5))
+    cache = SlotCache(model.config, 3, "cpu", torch.float32)
+    with torch.inference_mode(), packed_weights(model, 3) as packed:
+        step = FusedStep.build(model, packed)
+        full, _ = model(idx)
+        model(idx[:, :7], kv_cache=cache.row(2))
+        for t in range(7, 12):
+            logits = cache.decode(model, idx[:, t], [2], [t], step)
+            torch.testing.assert_close(logits, full[:, t], atol=2e-5, rtol=1e-5)
+    assert len(calls) == 5
