@@ -21,25 +21,34 @@ import torch
 
 
 def configure_optimizers(model, weight_decay, learning_rate, betas, device_type, optimizer="adamw",
-                         muon_lr=0.02, muon_momentum=0.95, muon_weight_decay=0.0):
+                         muon_lr=0.02, muon_momentum=0.95, muon_weight_decay=0.0, ns_dtype=None, embedding_lr=None):
     """AdamW, decaying matrices and embeddings (2+ dims) but not biases and gains.
 
     optimizer="muon": Muon for the hidden matrices of the blocks, AdamW for embeddings,
-    the head, biases and gains, as modded-nanogpt does. Each group remembers its
-    initial_lr: the schedule scales them together (lr_scale).
+    the head, biases and gains, as modded-nanogpt does; ns_dtype: its Newton-Schulz
+    dtype (None: fast_matmul_dtype). embedding_lr: AdamW's rate for the token (and
+    value) embeddings, in a third group (None: learning_rate, and two groups, as
+    nanoGPT's checkpoints hold). Each group remembers its initial_lr: the schedule
+    scales them together (lr_scale).
     """
     params = [p for p in model.parameters() if p.requires_grad]
     block_matrices = {id(p) for p in model.transformer.h.parameters() if p.dim() == 2} if optimizer == "muon" else set()
+    embeddings = {id(p) for name, p in model.named_parameters() if embedding_lr is not None and
+                  (name == "transformer.wte.weight" or name.startswith("transformer.ve."))}
     adam_groups = [
-        {"params": [p for p in params if p.dim() >= 2 and id(p) not in block_matrices], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() >= 2 and id(p) not in block_matrices | embeddings],
+         "weight_decay": weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
+    if embeddings:
+        adam_groups.append({"params": [p for p in params if id(p) in embeddings], "weight_decay": weight_decay,
+                            "lr": embedding_lr})
     adamw = torch.optim.AdamW(adam_groups, lr=learning_rate, betas=betas, fused=device_type == "cuda")
     if optimizer == "adamw":
         opt = adamw
     elif optimizer == "muon":
         muon = Muon([p for p in params if id(p) in block_matrices], lr=muon_lr, momentum=muon_momentum,
-                    weight_decay=muon_weight_decay)
+                    weight_decay=muon_weight_decay, ns_dtype=ns_dtype)
         opt = Optimizers(muon=muon, adamw=adamw)
     else:
         raise ValueError(f"optimizer must be adamw or muon, got {optimizer!r}")

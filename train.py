@@ -35,7 +35,7 @@ from checkpoint import (RUNTIME_FIELDS, OutDirLock, config_from_model_args, disc
 from configurator import UserError, convert, parse_args, report_overrides, run_main
 from device import autocast, cpu_matmul_flops, peak_flops_for, resolve_device, resolve_dtype, should_compile
 from fsdp import checkpoint_activations, first_non_finite, held_bytes, load_optimizer_state, no_gradient_sync, shard
-from kernels import can_pack, packed_training
+from kernels import bfloat16_products_supported, can_pack, packed_training
 from memory import check_fits, param_count, training_bytes
 from metrics import Clock, Metrics
 from model import GPT, GPTConfig
@@ -48,7 +48,7 @@ SHAPE_FIELDS = tuple(f.name for f in fields(GPTConfig) if f.name not in RUNTIME_
 FIXED_ON_RESUME = SHAPE_FIELDS + ("optimizer",)  # the optimizer state must fit the optimizer
 # fields about this machine and this invocation: a resumed run never takes them from the checkpoint
 LOCAL_FIELDS = ("out_dir", "init_from", "eval_only", "device", "dtype", "compile", "backend", "peak_flops",
-                "packed_linear")
+                "packed_linear", "matmul_dtype")
 # what loading a damaged optimizer, scaler or RNG state raises
 DAMAGED = (ValueError, KeyError, TypeError, IndexError, RuntimeError, AttributeError, OverflowError)
 
@@ -80,6 +80,7 @@ class TrainConfig(GPTConfig):
     muon_momentum: float = 0.95
     muon_weight_decay: float = 0.0
     learning_rate: float = 6e-4  # AdamW's peak learning rate
+    embedding_lr: float | None = None  # AdamW's peak rate for the token and value embeddings; None: learning_rate
     max_iters: int = 600000  # total optimizer steps
     weight_decay: float = 1e-1  # AdamW's decoupled decay, for matrices and embeddings only
     beta1: float = 0.9  # AdamW's first-moment decay
@@ -98,6 +99,7 @@ class TrainConfig(GPTConfig):
     dtype: str = "auto"  # auto (bfloat16 on CUDA where supported, else float16; float32 on CPU)
     compile: bool | None = None  # torch.compile the model; None: on CUDA yes (it pays off), elsewhere no
     packed_linear: bool | None = None  # CPU, float32: linear layers through oneDNN on packed weights (kernels.py); None: where it applies
+    matmul_dtype: str = "float32"  # CPU: training's products (linear layers, Muon) in float32, bfloat16, or auto (bfloat16 where native)
     backend: str = "auto"  # torch.distributed backend: auto (nccl on CUDA, gloo on CPU), nccl, gloo
     parallel: str = "ddp"  # under torchrun: ddp (a whole copy per process) or fsdp (parameters, grads, optimizer sharded)
     activation_checkpointing: bool = False  # recompute each Block's activations in backward: less memory, ~1/3 more compute
@@ -121,6 +123,8 @@ class TrainConfig(GPTConfig):
             raise ValueError(f"lr_schedule must be cosine or wsd, got {self.lr_schedule!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.matmul_dtype not in ("float32", "bfloat16", "auto"):
+            raise ValueError(f"matmul_dtype must be float32, bfloat16 or auto, got {self.matmul_dtype!r}")
         for name in ("batch_size", "gradient_accumulation_steps", "eval_interval", "log_interval", "eval_iters"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -133,6 +137,8 @@ class TrainConfig(GPTConfig):
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if not 0 <= self.seed < 1 << 64:
             raise ValueError(f"seed must be in [0, 2^64), got {self.seed}")
+        if self.embedding_lr is not None and self.embedding_lr < 0:
+            raise ValueError(f"embedding_lr must be >= 0 (or None), got {self.embedding_lr}")
         if self.peak_flops is not None and self.peak_flops <= 0:
             raise ValueError(f"peak_flops must be > 0 (or None), got {self.peak_flops}")
 
@@ -203,7 +209,7 @@ def train(cfg, overrides=None, log=print, t_start=None):
         stop.abandon = world == 1  # DDP ranks stop together, at a log iteration
         log = log if rank == 0 else (lambda *a, **k: None)
         run = Run(cfg, overrides or {}, rank, local_rank, world, log, t_start, stop, lock)
-        with packed_training(run.raw_model) if run.packed else nullcontext():
+        with packed_training(run.raw_model, run.products) if run.products is not None else nullcontext():
             loop(run, stop)
         summary = run.finish(stop)
         if world > 1:  # rank 0 saves last: no rank tears down its connections while another still uses them
@@ -270,9 +276,12 @@ class Run:
         compile = should_compile(cfg.compile, device)
         self.sharded = self.parallelize(cfg, dtype, compile)
         self.token_bytes = bytes_per_token(meta, self.raw_model.config.vocab_size, device, log)
+        self.products = training_products(cfg, dtype, device, compile, self.sharded, self.raw_model, log)
         self.optimizer = configure_optimizers(self.raw_model, cfg.weight_decay, cfg.learning_rate,
                                               (cfg.beta1, cfg.beta2), device.type, cfg.optimizer, cfg.muon_lr,
-                                              cfg.muon_momentum, cfg.muon_weight_decay)
+                                              cfg.muon_momentum, cfg.muon_weight_decay,
+                                              ns_dtype=torch.bfloat16 if self.products == torch.bfloat16 else None,
+                                              embedding_lr=cfg.embedding_lr)
         self.scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
         self.iter_num, self.best_val_loss = self.restore(ckpt) if ckpt is not None else (0, float("inf"))
         del ckpt
@@ -284,11 +293,6 @@ class Run:
         if world > 1 and not self.sharded:
             self.model = DDP(self.model, device_ids=[local_rank] if device.type == "cuda" else None)
         self.ctx = nullcontext() if self.sharded else autocast(device, dtype)  # FSDP casts per unit itself
-        self.packed = (cfg.packed_linear is not False and dtype == torch.float32 and can_pack(self.raw_model)
-                       and not compile and not self.sharded)
-        if cfg.packed_linear and not self.packed:
-            log("note: packed_linear applies to float32 training on a CPU with oneDNN, without compile or FSDP; "
-                "training with the default matmul")
         self.accum = cfg.gradient_accumulation_steps // world
         self.tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
         self.peak = cfg.peak_flops or peak_flops_for(device, dtype)
@@ -539,6 +543,31 @@ class Run:
 
 # a training iteration on a CPU reaches about this fraction of a plain matmul's FLOP/s
 CPU_TRAINING_EFFICIENCY = 0.5
+
+
+def training_products(cfg, dtype, device, compile, sharded, model, log):
+    """The dtype of the linear layers' products through kernels.py (float32 packed, or bfloat16), or None:
+    PyTorch's default kernels."""
+    fits = device.type == "cpu" and dtype == torch.float32 and not compile and not sharded
+    if cfg.matmul_dtype == "auto" and fits and bfloat16_products_supported():
+        return torch.bfloat16
+    if cfg.matmul_dtype == "auto" and device.type == "cpu":
+        log("note: matmul_dtype=auto: float32 products (bfloat16 needs float32 training on a CPU with AVX-512 BF16 "
+            "or AMX, without compile or FSDP)")
+    if cfg.matmul_dtype == "bfloat16":
+        if not fits:
+            raise UserError("matmul_dtype=bfloat16 is for float32 training on a CPU without compile or FSDP "
+                            "(elsewhere use --dtype=bfloat16); drop it or use --device=cpu --dtype=float32")
+        if not bfloat16_products_supported():
+            raise UserError("matmul_dtype=bfloat16: this CPU has no native bfloat16 (AVX-512 BF16 or AMX), so its "
+                            "products would be emulated and slower; use --matmul_dtype=float32")
+        return torch.bfloat16
+    if cfg.packed_linear is not False and fits and can_pack(model):
+        return torch.float32
+    if cfg.packed_linear:
+        log("note: packed_linear applies to float32 training on a CPU with oneDNN, without compile or FSDP; "
+            "training with the default matmul")
+    return None
 
 
 def startup_notes(cfg, model, device, tokens_per_iter, ckpt_path, iter_num=0):

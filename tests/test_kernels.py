@@ -70,3 +70,76 @@ def test_training_with_packed_linears_follows_the_default_run(tmp_path, char_dat
         losses[packed] = [r["loss"] for r in map(json.loads, open(out / "log.jsonl")) if r["kind"] == "train"]
     assert len(losses[True]) == 6
     torch.testing.assert_close(torch.tensor(losses[True]), torch.tensor(losses[False]), atol=1e-5, rtol=0)
+
+
+needs_bfloat16 = pytest.mark.skipif(not kernels.bfloat16_products_supported(), reason="this CPU has no native bfloat16")
+
+
+def rounded(t):
+    """t rounded to bfloat16, in float64: what a bfloat16 product reads."""
+    return t.bfloat16().double()
+
+
+@needs_bfloat16
+@pytest.mark.parametrize("bias", [True, False])
+def test_bfloat16_linear_rounds_the_products_inputs_and_outputs_only(bias):
+    """Each product equals the float64 product of bfloat16-rounded inputs, rounded to bfloat16 (one ulp: 2^-8
+    relative); the bias and the bias gradient stay float32."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 7, 32, generator=g, requires_grad=True)
+    linear = nn.Linear(32, 48, bias=bias)
+    out = torch.randn(3, 7, 48, generator=g)
+    y = kernels.BFloat16Linear.apply(x, linear.weight, linear.bias, kernels.BFloat16Weight())
+    grads = torch.autograd.grad((y * out).sum(), [x, *linear.parameters()])
+    assert y.dtype == torch.float32 and all(t.dtype == torch.float32 for t in grads)
+    w, rows, dy = rounded(linear.weight), rounded(x.detach().reshape(-1, 32)), out.reshape(-1, 48).double()
+    expected = {"y": rows @ w.T, "dx": rounded(dy) @ w, "dw": rounded(dy).T @ rows}
+    got = {"y": y.reshape(-1, 48) - (linear.bias if bias else 0), "dx": grads[0].reshape(-1, 32), "dw": grads[1]}
+    for name in expected:
+        torch.testing.assert_close(got[name].double(), expected[name], atol=1e-6, rtol=2 ** -8, msg=name)
+    assert not torch.allclose(got["y"].double(), expected["y"], atol=0, rtol=1e-6)  # rounded: not float32's product
+    if bias:
+        torch.testing.assert_close(grads[2], out.reshape(-1, 48).sum(0))
+
+
+@needs_bfloat16
+def test_training_with_bfloat16_products_follows_the_float32_run(tmp_path, char_dataset, monkeypatch):
+    """matmul_dtype=bfloat16: the linear layers and Muon's iteration run in bfloat16, the losses stay within
+    bfloat16's rounding of the float32 run's."""
+    import optim
+    from train import TrainConfig, train
+    calls, apply = [], kernels.BFloat16Linear.apply
+    monkeypatch.setattr(kernels.BFloat16Linear, "apply", lambda *a: calls.append(1) or apply(*a))
+    ns_dtypes, orthogonalize = [], optim.orthogonalize
+    monkeypatch.setattr(optim, "orthogonalize", lambda g, steps, dtype: ns_dtypes.append(dtype) or orthogonalize(g, steps, dtype=dtype))
+    tiny = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, batch_size=4, eval_iters=2, device="cpu",
+                learning_rate=3e-3, warmup_iters=2, max_iters=6, lr_decay_iters=6, eval_interval=100,
+                dataset=str(char_dataset), optimizer="muon", gradient_accumulation_steps=1)
+    losses = {}
+    for dtype in ("float32", "bfloat16"):
+        out = tmp_path / dtype
+        calls.clear(), ns_dtypes.clear()
+        train(TrainConfig(**tiny, out_dir=str(out), matmul_dtype=dtype), log=lambda *a: None)
+        assert bool(calls) == (dtype == "bfloat16")
+        assert set(ns_dtypes) == {getattr(torch, dtype)}
+        losses[dtype] = [r["loss"] for r in map(json.loads, open(out / "log.jsonl")) if r["kind"] == "train"]
+    assert len(calls) == 6 * 9  # 6 iters x (2 blocks x 4 linear layers + the head)
+    torch.testing.assert_close(torch.tensor(losses["bfloat16"]), torch.tensor(losses["float32"]), atol=0, rtol=2e-2)
+    assert losses["bfloat16"] != losses["float32"]
+
+
+def test_bfloat16_products_are_refused_where_they_would_not_pay(tmp_path, char_dataset, monkeypatch):
+    from configurator import UserError
+    from train import TrainConfig, train
+    tiny = dict(n_layer=1, n_head=2, n_embd=16, block_size=8, batch_size=2, max_iters=1, dataset=str(char_dataset),
+                out_dir=str(tmp_path / "out"), matmul_dtype="bfloat16", device="cpu")
+    with pytest.raises(UserError, match="for float32 training on a CPU"):
+        train(TrainConfig(**tiny, dtype="bfloat16"), log=lambda *a: None)
+    monkeypatch.setattr(kernels.torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
+    with pytest.raises(UserError, match="no native bfloat16"):
+        train(TrainConfig(**tiny), log=lambda *a: None)
+    with pytest.raises(ValueError, match="matmul_dtype must be float32, bfloat16 or auto"):
+        TrainConfig(matmul_dtype="float16")
+    notes = []  # auto: float32 products where bfloat16 is not native, and a note that says so
+    summary = train(TrainConfig(**{**tiny, "matmul_dtype": "auto"}), log=notes.append)
+    assert summary["iters"] == 1 and any("matmul_dtype=auto: float32 products" in n for n in notes)
