@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules import module as nn_module
 
-from model import apply_rope
+from model import apply_rope, value_embedded
 
 # every GPTConfig field and what this step supports of it (None: any value); a field added to
 # GPTConfig and not here turns the step off until it is written here (tests/test_decode.py checks)
@@ -30,7 +30,7 @@ SUPPORTED = {
     "dropout": None,  # generation runs in eval mode: dropout is the identity
     "bias": None, "attn_impl": ("sdpa",), "pos_emb": None, "rope_base": None, "norm": None, "norm_eps": None,
     "activation": None, "mlp_hidden": None, "n_kv_head": None, "tie_weights": None, "qk_norm": None,
-    "logit_softcap": None, "zero_init_proj": None,
+    "logit_softcap": None, "zero_init_proj": None, "value_embeds": None,
 }
 # oneDNN post-ops applied inside the up-projection: (name, scalars, algorithm)
 FUSED_ACTIVATION = {"gelu": ("gelu", [], "none"), "gelu_tanh": ("gelu", [], "tanh"), "relu": ("relu", [], ""),
@@ -77,11 +77,18 @@ class FusedStep:
         # each block's tensors in the order __call__ reads them, gathered once: module attribute lookups
         # cost more than this step's small operations
         self.blocks = [(norm(b.ln_1), linear(b.attn.c_attn), linear(b.attn.c_proj), norm(b.ln_2),
-                        linear(b.mlp.c_fc), linear(b.mlp.c_proj)) for b in t.h]
+                        linear(b.mlp.c_fc), linear(b.mlp.c_proj), self.value_embedding(model, i))
+                       for i, b in enumerate(t.h)]
         self.wte, self.wpe = t.wte.weight, t.wpe.weight if c.pos_emb == "learned" else None
         self.ln_f, self.head = norm(t.ln_f), linear(model.lm_head)
         # the weights as packed and read: one changed since (by its version) sends the step back to the model
         self.versions = [(p, p._version) for p in model.parameters()]
+
+    @staticmethod
+    def value_embedding(model, layer):
+        """(its table's weight, its ve_mix) for a layer with value embeddings, else None."""
+        table = value_embedded(model.config, layer)
+        return None if table is None else (model.transformer.ve[table].weight, model.transformer.h[layer].attn.ve_mix)
 
     def valid(self):
         """Still the model it was built for: weights unchanged, no hook added since, eval mode, and no
@@ -120,11 +127,15 @@ class FusedStep:
             x = x + self.wpe[pos]
         else:
             rope = self.model.rope[pos:pos + 1]  # (1, hs/2)
-        for i, (ln_1, c_attn, c_proj, ln_2, c_fc, mlp_proj) in enumerate(self.blocks):
+        for i, (ln_1, c_attn, c_proj, ln_2, c_fc, mlp_proj, ve) in enumerate(self.blocks):
             qkv = linear(self.norm(x, ln_1), c_attn)  # (B, (nh + 2 nkv) hs): q, then k, then v
             q = qkv[:, :nh * hs].view(B, nh, 1, hs)
             k = qkv[:, nh * hs:(nh + nkv) * hs].view(B, nkv, 1, hs)
-            v = qkv[:, (nh + nkv) * hs:].view(B, nkv, 1, hs)
+            v = qkv[:, (nh + nkv) * hs:]
+            if ve is not None:
+                table, mix = ve
+                v = mix[0] * v + mix[1] * F.embedding(tokens, table)
+            v = v.view(B, nkv, 1, hs)
             if c.qk_norm:
                 q, k = F.rms_norm(q, (hs,), eps=c.norm_eps), F.rms_norm(k, (hs,), eps=c.norm_eps)
             if rope is not None:

@@ -67,6 +67,8 @@ def incompatibilities(config):
         reasons.append("qk_norm=True")
     if config.logit_softcap is not None:
         reasons.append(f"logit_softcap={config.logit_softcap}")
+    if config.value_embeds:
+        reasons.append(f"value_embeds={config.value_embeds}")
     return reasons
 
 

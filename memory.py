@@ -25,7 +25,8 @@ def param_count(config):
     per_block = attn + mlp + biases + 2 * norm
     embeddings = c.vocab_size * c.n_embd * (1 if c.tie_weights else 2)
     positions = c.block_size * c.n_embd if c.pos_emb == "learned" else 0
-    return c.n_layer * per_block + embeddings + positions + norm
+    values = c.value_embeds * (c.vocab_size * c.kv_heads * hs + 2 * 2)  # each table, and the 2 layers' ve_mix
+    return c.n_layer * per_block + embeddings + positions + values + norm
 
 
 def training_bytes(config, batch_size):

@@ -49,6 +49,7 @@ class GPTConfig:
     qk_norm: bool = False  # RMS-normalize each head's q and k (no gain) before RoPE and the scores
     logit_softcap: float | None = None  # logits = cap * tanh(logits / cap): none beyond +-cap
     zero_init_proj: bool = False  # residual projections (c_proj) start at zero: each Block starts as identity
+    value_embeds: int = 0  # tables of value embeddings, for the first and the last this many layers
 
     def __post_init__(self):
         for name, allowed in CHOICES.items():
@@ -69,6 +70,9 @@ class GPTConfig:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         if self.logit_softcap is not None and not self.logit_softcap > 0:
             raise ValueError(f"logit_softcap must be > 0 (or None), got {self.logit_softcap}")
+        if not 0 <= 2 * self.value_embeds <= self.n_layer:
+            raise ValueError(f"value_embeds ({self.value_embeds}) must be in [0, n_layer / 2] (n_layer = {self.n_layer}): "
+                             f"the first and the last value_embeds layers each read a table")
         if not (self.norm_eps > 0 and self.rope_base > 0):
             raise ValueError(f"norm_eps ({self.norm_eps}) and rope_base ({self.rope_base}) must be > 0")
 
@@ -115,16 +119,22 @@ class CausalSelfAttention(nn.Module):
         self.dropout = config.dropout
         self.impl = config.attn_impl
         self.qk_norm, self.norm_eps = config.qk_norm, config.norm_eps
+        # value embeddings (modded-nanogpt): v = ve_mix[0] * v + ve_mix[1] * (the token's own vector), learned
+        self.ve_mix = None
+        if value_embedded(config, layer_idx) is not None:
+            self.ve_mix = nn.Parameter(torch.tensor([0.5, 0.5]))
         # observation points, in the order the tensors are made (the scores exist on the manual path only)
         self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()  # (B, nh or nkv, T, hs)
         self.hook_q_rot, self.hook_k_rot = HookPoint(), HookPoint()  # after RoPE, where it is used
         self.hook_scores, self.hook_masked, self.hook_weights = HookPoint(), HookPoint(), HookPoint()  # (B, nh, T, L)
         self.hook_heads = HookPoint()  # (B, nh, T, hs): each head's output, before the merge
 
-    def forward(self, x, rope=None, cache=None):
+    def forward(self, x, rope=None, cache=None, ve=None):
         B, T, C = x.size()
         q_dim, kv_dim = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
         q, k, v = self.c_attn(x).split([q_dim, kv_dim, kv_dim], dim=2)
+        if ve is not None:  # (B, T, kv_dim): this layer's value embedding of each token
+            v = self.ve_mix[0] * v + self.ve_mix[1] * ve
         # heads are contiguous channel blocks: channel c belongs to head c // hs
         q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, nkv, T, hs)
@@ -165,6 +175,13 @@ class CausalSelfAttention(nn.Module):
     def expand_kv(self, t):
         """GQA/MQA: query head h reads kv head h // (n_head / n_kv_head)."""
         return t if self.n_kv_head == self.n_head else t.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
+
+
+def value_embedded(config, layer):
+    """The value-embedding table layer reads, or None: the first and the last value_embeds layers read tables
+    0, 1, ..., in that order (modded-nanogpt's 012...012)."""
+    n, L = config.value_embeds, config.n_layer
+    return layer if layer < n else layer - (L - n) if layer >= L - n else None
 
 
 def causal_mask(T, L, device):
@@ -262,8 +279,8 @@ class Block(nn.Module):
         self.ln_2 = make_norm(config)
         self.mlp = MLP(config)
 
-    def forward(self, x, rope=None, cache=None):
-        x = x + self.attn(self.ln_1(x), rope, cache)
+    def forward(self, x, rope=None, cache=None, ve=None):
+        x = x + self.attn(self.ln_1(x), rope, cache, ve)
         x = x + self.mlp(self.ln_2(x))
         return x
 
@@ -281,6 +298,9 @@ class GPT(nn.Module):
         ))
         if config.pos_emb == "learned":
             self.transformer.wpe = nn.Embedding(config.block_size, config.n_embd)
+        if config.value_embeds:  # outside the blocks: Muon takes the blocks' matrices, embeddings go to AdamW
+            self.transformer.ve = nn.ModuleList([nn.Embedding(config.vocab_size, config.kv_heads * config.head_dim)
+                                                 for _ in range(config.value_embeds)])
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_weights:
             self.lm_head.weight = self.transformer.wte.weight
@@ -321,8 +341,9 @@ class GPT(nn.Module):
         else:
             rope = self.rope[start:start + T]
         x = self.transformer.drop(x)
-        for block in self.transformer.h:
-            x = block(x, rope, kv_cache)
+        for i, block in enumerate(self.transformer.h):
+            table = value_embedded(self.config, i)
+            x = block(x, rope, kv_cache, None if table is None else self.transformer.ve[table](idx))
         x = self.transformer.ln_f(x)
         if kv_cache is not None:
             kv_cache.pos += T
@@ -338,10 +359,11 @@ class GPT(nn.Module):
         return logits if cap is None else cap * torch.tanh(logits / cap)
 
     def get_num_params(self, non_embedding=True):
-        """Parameters, each shared tensor once; position embeddings excluded by default."""
+        """Parameters, each shared tensor once; position and value embeddings (lookups) excluded by default."""
         n = sum(p.numel() for p in self.parameters())
-        if non_embedding and "wpe" in self.transformer:
-            n -= self.transformer.wpe.weight.numel()
+        for name in ("wpe", "ve"):
+            if non_embedding and name in self.transformer:
+                n -= sum(p.numel() for p in self.transformer[name].parameters())
         return n
 
     def flops_per_token(self):

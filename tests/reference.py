@@ -52,14 +52,19 @@ def linear(x, sd, name):
     return y + sd[name + ".bias"] if name + ".bias" in sd else y
 
 
-def attention(x, sd, prefix, cfg):
-    """Causal multi-head attention on one sequence x (T, C); returns (T, C) and the weights."""
+def attention(x, sd, prefix, cfg, ve=None):
+    """Causal multi-head attention on one sequence x (T, C); returns (T, C) and the weights.
+    ve: (T, kv channels), the layer's value embedding of each token, mixed into v by the layer's ve_mix."""
     T = x.shape[0]
     nh, nkv, hd = cfg.n_head, cfg.kv_heads, cfg.head_dim
     qkv = linear(x, sd, prefix + "c_attn")
     q = qkv[:, :nh * hd].reshape(T, nh, hd)
     k = qkv[:, nh * hd:(nh + nkv) * hd].reshape(T, nkv, hd)
-    v = qkv[:, (nh + nkv) * hd:].reshape(T, nkv, hd)
+    v = qkv[:, (nh + nkv) * hd:]
+    if ve is not None:
+        mix = sd[prefix + "ve_mix"]
+        v = mix[0] * v + mix[1] * ve
+    v = v.reshape(T, nkv, hd)
     if cfg.qk_norm:  # each head's vector divided by its root mean square
         q = q / np.sqrt((q ** 2).mean(-1, keepdims=True) + cfg.norm_eps)
         k = k / np.sqrt((k ** 2).mean(-1, keepdims=True) + cfg.norm_eps)
@@ -88,10 +93,14 @@ def forward(sd, cfg, idx):
     x = sd["transformer.wte.weight"][idx]
     if cfg.pos_emb == "learned":
         x = x + sd["transformer.wpe.weight"][:T]
-    for layer in range(cfg.n_layer):
+    n, L = cfg.value_embeds, cfg.n_layer
+    for layer in range(L):
         p = f"transformer.h.{layer}."
+        # value embeddings: tables 0..n-1 for the first n layers, and again for the last n
+        table = layer if layer < n else layer - (L - n) if layer >= L - n else None
+        ve = sd[f"transformer.ve.{table}.weight"][idx] if table is not None else None
         a, _ = attention(norm(x, sd[p + "ln_1.weight"], sd.get(p + "ln_1.bias"), cfg.norm, cfg.norm_eps),
-                         sd, p + "attn.", cfg)
+                         sd, p + "attn.", cfg, ve)
         x = x + a
         h = linear(norm(x, sd[p + "ln_2.weight"], sd.get(p + "ln_2.bias"), cfg.norm, cfg.norm_eps), sd, p + "mlp.c_fc")
         x = x + linear(activation(h, cfg.activation), sd, p + "mlp.c_proj")

@@ -22,6 +22,7 @@ OPTIONS = {
     "modern": dict(pos_emb="rope", norm="rmsnorm", activation="relu2", bias=False, tie_weights=False, n_kv_head=2),
     "qk_norm": dict(qk_norm=True, pos_emb="rope", n_kv_head=2),
     "softcap": dict(logit_softcap=2.0),
+    "value_embeds": dict(value_embeds=1, pos_emb="rope", n_kv_head=2),
 }
 
 
@@ -30,7 +31,7 @@ def perturbed(config, seed=0):
     model = GPT(config)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("bias") or ".ln" in name:
+            if name.endswith("bias") or ".ln" in name or name.endswith("ve_mix"):
                 p.add_(0.1 * torch.randn_like(p))
     return model.eval()
 
