@@ -27,8 +27,8 @@ def configure_optimizers(model, weight_decay, learning_rate, betas, device_type,
     optimizer="muon": Muon for the hidden matrices of the blocks, AdamW for embeddings,
     the head, biases and gains, as modded-nanogpt does; ns_dtype: its Newton-Schulz
     dtype (None: fast_matmul_dtype). embedding_lr: AdamW's rate for the token (and
-    value) embeddings, in a third group (None: learning_rate, and two groups, as
-    nanoGPT's checkpoints hold). Each group remembers its initial_lr: the schedule
+    value) embeddings, in a third group without weight decay (None: learning_rate,
+    and two groups, as nanoGPT's checkpoints hold). Each group remembers its initial_lr: the schedule
     scales them together (lr_scale).
     """
     params = [p for p in model.parameters() if p.requires_grad]
@@ -40,8 +40,8 @@ def configure_optimizers(model, weight_decay, learning_rate, betas, device_type,
          "weight_decay": weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
-    if embeddings:
-        adam_groups.append({"params": [p for p in params if id(p) in embeddings], "weight_decay": weight_decay,
+    if embeddings:  # not decayed: at such rates decay would shrink every step the rows of tokens the batch lacks
+        adam_groups.append({"params": [p for p in params if id(p) in embeddings], "weight_decay": 0.0,
                             "lr": embedding_lr})
     adamw = torch.optim.AdamW(adam_groups, lr=learning_rate, betas=betas, fused=device_type == "cuda")
     if optimizer == "adamw":

@@ -58,7 +58,7 @@ def test_muon_takes_the_blocks_matrices_and_adamw_the_rest(tiny_config):
 
 @pytest.mark.parametrize("tie", [True, False])
 def test_embedding_lr_puts_the_embeddings_in_a_group_of_their_own(tiny_config, tie):
-    """With embedding_lr the token embedding (the head too, where tied) steps at that rate and decays; without
+    """With embedding_lr the token embedding (the head too, where tied) steps at that rate, undecayed; without
     it AdamW keeps nanoGPT's two groups, so that nanoGPT's optimizer states still load."""
     from dataclasses import replace
     model = GPT(replace(tiny_config, tie_weights=tie))
@@ -67,13 +67,13 @@ def test_embedding_lr_puts_the_embeddings_in_a_group_of_their_own(tiny_config, t
     adamw = opt.optimizers["adamw"]
     assert [g["initial_lr"] for g in adamw.param_groups] == [1e-3, 1e-3, 0.05]
     assert [id(p) for p in adamw.param_groups[2]["params"]] == [id(model.transformer.wte.weight)]
-    assert adamw.param_groups[2]["weight_decay"] == 0.1
+    assert adamw.param_groups[2]["weight_decay"] == 0.0
     head_group = 2 if tie else 0
     assert any(p is model.lm_head.weight for p in adamw.param_groups[head_group]["params"])
     model.transformer.wte.weight.grad = torch.ones_like(model.transformer.wte.weight)
     before = model.transformer.wte.weight.detach().clone()
-    adamw.step()  # Adam's first step moves each entry by its rate (the sign of a constant gradient), decay aside
-    moved = (before * (1 - 0.05 * 0.1) - model.transformer.wte.weight.detach())
+    adamw.step()  # Adam's first step moves each entry by its rate (the sign of a constant gradient), no decay
+    moved = before - model.transformer.wte.weight.detach()
     torch.testing.assert_close(moved, torch.full_like(moved, 0.05), atol=1e-5, rtol=0)
 
 
