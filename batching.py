@@ -9,10 +9,12 @@ takes it. One thread (Engine.run) does all of this; other threads submit and
 cancel sequences.
 
 model.py takes one position for a whole batch (kv_cache.pos) and no mask, so a
-decode step passes per-row positions and the mask through the model's standard
-forward hooks (per_row): the learned position embedding's output, the RoPE
-rotation of q and k, and the masked attention scores of the manual attention
-path. The numbers are those of decoding each sequence alone.
+decode step runs on decode.FusedStep.rows, which takes each row's position and
+masks inside SDPA, wherever the fused step applies; elsewhere (hooks on the
+model, another dtype) it passes per-row positions and the mask through the
+model's standard forward hooks (per_row): the learned position embedding's
+output, the RoPE rotation of q and k, and the masked attention scores of the
+manual attention path. The numbers are those of decoding each sequence alone.
 """
 import collections
 import threading
@@ -57,7 +59,8 @@ class SlotCache:
 
     def decode(self, model, tokens, slots, positions, fused=None):
         """Logits (A, V) of one step: tokens[i] at position positions[i] of the sequence in slot slots[i]
-        (tokens a tensor (A,), slots and positions lists of ints). fused: the model's decode.FusedStep, or None.
+        (tokens a tensor (A,), slots and positions lists of ints). fused: the model's decode.FusedStep, or None
+        (the step then runs on it).
         """
         if len(slots) == 1:  # one row has one position: the model's own cached step, no hooks
             view = self.row(slots[0])
@@ -66,6 +69,8 @@ class SlotCache:
                 return fused(tokens, view)[:, -1]
             logits, _ = model(tokens[:, None], kv_cache=view)
             return logits[:, -1]
+        if fused is not None and fused.valid():
+            return fused.rows(tokens, self, slots, positions)
         device = tokens.device
         self.slots, self.positions = torch.tensor(slots, device=device), torch.tensor(positions, device=device)
         self.pos, self.end = 0, max(positions) + 1

@@ -115,18 +115,57 @@ class FusedStep:
     def __call__(self, tokens, cache):
         """Logits (B, 1, V) for tokens (B,) at position cache.pos of every row; stores their keys and
         values in cache and advances cache.pos, as GPT.forward does with a kv_cache."""
-        c = self.config
-        B, pos = tokens.size(0), cache.pos
+        c, pos = self.config, cache.pos
         if pos + 1 > c.block_size:
             raise ValueError(f"sequence of {pos + 1} tokens is longer than block_size ({c.block_size}); "
                              f"crop the input to its last {c.block_size} tokens")
-        nh, nkv, hs = c.n_head, c.kv_heads, c.head_dim
         x = F.embedding(tokens, self.wte)  # (B, C)
         rope = None
         if self.wpe is not None:
             x = x + self.wpe[pos]
         else:
             rope = self.model.rope[pos:pos + 1]  # (1, hs/2)
+
+        def attend(i, q, k, v):  # one query sees every key so far: no mask
+            cache.k[i, :, :, pos:pos + 1] = k
+            cache.v[i, :, :, pos:pos + 1] = v
+            return F.scaled_dot_product_attention(q, cache.k[i, :, :, :pos + 1], cache.v[i, :, :, :pos + 1],
+                                                  enable_gqa=c.kv_heads != c.n_head)
+        logits = self.blocks_and_head(tokens, x, rope, attend)
+        cache.pos += 1
+        return logits.view(tokens.size(0), 1, -1)
+
+    @torch.inference_mode()
+    def rows(self, tokens, cache, slots, positions):
+        """Logits (A, V) for tokens (A,), row a at position positions[a] of slot slots[a] of a
+        batching.SlotCache, seeing that slot's positions up to its own: SlotCache.decode's step, with the
+        positions and the mask per_row's hooks give the model."""
+        c, A = self.config, tokens.size(0)
+        pos = torch.tensor(positions, device=tokens.device)  # (A,)
+        index = torch.tensor(slots, device=tokens.device)
+        end = max(positions) + 1
+        # adjacent slots (the lowest free slot is taken first) are read as a view, others gathered
+        read = slice(slots[0], slots[0] + A) if slots == list(range(slots[0], slots[0] + A)) else index
+        mask = (torch.arange(end, device=tokens.device) <= pos[:, None])[:, None, None, :]  # (A, 1, 1, end)
+        x = F.embedding(tokens, self.wte)  # (A, C)
+        rope = None
+        if self.wpe is not None:
+            x = x + F.embedding(pos, self.wpe)
+        else:
+            rope = self.model.rope[pos][:, None, None]  # (A, 1, 1, hs/2)
+
+        def attend(i, q, k, v):
+            cache.k[i, index, :, pos] = k[:, :, 0]
+            cache.v[i, index, :, pos] = v[:, :, 0]
+            return F.scaled_dot_product_attention(q, cache.k[i, read, :, :end], cache.v[i, read, :, :end],
+                                                  attn_mask=mask, enable_gqa=c.kv_heads != c.n_head)
+        return self.blocks_and_head(tokens, x, rope, attend)
+
+    def blocks_and_head(self, tokens, x, rope, attend):
+        """Logits (B, V) of one new position per row from its embedding x (B, C); rope: the rows' rotations
+        (or None); attend(layer, q, k, v): stores k, v (B, nkv, 1, hs) and returns attention's output."""
+        c = self.config
+        B, nh, nkv, hs = x.size(0), c.n_head, c.kv_heads, c.head_dim
         for i, (ln_1, c_attn, c_proj, ln_2, c_fc, mlp_proj, ve) in enumerate(self.blocks):
             qkv = linear(self.norm(x, ln_1), c_attn)  # (B, (nh + 2 nkv) hs): q, then k, then v
             q = qkv[:, :nh * hs].view(B, nh, 1, hs)
@@ -140,16 +179,10 @@ class FusedStep:
                 q, k = F.rms_norm(q, (hs,), eps=c.norm_eps), F.rms_norm(k, (hs,), eps=c.norm_eps)
             if rope is not None:
                 q, k = apply_rope(q, rope), apply_rope(k, rope)
-            cache.k[i, :, :, pos:pos + 1] = k
-            cache.v[i, :, :, pos:pos + 1] = v
-            # one query sees every key so far: no mask
-            y = F.scaled_dot_product_attention(q, cache.k[i, :, :, :pos + 1], cache.v[i, :, :, :pos + 1],
-                                               enable_gqa=nkv != nh)  # (B, nh, 1, hs)
+            y = attend(i, q, k, v)  # (B, nh, 1, hs)
             x = linear_add(y.reshape(B, c.n_embd), c_proj, x)  # heads concatenated, projected, added
             x = linear_add(self.activation(self.norm(x, ln_2), c_fc), mlp_proj, x)
-        cache.pos += 1
-        logits = linear(self.norm(x, self.ln_f), self.head)
-        return self.model.softcap(logits).view(B, 1, -1)
+        return self.model.softcap(linear(self.norm(x, self.ln_f), self.head))
 
 
 def linear(x, weights, post=("none", [], "")):

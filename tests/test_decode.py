@@ -118,3 +118,27 @@ def test_one_active_sequence_in_the_batching_engine_decodes_on_the_fused_step(mo
             logits = cache.decode(model, idx[:, t], [2], [t], step)
             torch.testing.assert_close(logits, full[:, t], atol=2e-5, rtol=1e-5)
     assert len(calls) == 5
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("option", ["gpt2", "modern", "value_embeds", "qk_norm"])
+@pytest.mark.parametrize("slots", [[0, 1, 2], [3, 0, 2]])  # adjacent (read as a view) and scattered (gathered)
+def test_rows_at_their_own_positions_match_each_sequence_alone(tiny_config, option, slots, fused):
+    """Continuous batching's step, on the fused path and on the model's with per_row's hooks: three sequences
+    in slots of one cache, each at its own position, give the logits of a full forward over each alone."""
+    from batching import SlotCache
+    model = sharp32(replace(tiny_config, **OPTIONS[option]))
+    seqs = torch.randint(0, 64, (3, 16), generator=torch.Generator().manual_seed(6))
+    lengths = [9, 4, 13]  # each row's prompt; then three steps together
+    cache = SlotCache(model.config, 4, "cpu", torch.float32)
+    with torch.inference_mode(), packed_weights(model, 4) as packed:
+        step = FusedStep.build(model, packed) if fused else None
+        full, _ = model(seqs)
+        for slot, seq, n in zip(slots, seqs, lengths):
+            model(seq[None, :n], kv_cache=cache.row(slot))
+        for t in range(3):
+            positions = [n + t for n in lengths]
+            tokens = torch.stack([seq[p] for seq, p in zip(seqs, positions)])
+            logits = cache.decode(model, tokens, slots, positions, step)
+            expected = torch.stack([full[r, p] for r, p in enumerate(positions)])
+            torch.testing.assert_close(logits, expected, atol=2e-5, rtol=1e-5)
