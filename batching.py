@@ -179,7 +179,7 @@ class Engine:
     @torch.inference_mode()
     def run(self):
         with packed_weights(self.model, self.max_batch) as packed, self.autocast:
-            self.fused = FusedStep.build(self.model, packed)  # one active sequence decodes on it
+            self.fused = FusedStep.build(self.model, packed)  # every decode step runs on it where it applies
             while True:
                 with self.wake:
                     while not (self.stopping or self.waiting or self.active):

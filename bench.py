@@ -180,11 +180,12 @@ def nanogpt_model(path, model):
         raise UserError(f"--nanogpt={path}: no model.py there; give the directory of a nanoGPT checkout "
                         f"(git clone https://github.com/karpathy/nanoGPT)")
     c = model.config
-    gpt2_style = dict(pos_emb="learned", norm="layernorm", activation="gelu", mlp_hidden=None, n_kv_head=None,
-                      tie_weights=True, qk_norm=False, logit_softcap=None)
+    gpt2_style = dict(pos_emb="learned", norm="layernorm", norm_eps=1e-5, activation="gelu", mlp_hidden=None,
+                      n_kv_head=None, tie_weights=True, qk_norm=False, logit_softcap=None, value_embeds=0)
     if any(getattr(c, k) != v for k, v in gpt2_style.items()):
-        raise UserError("--nanogpt compares GPT-2-style models only (learned positions, LayerNorm, GELU, tied "
-                        "head, no GQA, QK-norm or soft-cap): nanoGPT's model has nothing else")
+        raise UserError("--nanogpt compares GPT-2-style models only (learned positions, LayerNorm with eps 1e-5, "
+                        "GELU, tied head, no GQA, QK-norm, soft-cap or value embeddings): nanoGPT's model has "
+                        "nothing else")
     spec = importlib.util.spec_from_file_location("nanogpt_model", file)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -17,7 +17,7 @@ import tempfile
 import time
 import typing
 import warnings
-from dataclasses import asdict, replace
+from dataclasses import asdict
 
 import numpy as np
 import torch
@@ -231,21 +231,14 @@ def config_from_model_args(model_args, path, runtime):
 
 
 def check_shapes(config, state, path):
-    """Every weight GPT(config) expects is in state with its shape, and nothing else is: compared on a
-    one-block model built on the meta device (no memory), whose block stands for each of the n_layer."""
+    """Every weight GPT(config) expects is in state with its shape, and nothing else is: compared with the
+    model built on the meta device (shapes only, no memory)."""
     layers = {int(k.split(".")[2]) for k in state if k.startswith("transformer.h.") and k.split(".")[2].isdigit()}
     if layers != set(range(config.n_layer)):
         raise UserError(f"{path}: model_args claims n_layer={config.n_layer} but the weights hold "
                         f"{len(layers)} blocks; the file is damaged or its model_args were edited")
     with torch.device("meta"):
-        one = GPT(replace(config, n_layer=1)).state_dict()
-    expected = {}
-    for name, t in one.items():
-        if name.startswith("transformer.h.0."):
-            for i in range(config.n_layer):
-                expected[f"transformer.h.{i}.{name[len('transformer.h.0.'):]}"] = tuple(t.shape)
-        else:
-            expected[name] = tuple(t.shape)
+        expected = {name: tuple(t.shape) for name, t in GPT(config).state_dict().items()}
     missing = [k for k in expected if k not in state]
     extra = [k for k in state if k not in expected]
     wrong = [k for k in expected if k in state and tuple(state[k].shape) != expected[k]]

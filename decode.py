@@ -81,8 +81,10 @@ class FusedStep:
                        for i, b in enumerate(t.h)]
         self.wte, self.wpe = t.wte.weight, t.wpe.weight if c.pos_emb == "learned" else None
         self.ln_f, self.head = norm(t.ln_f), linear(model.lm_head)
-        # the weights as packed and read: one changed since (by its version) sends the step back to the model
-        self.versions = [(p, p._version) for p in model.parameters()]
+        # the weights as packed and read: one changed (its version) or replaced since sends the step back
+        self.weights = [(m._parameters, name, p, p._version) for m in self.modules
+                        for name, p in m._parameters.items() if p is not None]
+        self.attns = [block.attn for block in t.h]  # a tool may switch one to the manual path
 
     @staticmethod
     def value_embedding(model, layer):
@@ -91,10 +93,12 @@ class FusedStep:
         return None if table is None else (model.transformer.ve[table].weight, model.transformer.h[layer].attn.ve_mix)
 
     def valid(self):
-        """Still the model it was built for: weights unchanged, no hook added since, eval mode, and no
-        autocast (the model's forward would compute in another dtype)."""
+        """Still the model it was built for: weights unchanged and not replaced, no hook added since, eval
+        mode, and no autocast (the model's forward would compute in another dtype)."""
         return (not self.model.training and not torch.is_autocast_enabled("cpu")
-                and all(p._version == v for p, v in self.versions) and not hooked(self.modules))
+                and all(attn.impl == "sdpa" for attn in self.attns)
+                and all(params.get(name) is p and p._version == v for params, name, p, v in self.weights)
+                and not hooked(self.modules))
 
     def norm(self, x, params):
         c = self.config

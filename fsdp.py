@@ -114,7 +114,8 @@ def consolidate(path):
         raise UserError(f"{path} is already a single file (its sharded form is absent or older)")
     model = model_from_checkpoint(ckpt, ckpt["sharded"])
     config = ckpt.get("config") or {}
-    optimizer = configure_optimizers(model, 0.0, 1e-3, (0.9, 0.95), "cpu", config.get("optimizer", "adamw"))
+    optimizer = configure_optimizers(model, 0.0, 1e-3, (0.9, 0.95), "cpu", config.get("optimizer", "adamw"),
+                                     embedding_lr=config.get("embedding_lr"))  # the saved groups, in number
     load_sharded(model, optimizer, ckpt["sharded"])  # the optimizer state, keyed by index by state_dict()
     ckpt["optimizer"] = optimizer.state_dict()
     ckpt["model"] = model.state_dict()

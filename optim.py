@@ -10,9 +10,9 @@ The math is torch.optim.Muon's (torch 2.13): Nesterov momentum, then the
 quintic Newton-Schulz iteration (a, b, c) = (3.4445, -4.7750, 2.0315) that
 pushes the update's singular values towards 1, then a step of
 lr * sqrt(max(1, rows/cols)) with decoupled weight decay. Two differences, in
-speed only: the iteration runs in float32 where the hardware has no fast
-bfloat16 (CPUs), and matrices of the same shape go through it together as one
-batched matmul.
+speed only: on CPUs the iteration runs in float32 unless asked for bfloat16
+(ns_dtype; train.py's matmul_dtype), and matrices of the same shape go through
+it together as one batched matmul.
 """
 import math
 from collections import defaultdict
@@ -98,10 +98,11 @@ def orthogonalize(g, steps=5, eps=1e-7, dtype=torch.float32):
 
 
 def fast_matmul_dtype(device):
-    """bfloat16 on GPUs; float32 on CPUs.
+    """Muon's default iteration dtype: bfloat16 on GPUs; float32 on CPUs.
 
     Without native support bfloat16 matmuls are emulated and several times slower than float32;
-    on CPUs that have it (AMX) the conversions cost more than the matmuls save (docs/speed.md).
+    where a CPU has it, bfloat16 pays only when the run's other products are bfloat16 too
+    (matmul_dtype, docs/speed.md), which then passes ns_dtype.
     """
     return torch.float32 if device.type == "cpu" else torch.bfloat16
 

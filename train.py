@@ -80,7 +80,7 @@ class TrainConfig(GPTConfig):
     muon_momentum: float = 0.95
     muon_weight_decay: float = 0.0
     learning_rate: float = 6e-4  # AdamW's peak learning rate
-    embedding_lr: float | None = None  # AdamW's peak rate for the token and value embeddings; None: learning_rate
+    embedding_lr: float | None = None  # AdamW's peak rate, undecayed, for the token and value embeddings (the head too, where tied); None: learning_rate
     max_iters: int = 600000  # total optimizer steps
     weight_decay: float = 1e-1  # AdamW's decoupled decay, for matrices and embeddings only
     beta1: float = 0.9  # AdamW's first-moment decay
@@ -157,6 +157,10 @@ def resume_config(ckpt, overrides, path):
     for key in SHAPE_FIELDS:  # model_args is the truth about the weights
         saved[key] = model_args.get(key, getattr(default, key))
     saved.setdefault("optimizer", "adamw")  # nanoGPT's
+    if "embedding_lr" in overrides and (overrides["embedding_lr"] is None) != (saved.get("embedding_lr") is None):
+        raise UserError(f"--embedding_lr={overrides['embedding_lr']!r} would add or remove the embeddings' own "
+                        f"optimizer group, which the checkpoint's optimizer state {'lacks' if saved.get('embedding_lr') is None else 'has'} "
+                        f"({path}); change its value, not whether it is set, or train anew in a new out_dir")
     for key, value in overrides.items():
         if key in FIXED_ON_RESUME and value != saved[key]:
             raise UserError(f"--{key}={value!r} contradicts the checkpoint's {key}={saved[key]!r} ({path}); "
@@ -551,7 +555,7 @@ def training_products(cfg, dtype, device, compile, sharded, model, log):
     fits = device.type == "cpu" and dtype == torch.float32 and not compile and not sharded
     if cfg.matmul_dtype == "auto" and fits and bfloat16_products_supported():
         return torch.bfloat16
-    if cfg.matmul_dtype == "auto" and device.type == "cpu":
+    if cfg.matmul_dtype == "auto" and device.type == "cpu" and dtype == torch.float32:
         log("note: matmul_dtype=auto: float32 products (bfloat16 needs float32 training on a CPU with AVX-512 BF16 "
             "or AMX, without compile or FSDP)")
     if cfg.matmul_dtype == "bfloat16":

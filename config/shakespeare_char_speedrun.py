@@ -37,7 +37,7 @@ lr_decay_iters = 200
 lr_schedule = "cosine"  # beat warmup-stable-decay here: 300 vs 325 iters to 1.88 (before qk_norm)
 min_lr = 3e-4
 beta2 = 0.99
-warmup_iters = 20  # short: 30 instead of 50 gained 0.01 in val loss at iter 175 (docs/speedrun.md)
+warmup_iters = 20  # short: the embeddings' high rate pays from the first iterations
 
 device = "cpu"
 compile = False  # inductor's compile time exceeds the whole run

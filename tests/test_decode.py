@@ -91,6 +91,9 @@ def test_the_model_runs_itself_where_the_fused_step_does_not_apply(tiny_config):
         handle.remove()
         with torch.autocast("cpu", dtype=torch.bfloat16):
             assert not step.valid()
+        model.transformer.h[1].attn.impl = "manual"  # as trace.py does, for the scores
+        assert not step.valid()
+        model.transformer.h[1].attn.impl = "sdpa"
         model.train()
         assert not step.valid()
         model.eval()
@@ -98,6 +101,10 @@ def test_the_model_runs_itself_where_the_fused_step_does_not_apply(tiny_config):
         with torch.no_grad():
             model.transformer.ln_f.weight.mul_(2)  # not a packed weight, still read by the step
         assert not step.valid()
+    with packed_weights(model, 1) as packed:
+        step = FusedStep.build(model, packed)
+        model.transformer.ln_f.weight = torch.nn.Parameter(model.transformer.ln_f.weight.detach() * 2)
+        assert not step.valid()  # replaced, not changed in place
 
 
 
@@ -133,6 +140,11 @@ def test_rows_at_their_own_positions_match_each_sequence_alone(tiny_config, opti
     cache = SlotCache(model.config, 4, "cpu", torch.float32)
     with torch.inference_mode(), packed_weights(model, 4) as packed:
         step = FusedStep.build(model, packed) if fused else None
+        assert (step is not None) == fused
+        calls = []
+        if fused:
+            real = step.rows
+            step.rows = lambda *a: calls.append(1) or real(*a)
         full, _ = model(seqs)
         for slot, seq, n in zip(slots, seqs, lengths):
             model(seq[None, :n], kv_cache=cache.row(slot))
@@ -142,3 +154,4 @@ def test_rows_at_their_own_positions_match_each_sequence_alone(tiny_config, opti
             logits = cache.decode(model, tokens, slots, positions, step)
             expected = torch.stack([full[r, p] for r, p in enumerate(positions)])
             torch.testing.assert_close(logits, expected, atol=2e-5, rtol=1e-5)
+    assert len(calls) == (3 if fused else 0)

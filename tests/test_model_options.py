@@ -184,6 +184,29 @@ def test_option_validation_messages():
         GPTConfig(n_kv_head=5)
     with pytest.raises(ValueError, match="activation must be one of"):
         GPTConfig(activation="tanh")
+    with pytest.raises(ValueError, match=r"value_embeds \(2\) must be in \[0, n_layer / 2\] \(n_layer = 3\)"):
+        GPTConfig(n_layer=3, value_embeds=2)
+
+
+@pytest.mark.parametrize("option", OPTIONS)
+def test_each_option_survives_a_checkpoint(tmp_path, tiny_config, option):
+    """ckpt.pt with the option recorded in model_args loads back (sample.py's and resume's path) to the same
+    logits; a weight of the wrong shape is refused in one line."""
+    from checkpoint import load_checkpoint, model_args, model_from_checkpoint, save_checkpoint
+    from configurator import UserError
+    model = perturbed(replace(tiny_config, n_layer=4, **OPTIONS[option]))
+    path = str(tmp_path / "ckpt.pt")
+    save_checkpoint({"model": model.state_dict(), "model_args": model_args(model.config)}, path)
+    loaded = model_from_checkpoint(load_checkpoint(path), path).eval()
+    idx = torch.randint(0, 64, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(idx)[0], model(idx)[0], atol=0, rtol=0)
+    state = model.state_dict()
+    name = next(reversed(state))
+    state[name] = torch.zeros(3, 3)
+    save_checkpoint({"model": state, "model_args": model_args(model.config)}, path)
+    with pytest.raises(UserError, match="weights do not match its model_args"):
+        model_from_checkpoint(load_checkpoint(path), path)
 
 
 def test_model_args_keep_nanogpt_keys_and_record_options():

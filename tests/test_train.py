@@ -86,6 +86,10 @@ def test_resume_rejects_a_shape_change_and_allows_other_overrides(tmp_path, char
     cfg, overrides = parse_args(TrainConfig, ["--init_from=resume", out, "--n_layer=3"])
     with pytest.raises(UserError, match=r"--n_layer=3 contradicts the checkpoint's n_layer=2"):
         train(cfg, overrides, log=quiet)
+    cfg, overrides = parse_args(TrainConfig, ["--init_from=resume", out, "--embedding_lr=0.1"])
+    with pytest.raises(UserError, match=r"--embedding_lr=0.1 would add or remove the embeddings' own optimizer "
+                                        r"group, which the checkpoint's optimizer state lacks"):
+        train(cfg, overrides, log=quiet)
     lines = []
     cfg, overrides = parse_args(TrainConfig, ["--init_from=resume", out, "--max_iters=5", "--eval_only=True"])
     train(cfg, overrides, log=lines.append)
