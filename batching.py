@@ -33,7 +33,7 @@ class SlotCache:
     """Keys and values of `slots` sequences, each at its own position.
 
     A decode step sets `slots` and `positions` (the rows' cache slots and the
-    positions their new tokens take); model.forward then calls update() per layer.
+    positions their new tokens take); model.forward (or decode.FusedStep.rows) then calls update() per layer.
     """
 
     def __init__(self, config, slots, device, dtype):
@@ -69,14 +69,14 @@ class SlotCache:
                 return fused(tokens, view)[:, -1]
             logits, _ = model(tokens[:, None], kv_cache=view)
             return logits[:, -1]
-        if fused is not None and fused.valid():
-            return fused.rows(tokens, self, slots, positions)
         device = tokens.device
         self.slots, self.positions = torch.tensor(slots, device=device), torch.tensor(positions, device=device)
         self.pos, self.end = 0, max(positions) + 1
         # adjacent slots (the usual case: the lowest free slot is taken first) are read as a view, others copied
         adjacent = slots == list(range(slots[0], slots[0] + len(slots)))
         self.rows = slice(slots[0], slots[0] + len(slots)) if adjacent else self.slots
+        if fused is not None and fused.valid():
+            return fused.rows(tokens, self)
         with per_row(model, self.positions):
             logits, _ = model(tokens[:, None], kv_cache=self)
         return logits[:, -1]

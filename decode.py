@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules import module as nn_module
 
+from kernels import packed_product, packed_product_add
 from model import apply_rope, value_embedded
 
 # every GPTConfig field and what this step supports of it (None: any value); a field added to
@@ -73,14 +74,14 @@ class FusedStep:
         self.modules = list(model.modules())
         t, c = model.transformer, self.config
         norm = (lambda n: (n.weight,)) if c.norm == "rmsnorm" else (lambda n: (n.weight, n.bias))
-        linear = lambda m: (packed[m], m.bias)  # noqa: E731
+        weights = lambda m: (packed[m], m.bias)  # noqa: E731: (packed weight, bias), as packed_product takes them
         # each block's tensors in the order __call__ reads them, gathered once: module attribute lookups
         # cost more than this step's small operations
-        self.blocks = [(norm(b.ln_1), linear(b.attn.c_attn), linear(b.attn.c_proj), norm(b.ln_2),
-                        linear(b.mlp.c_fc), linear(b.mlp.c_proj), self.value_embedding(model, i))
+        self.blocks = [(norm(b.ln_1), weights(b.attn.c_attn), weights(b.attn.c_proj), norm(b.ln_2),
+                        weights(b.mlp.c_fc), weights(b.mlp.c_proj), self.value_embedding(model, i))
                        for i, b in enumerate(t.h)]
         self.wte, self.wpe = t.wte.weight, t.wpe.weight if c.pos_emb == "learned" else None
-        self.ln_f, self.head = norm(t.ln_f), linear(model.lm_head)
+        self.ln_f, self.head = norm(t.ln_f), weights(model.lm_head)
         # the weights as packed and read: one changed (its version) or replaced since sends the step back
         self.weights = [(m._parameters, name, p, p._version) for m in self.modules
                         for name, p in m._parameters.items() if p is not None]
@@ -110,9 +111,9 @@ class FusedStep:
         """The MLP's hidden activation (B, hidden) of its input x (B, C): c_fc with the activation fused."""
         act = self.config.activation
         if act == "swiglu":
-            gate, up = linear(x, c_fc).chunk(2, dim=-1)  # gate rows first, as MLP.forward reads them
+            gate, up = packed_product(x, *c_fc).chunk(2, dim=-1)  # gate rows first, as MLP.forward reads them
             return F.silu(gate) * up
-        h = linear(x, c_fc, FUSED_ACTIVATION[act])
+        h = packed_product(x, *c_fc, FUSED_ACTIVATION[act])
         return h.square() if act == "relu2" else h
 
     @torch.inference_mode()
@@ -131,26 +132,19 @@ class FusedStep:
             rope = self.model.rope[pos:pos + 1]  # (1, hs/2)
 
         def attend(i, q, k, v):  # one query sees every key so far: no mask
-            cache.k[i, :, :, pos:pos + 1] = k
-            cache.v[i, :, :, pos:pos + 1] = v
-            return F.scaled_dot_product_attention(q, cache.k[i, :, :, :pos + 1], cache.v[i, :, :, :pos + 1],
-                                                  enable_gqa=c.kv_heads != c.n_head)
+            keys, values = cache.update(i, k, v)
+            return F.scaled_dot_product_attention(q, keys, values, enable_gqa=c.kv_heads != c.n_head)
         logits = self.blocks_and_head(tokens, x, rope, attend)
         cache.pos += 1
         return logits.view(tokens.size(0), 1, -1)
 
     @torch.inference_mode()
-    def rows(self, tokens, cache, slots, positions):
-        """Logits (A, V) for tokens (A,), row a at position positions[a] of slot slots[a] of a
+    def rows(self, tokens, cache):
+        """Logits (A, V) for tokens (A,), row a at position cache.positions[a] of slot cache.slots[a] of a
         batching.SlotCache, seeing that slot's positions up to its own: SlotCache.decode's step, with the
         positions and the mask per_row's hooks give the model."""
-        c, A = self.config, tokens.size(0)
-        pos = torch.tensor(positions, device=tokens.device)  # (A,)
-        index = torch.tensor(slots, device=tokens.device)
-        end = max(positions) + 1
-        # adjacent slots (the lowest free slot is taken first) are read as a view, others gathered
-        read = slice(slots[0], slots[0] + A) if slots == list(range(slots[0], slots[0] + A)) else index
-        mask = (torch.arange(end, device=tokens.device) <= pos[:, None])[:, None, None, :]  # (A, 1, 1, end)
+        c, pos = self.config, cache.positions  # (A,)
+        mask = (torch.arange(cache.end, device=tokens.device) <= pos[:, None])[:, None, None, :]  # (A, 1, 1, end)
         x = F.embedding(tokens, self.wte)  # (A, C)
         rope = None
         if self.wpe is not None:
@@ -159,10 +153,8 @@ class FusedStep:
             rope = self.model.rope[pos][:, None, None]  # (A, 1, 1, hs/2)
 
         def attend(i, q, k, v):
-            cache.k[i, index, :, pos] = k[:, :, 0]
-            cache.v[i, index, :, pos] = v[:, :, 0]
-            return F.scaled_dot_product_attention(q, cache.k[i, read, :, :end], cache.v[i, read, :, :end],
-                                                  attn_mask=mask, enable_gqa=c.kv_heads != c.n_head)
+            keys, values = cache.update(i, k, v)  # (A, nkv, end, hs)
+            return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=c.kv_heads != c.n_head)
         return self.blocks_and_head(tokens, x, rope, attend)
 
     def blocks_and_head(self, tokens, x, rope, attend):
@@ -171,7 +163,7 @@ class FusedStep:
         c = self.config
         B, nh, nkv, hs = x.size(0), c.n_head, c.kv_heads, c.head_dim
         for i, (ln_1, c_attn, c_proj, ln_2, c_fc, mlp_proj, ve) in enumerate(self.blocks):
-            qkv = linear(self.norm(x, ln_1), c_attn)  # (B, (nh + 2 nkv) hs): q, then k, then v
+            qkv = packed_product(self.norm(x, ln_1), *c_attn)  # (B, (nh + 2 nkv) hs): q, then k, then v
             q = qkv[:, :nh * hs].view(B, nh, 1, hs)
             k = qkv[:, nh * hs:(nh + nkv) * hs].view(B, nkv, 1, hs)
             v = qkv[:, (nh + nkv) * hs:]
@@ -184,17 +176,6 @@ class FusedStep:
             if rope is not None:
                 q, k = apply_rope(q, rope), apply_rope(k, rope)
             y = attend(i, q, k, v)  # (B, nh, 1, hs)
-            x = linear_add(y.reshape(B, c.n_embd), c_proj, x)  # heads concatenated, projected, added
-            x = linear_add(self.activation(self.norm(x, ln_2), c_fc), mlp_proj, x)
-        return self.model.softcap(linear(self.norm(x, self.ln_f), self.head))
-
-
-def linear(x, weights, post=("none", [], "")):
-    """x (B, in) times a packed weight, plus its bias (weights = (packed, bias)), then oneDNN's post-op
-    (an activation, or none)."""
-    return torch.ops.mkldnn._linear_pointwise(x, *weights, *post)
-
-
-def linear_add(x, weights, residual):
-    """residual + x times a packed weight plus its bias: the addition inside the product."""
-    return torch.ops.mkldnn._linear_pointwise.binary(x, residual, *weights, "add")
+            x = packed_product_add(y.reshape(B, c.n_embd), *c_proj, x)  # heads concatenated, projected, added
+            x = packed_product_add(self.activation(self.norm(x, ln_2), c_fc), *mlp_proj, x)
+        return self.model.softcap(packed_product(self.norm(x, self.ln_f), *self.head))

@@ -31,25 +31,39 @@ def onednn_available():
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
-def packed_product(x, packed, bias=None):
-    """x (rows, in) times a weight packed by torch.ops.mkldnn._reorder_linear_weight, plus bias."""
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+def packed_product(x, packed, bias=None, post=("none", [], "")):
+    """x (rows, in) times a weight packed by torch.ops.mkldnn._reorder_linear_weight, plus bias, then
+    oneDNN's post-op (name, scalars, algorithm): none, or an activation such as ("gelu", [], "tanh")."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, *post)
 
 
-class PackedWeight:
-    """A linear layer's weight packed for oneDNN, and its transpose, for the weight's current values."""
+def packed_product_add(x, packed, bias, residual):
+    """residual + x times a packed weight plus bias: the addition inside the product."""
+    return torch.ops.mkldnn._linear_pointwise.binary(x, residual, packed, bias, "add")
 
-    def __init__(self):
-        self.key = None
 
-    def get(self, weight, rows):
-        key = (weight.data_ptr(), weight._version, rows)
+class WeightCopy:
+    """make(weight, *args) for the weight's current values: made again only once the weight has changed
+    (its version counter moved, as an optimizer step moves it) or args differ."""
+
+    def __init__(self, make):
+        self.make, self.key = make, None
+
+    def get(self, weight, *args):
+        key = (weight.data_ptr(), weight._version, args)
         if key != self.key:
             with torch.no_grad():
-                self.forward = torch.ops.mkldnn._reorder_linear_weight(weight, rows)  # (out, in)
-                self.backward = torch.ops.mkldnn._reorder_linear_weight(weight.t().contiguous(), rows)  # (in, out)
+                self.value = self.make(weight, *args)
             self.key = key
-        return self.forward, self.backward
+        return self.value
+
+
+class PackedWeight(WeightCopy):
+    """A linear layer's weight packed for oneDNN for `rows` rows, and its transpose: get(weight, rows)."""
+
+    def __init__(self):
+        super().__init__(lambda weight, rows: (torch.ops.mkldnn._reorder_linear_weight(weight, rows),  # (out, in)
+                                               torch.ops.mkldnn._reorder_linear_weight(weight.t().contiguous(), rows)))
 
 
 class PackedLinear(torch.autograd.Function):
@@ -106,17 +120,11 @@ class BFloat16Linear(torch.autograd.Function):
         return dx, dw, db, None
 
 
-class BFloat16Weight:
-    """A weight rounded to bfloat16, for its current values."""
+class BFloat16Weight(WeightCopy):
+    """A weight rounded to bfloat16: get(weight)."""
 
     def __init__(self):
-        self.key = None
-
-    def get(self, weight):
-        key = (weight.data_ptr(), weight._version)
-        if key != self.key:
-            self.weight, self.key = weight.detach().bfloat16(), key
-        return self.weight
+        super().__init__(lambda weight: weight.detach().bfloat16())
 
 
 def bfloat16_products_supported():
@@ -138,7 +146,8 @@ def packed_training(model, dtype=torch.float32):
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
 
     def forward_of(linear):
-        function, weight = (PackedLinear, PackedWeight()) if dtype == torch.float32 else (BFloat16Linear, BFloat16Weight())
+        bfloat16 = dtype == torch.bfloat16
+        function, weight = (BFloat16Linear, BFloat16Weight()) if bfloat16 else (PackedLinear, PackedWeight())
 
         def forward(x):
             if torch.is_grad_enabled() and x.dtype == torch.float32 and linear.weight.requires_grad:
