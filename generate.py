@@ -162,7 +162,8 @@ def filter_logits(logits, top_k=None, top_p=None):
         sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
         probs = F.softmax(sorted_logits, dim=-1)
         before = probs.cumsum(dim=-1) - probs  # mass of the tokens ranked above each one
-        drop_sorted = before >= top_p  # the smallest set reaching top_p; the first is always kept
+        drop_sorted = before >= top_p  # the smallest set reaching top_p
+        drop_sorted[:, 0] = False  # the most likely token always stays, even where top_p rounds to 0 in float32
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits

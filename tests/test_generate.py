@@ -3,6 +3,7 @@ import itertools
 import math
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 
@@ -120,6 +121,29 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
     assert torch.isfinite(filter_logits(logits, top_p=0.81)).tolist() == [[False, True, True, True]]
     assert torch.isfinite(filter_logits(logits, top_p=0.01)).tolist() == [[False, True, False, False]]
     assert torch.isfinite(filter_logits(logits, top_p=1.0)).all()
+
+
+def nucleus_numpy(logits, top_p):
+    """The tokens top-p keeps, in float64 numpy: the most likely ones until their mass reaches top_p, at least one."""
+    probs = np.exp(logits - logits.max())
+    probs /= probs.sum()
+    order = np.argsort(-probs, kind="stable")
+    before = np.cumsum(probs[order]) - probs[order]  # mass ranked above each token
+    assert np.abs(before[1:] - top_p).min() > 1e-5  # no boundary so near top_p that float32 rounding decides
+    return set(order[before < top_p].tolist()) | {order[0].item()}
+
+
+@pytest.mark.parametrize("top_p", [1e-300, 1e-45, 1e-8, 0.05, 0.3, 0.7, 0.95, 0.999])
+def test_top_p_keeps_the_nucleus_computed_in_numpy_and_always_the_most_likely_token(top_p):
+    """A top_p that rounds to 0 in float32 (1e-300, 1e-45) still keeps the most likely token, not none."""
+    logits = 2 * torch.randn(16, 50, generator=torch.Generator().manual_seed(5))
+    kept = torch.isfinite(filter_logits(logits, top_p=top_p))
+    for row, k in zip(logits, kept):
+        assert set(k.nonzero()[:, 0].tolist()) == nucleus_numpy(row.double().numpy(), top_p)
+    picks = sample_next(logits, 1.0, top_p=top_p, generator=torch.Generator().manual_seed(6))
+    assert kept[torch.arange(16), picks].all()
+    if top_p < 1e-8:  # the nucleus is the most likely token alone: sampling is greedy
+        assert picks.tolist() == logits.argmax(-1).tolist()
 
 
 @pytest.mark.parametrize("bad, match", [(dict(temperature=-1.0), "temperature"), (dict(top_k=0), "top_k"),

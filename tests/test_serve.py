@@ -82,6 +82,13 @@ def test_seeded_samples_equal_sample_py(out_dir, client):
     assert [c.text for c in r.choices] == samples and samples[0] != samples[1]
 
 
+def test_a_top_p_below_float32s_range_is_greedy(server, client):
+    """top_p=1e-300 is inside (0, 1] but 0 in float32: the most likely token still survives, every step."""
+    r = client.completions.create(model="out-tiny", prompt="All:", max_tokens=30, temperature=1.0, top_p=1e-300,
+                                  seed=5)
+    assert r.choices[0].text == alone(server[1], "All:", 30)
+
+
 def test_stop_ends_the_text_before_the_stop(server, client):
     free = alone(server[1], "All:", 40)
     stop = free[5:7]
