@@ -30,13 +30,21 @@ def test_temperature_zero_is_greedy(tiny_config):
 
 
 def test_temperature_keeps_order_and_sharpens():
-    logits = torch.tensor([[2.0, -1.0, 0.5, 3.0]])
+    """The probabilities sample_next draws from are softmax(logits / T) worked in numpy: the logits' order at
+    every T, and a colder T gives a sharper distribution (lower entropy, a higher top)."""
+    logits = torch.tensor([[2.0, -1.0, 0.5, 3.0, 0.0]])
+    seen = []
     for t in (0.3, 1.0, 2.5):
-        scaled = filter_logits(logits / t)
-        assert torch.equal(scaled.argsort(), logits.argsort())
-    p_cold = torch.softmax(logits / 0.5, -1)
-    p_hot = torch.softmax(logits / 2.0, -1)
-    assert p_cold.max() > p_hot.max()
+        report = {}
+        sample_next(logits, t, generator=torch.Generator().manual_seed(0), report=report)
+        probs = report["probs"][0].double().numpy()
+        z = logits[0].double().numpy() / t
+        expected = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
+        np.testing.assert_allclose(probs, expected, rtol=1e-5, atol=1e-7)
+        assert (np.argsort(probs) == np.argsort(logits[0].numpy())).all()
+        seen.append((-(probs * np.log(probs)).sum(), probs.max()))
+    entropies, tops = zip(*seen)
+    assert list(entropies) == sorted(entropies) and list(tops) == sorted(tops, reverse=True)
 
 
 # logits 0, ln 2, ln 4: at temperature T the probabilities are proportional to (1, 2, 4) ** (1 / T)
