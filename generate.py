@@ -171,15 +171,43 @@ def filter_logits(logits, top_k=None, top_p=None):
 
 # --- stops --------------------------------------------------------------------------------------------
 
-def stop_length(seq, stops):
-    """Length of the stop that seq ends with (a list of ids or a string), or 0."""
-    return next((len(s) for s in stops if len(seq) >= len(s) and seq[len(seq) - len(s):] == s), 0)
+MAX_STOPS = 4  # as OpenAI
+MAX_STOP_CHARS = 1000  # a stop ends a turn ("\n\n", "User:"); longer text is held back while it could be one
 
 
-def longest_partial(seq, stops):
-    """Length of the longest end of seq that begins some stop (and is shorter than it)."""
-    return max((k for s in stops for k in range(1, len(s)) if len(seq) >= k and seq[len(seq) - k:] == s[:k]),
-               default=0)
+def check_stops(stops):
+    """At most MAX_STOPS stops (strings or token ids), each string at most MAX_STOP_CHARS characters."""
+    if len(stops) > MAX_STOPS:
+        raise ValueError(f"stop has {len(stops)} sequences; at most {MAX_STOPS} are taken (as OpenAI)")
+    longest = max((len(s) for s in stops if isinstance(s, str)), default=0)
+    if longest > MAX_STOP_CHARS:
+        raise ValueError(f"stop has a sequence of {longest:,} characters; at most {MAX_STOP_CHARS:,} are taken")
+
+
+class StopMatcher:
+    """One stop (a string or a list of ids) against a sequence fed an item at a time (Knuth-Morris-Pratt).
+
+    `state` is the length of the longest end of what was fed that begins the stop: the stop is found
+    when it reaches len(stop). An item costs O(1) amortized, whatever the stop's length.
+    """
+
+    def __init__(self, stop):
+        self.stop, self.state = stop, 0
+        self.border = [0] * len(stop)  # border[i]: the longest proper prefix of stop[:i + 1] that also ends it
+        k = 0
+        for i in range(1, len(stop)):
+            while k and stop[i] != stop[k]:
+                k = self.border[k - 1]
+            k += stop[i] == stop[k]
+            self.border[i] = k
+
+    def feed(self, item):
+        """Advance by one item; True when what was fed now ends with the stop."""
+        k = self.border[-1] if self.state == len(self.stop) else self.state
+        while k and item != self.stop[k]:
+            k = self.border[k - 1]
+        self.state = k + (item == self.stop[k])
+        return self.state == len(self.stop)
 
 
 class Continuation:
@@ -192,7 +220,8 @@ class Continuation:
 
     def __init__(self, tokenizer=None, stop_texts=(), stop_ids=()):
         self.decoder = tokenizer.decoder() if tokenizer is not None else None
-        self.stop_texts, self.stop_ids = list(stop_texts), [list(s) for s in stop_ids if len(s)]
+        self.stop_texts = [StopMatcher(s) for s in stop_texts if s]
+        self.stop_ids = [StopMatcher(list(s)) for s in stop_ids if len(s)]
         self.ids, self.fed, self.text, self.shown, self.done = [], 0, "", 0, False
 
     def add(self, token):
@@ -200,23 +229,34 @@ class Continuation:
         if self.done:
             return ""
         self.ids.append(token)
-        cut = stop_length(self.ids, self.stop_ids)
-        if cut:
-            del self.ids[-cut:]
+        found = [len(m.stop) for m in self.stop_ids if m.feed(token)]  # every matcher sees every token
+        if found:
+            del self.ids[-found[0]:]
             self.done = True
         if self.decoder is None:
             return ""
-        held = 0 if self.done else longest_partial(self.ids, self.stop_ids)
+        held = 0 if self.done else max((m.state for m in self.stop_ids), default=0)
         while self.fed < len(self.ids) - held:
-            self.text += self.decoder.feed(self.ids[self.fed])
             self.fed += 1
-        hits = [i for i in (self.text.find(s) for s in self.stop_texts) if i >= 0]
-        if hits:
-            self.text, self.done = self.text[:min(hits)], True
-        held_chars = 0 if self.done else longest_partial(self.text, self.stop_texts)
+            if self.add_text(self.decoder.feed(self.ids[self.fed - 1])):
+                break
+        held_chars = 0 if self.done else max((m.state for m in self.stop_texts), default=0)
         new = self.text[self.shown:len(self.text) - held_chars]
         self.shown += len(new)
         return new
+
+    def add_text(self, piece):
+        """Append piece to the text; True when a stop ends in it, the text then cut at that stop's start
+        (the earliest start, of all the stops that end in piece)."""
+        starts = []
+        for m in self.stop_texts:
+            end = next((i + 1 for i, c in enumerate(piece) if m.feed(c)), None)
+            if end is not None:
+                starts.append(len(self.text) + end - len(m.stop))
+        self.text += piece
+        if starts:
+            self.text, self.done = self.text[:min(starts)], True
+        return bool(starts)
 
     def finish(self):
         """The rest of the text once generation is over."""

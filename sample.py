@@ -18,7 +18,7 @@ from checkpoint import is_pretrained, load_checkpoint, load_pretrained, model_fr
 from configurator import UserError, parse_args, report_overrides, run_main
 from device import autocast, resolve_device, resolve_dtype
 from memory import check_fits, kv_cache_bytes
-from generate import Continuation, check_sampling
+from generate import Continuation, check_sampling, check_stops
 from tokenizer import BPETokenizer, check_meta, read_meta, tokenizer_from_meta
 
 SEPARATOR = "---------------"
@@ -56,6 +56,7 @@ class SampleConfig:
         if any(s == "" for s in self.stop):
             raise ValueError("--stop has an empty string, which would end every sample before it starts; "
                              "give the text that should end a sample, e.g. --stop='\\n\\n'")
+        check_stops(self.stop)
 
 
 def sample_seed(seed, i):

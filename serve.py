@@ -39,7 +39,7 @@ from batching import Engine, QueueFull, Sequence
 from checkpoint import is_pretrained
 from configurator import UserError, parse_args, report_overrides, run_main
 from device import autocast, resolve_device, resolve_dtype
-from generate import Continuation, check_sampling
+from generate import MAX_STOPS, Continuation, check_sampling, check_stops
 from memory import check_fits, kv_cache_bytes
 from sample import load, sample_seed
 from trace import Recorder
@@ -47,7 +47,6 @@ from trace import Recorder
 PAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "playground.html")
 MAX_BODY_BYTES = 1 << 20  # a request's JSON; a longer prompt would not fit any block_size anyway
 MAX_LOGPROBS = 20  # alternatives per token (OpenAI's limit is 5)
-MAX_STOPS = 4  # as OpenAI
 ATTENTION_MAX_VALUES = 1 << 22  # weights one /v1/attention answer holds (layers x heads x tokens^2): about 30 MB
 DISCONNECT_POLL_S = 0.25  # while a request waits for tokens, how often it checks that its client is still there
 # OpenAI's parameters this server takes only at the value that means "off"
@@ -157,8 +156,12 @@ def parse_completion(body, model_name):
         raise BadRequest("prompt must be a string or a non-empty list of strings", "prompt")
     stops = typed(body, "stop", (str, list), [], "a string or a list of strings")
     stops = [stops] if isinstance(stops, str) else stops
-    if not all(isinstance(s, str) and s for s in stops) or len(stops) > MAX_STOPS:
+    if not all(isinstance(s, str) and s for s in stops):
         raise BadRequest(f"stop must be a non-empty string or a list of at most {MAX_STOPS} of them", "stop")
+    try:
+        check_stops(stops)
+    except ValueError as e:
+        raise BadRequest(str(e), "stop") from None
     req = CompletionRequest(
         prompts=prompts, stops=stops,
         max_tokens=typed(body, "max_tokens", int, 16, "an integer"),

@@ -57,6 +57,8 @@ CASES = {
     "negative max_new_tokens": (["sample.py", "--out_dir={root}/out", "--max_new_tokens=-5"], "max_new_tokens must be >= 0, got -5"),
     "top_k below 1": (["sample.py", "--out_dir={root}/out", "--top_k=0"], "top_k must be >= 1"),
     "top_p outside (0, 1]": (["sample.py", "--out_dir={root}/out", "--top_p=1.5"], "top_p must be in (0, 1], got 1.5"),
+    "more than 4 stops": (["sample.py", "--out_dir={root}/out", "--stop=['a', 'b', 'c', 'd', 'e']"], "stop has 5 sequences; at most 4 are taken"),
+    "a stop over 1,000 characters": (["sample.py", "--out_dir={root}/out", "--stop=" + "x" * 1001], "stop has a sequence of 1,001 characters; at most 1,000"),
     "negative temperature": (["sample.py", "--out_dir={root}/out", "--temperature=-1"], "temperature must be a finite number >= 0"),
     "device=cuda without CUDA": (["train.py", "--init_from=resume", "--out_dir={root}/out", "--device=cuda"], "CUDA is not available"),
     "sample with the dataset's metadata gone": (["sample.py", "--out_dir={root}/nometa"], "meta.json"),

@@ -1,4 +1,7 @@
 """sample.py's text handling: stops are never printed, streamed text never splits a character."""
+import random
+import time
+
 from generate import Continuation
 from tokenizer import BPETokenizer, CharTokenizer
 
@@ -67,3 +70,59 @@ def test_an_override_is_reported_as_the_config_holds_it():
     lines = []
     report_overrides(overrides, SampleConfig(), lines.append)
     assert lines == ["override: stop = ['\\n\\n'] (was [])"] and cfg.stop == ["\n\n"]
+
+
+class Pieces:
+    """A tokenizer whose tokens are the given strings (several characters each, some)."""
+
+    def __init__(self, pieces):
+        self.pieces = pieces
+
+    def decoder(self):
+        return self
+
+    def feed(self, token):
+        return self.pieces[token]
+
+    def flush(self):
+        return ""
+
+
+def shown_by_hand(text, stops):
+    """What may be shown of text: up to the earliest stop in it, else all but its longest end that begins a stop."""
+    hits = [text.find(s) for s in stops if s in text]
+    if hits:
+        return text[:min(hits)]
+    held = max((k for s in stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+    return text[:len(text) - held]
+
+
+def test_continuation_shows_what_a_search_of_the_whole_text_allows_at_every_token():
+    """Overlapping stops ("abab", "aab"), stops completed inside a multi-character token, several in one:
+    at each token the text shown so far is what searching the whole text by hand allows."""
+    rng = random.Random(0)
+    pieces = Pieces(["a", "b", "ab", "ba", "aab", "bbab", "c"])
+    for _ in range(1000):
+        stops = ["".join(rng.choice("aab") for _ in range(rng.randint(1, 8))) + rng.choice(["", "c"])
+                 for _ in range(rng.randint(1, 4))]
+        ids = [rng.randrange(len(pieces.pieces)) for _ in range(40)]
+        cont, shown, text = Continuation(pieces, stops), "", ""
+        for i in ids:
+            shown += cont.add(i)
+            text += pieces.pieces[i]
+            assert shown == shown_by_hand(text, stops), (stops, ids)
+            assert cont.done == any(s in text for s in stops)
+            if cont.done:  # the earliest of the stops found in this token's text: later text changes nothing
+                assert cont.add(ids[0]) == cont.finish() == ""
+                break
+
+
+def test_a_long_stop_costs_no_more_per_token_than_a_short_one():
+    """Each token costs O(1) per stop whatever its length (the stops are matched as text arrives), so a client
+    sending long stops cannot stall the engine thread for everyone else."""
+    ids = CHARS.encode("ab " * 300)
+    cont = Continuation(CHARS, ["a" * 300_000, "ab X" * 75_000, "b" * 299_999 + "X", "XYZ"], [])
+    start = time.perf_counter()
+    text = "".join(cont.add(i) for i in ids)
+    assert time.perf_counter() - start < 1.0
+    assert text == "ab " * 299  # the last "ab " could begin "ab X...": held back

@@ -202,6 +202,8 @@ def test_text_past_block_size_shifts_the_context_as_sample_py_does(server, slow_
     (dict(logprobs=50), 400, "logprobs", "logprobs must be in"),
     (dict(n=5), 400, "n", "more sequences than the server queues"),
     (dict(stop=["a", ""]), 400, "stop", "non-empty"),
+    (dict(stop=list("abcde")), 400, "stop", "stop has 5 sequences; at most 4 are taken"),
+    (dict(stop=["a", "x" * 300_000]), 400, "stop", "stop has a sequence of 300,000 characters; at most 1,000"),
     (dict(seed=-1), 400, "seed", "seed must be in"),
     (dict(echo=True), 400, "echo", "not supported"),
     (dict(extra_body={"top_kk": 3}), 400, "top_kk", "unrecognized request argument: top_kk (did you mean 'top_k'?)"),
