@@ -17,10 +17,12 @@ logprobs are the model's own (temperature 1, before top-k and top-p), so greedy 
 """
 import asyncio
 import difflib
+import errno
 import json
 import math
 import os
 import secrets
+import socket
 import sys
 import threading
 import time
@@ -470,13 +472,37 @@ def running(app, host="127.0.0.1", port=0):
         thread.join()
 
 
+def listen(host, port):
+    """A socket listening on host:port (port 0: a free one); a UserError naming --port or --host if it cannot be had."""
+    try:
+        family, kind, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                         flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as e:
+        raise UserError(f"--host={host} is not an address of this machine ({e.strerror}); use 127.0.0.1, or "
+                        f"0.0.0.0 to serve every network") from None
+    sock = socket.socket(family, kind)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a port a past run left in TIME_WAIT is free
+    try:
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRINUSE:
+            raise UserError(f"port {port} on {host} is in use (another server?); pass another --port, or stop what "
+                            f"holds it") from None
+        raise UserError(f"cannot serve on {host}:{port} ({e.strerror}); pass another --port or --host") from None
+    return sock
+
+
 def main(argv):
     cfg, overrides = parse_args(ServeConfig, argv)
     report_overrides(overrides, ServeConfig())
+    sock = listen(cfg.host, cfg.port)  # before loading the model: a busy port fails at once
     service = Service.load(cfg)
-    print(f"serving {service.name} on http://{cfg.host}:{cfg.port}/ (the playground) and "
-          f"http://{cfg.host}:{cfg.port}/v1 (OpenAI's completions API); Ctrl-C stops", file=sys.stderr)
-    uvicorn.run(service.app(), host=cfg.host, port=cfg.port, log_level="warning")
+    base = f"http://{cfg.host}:{sock.getsockname()[1]}"
+    print(f"serving {service.name} on {base}/ (the playground) and {base}/v1 (OpenAI's completions API); "
+          f"Ctrl-C stops", file=sys.stderr)
+    uvicorn.Server(uvicorn.Config(service.app(), log_level="warning")).run(sockets=[sock])
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 import concurrent.futures
 import os
 import shutil
+import socket
 import time
 
 import pytest
@@ -291,8 +292,19 @@ def test_the_attention_view_returns_each_heads_weights(server):
 def test_serve_py_help_and_a_missing_checkpoint(tmp_path):
     run = run_script(["serve.py", "--help"])
     assert run.returncode == 0 and "--max_batch=8" in run.stdout and "--host='127.0.0.1'" in run.stdout
-    run = run_script(["serve.py", f"--out_dir={tmp_path}"])
+    run = run_script(["serve.py", f"--out_dir={tmp_path}", "--port=0"])
     assert run.returncode == 2 and run.stderr.strip().splitlines()[-1].startswith("error: no checkpoint at")
+
+
+def test_serve_py_on_a_busy_port_is_one_line_naming_port(out_dir):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        run = run_script(["serve.py", f"--out_dir={out_dir}", f"--port={port}", "--device=cpu"], timeout=60)
+    errors = [line for line in run.stderr.splitlines() if not line.startswith("override: ")]
+    assert run.returncode == 2 and errors == [f"error: port {port} on 127.0.0.1 is in use (another server?); pass "
+                                               f"another --port, or stop what holds it"], run.stderr
 
 
 @pytest.fixture
