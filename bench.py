@@ -278,22 +278,31 @@ def held_per_process(cfg):
 
 
 def serve_client(url, prompt, max_tokens, seed):
-    """(seconds to the first token, tokens/s after it) of one streamed completion from serve.py's server."""
+    """(request sent, first token, last token, tokens) of one streamed completion from serve.py's server:
+    perf_counter times, taken after the client is built."""
     import openai
     client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
-    t0, first, tokens = time.perf_counter(), None, 0
+    start, first, tokens = time.perf_counter(), None, 0
     for chunk in client.completions.create(model="bench", prompt=prompt, max_tokens=max_tokens, seed=seed, stream=True,
                                            stream_options={"include_usage": True}):
         if first is None and chunk.choices and chunk.choices[0].text:
             first = time.perf_counter()
         tokens = chunk.usage.completion_tokens if chunk.usage else tokens
-    return first - t0, (tokens - 1) / (time.perf_counter() - first)
+    return start, first, time.perf_counter(), tokens
+
+
+def serve_figures(runs):
+    """The median time to first token (ms); tokens/s per client, each client's tokens over its own time from
+    request to last token (median); and in all, every client's tokens over the time from the first request to
+    the last token. Both spans start at a request: with one client the two rates are equal."""
+    return {"ttft_ms": 1000 * statistics.median(first - start for start, first, _, _ in runs),
+            "tok_s_per_client": statistics.median(tokens / (end - start) for start, _, end, tokens in runs),
+            "aggregate_tok_s": sum(r[3] for r in runs) / (max(r[2] for r in runs) - min(r[0] for r in runs))}
 
 
 def bench_serve(model, tokenizer, device, dtype, new_tokens, clients):
-    """serve.py's server on this process: for 1 and for `clients` concurrent openai clients, each streaming
-    new_tokens from a 1-token prompt, the median time to first token (ms) and tokens/s per client, and the
-    tokens of all clients over the wall time from the first request to the last token (aggregate)."""
+    """serve.py's server on this process: serve_figures for 1 and for `clients` concurrent openai clients,
+    each streaming new_tokens from a 1-token prompt."""
     from concurrent.futures import ThreadPoolExecutor
     from serve import Service, running
     service = Service(model, tokenizer, "bench", device, dtype, max_batch=clients, max_queue=clients)
@@ -303,12 +312,8 @@ def bench_serve(model, tokenizer, device, dtype, new_tokens, clients):
     with running(service.app()) as url:
         serve_client(url, prompt, 8, 0)  # warm-up
         for n in sorted({1, clients}):
-            t0 = time.perf_counter()
             with ThreadPoolExecutor(n) as pool:
-                runs = list(pool.map(lambda i: serve_client(url, prompt, max_tokens, i), range(n)))
-            figures[n] = {"ttft_ms": 1000 * statistics.median(r[0] for r in runs),
-                          "tok_s_per_client": statistics.median(r[1] for r in runs),
-                          "aggregate_tok_s": n * max_tokens / (time.perf_counter() - t0)}
+                figures[n] = serve_figures(list(pool.map(lambda i: serve_client(url, prompt, max_tokens, i), range(n))))
     return figures
 
 

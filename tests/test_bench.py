@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from bench import BenchConfig, bench, decode_bytes_per_token
+from bench import BenchConfig, bench, decode_bytes_per_token, serve_figures
 from model import GPT
 from tokenizer import read_meta
 
@@ -53,6 +53,15 @@ def test_bench_serve_reports_first_token_and_speed_per_client(char_dataset):
     assert sorted(figures) == [1, 3]
     assert all(f["ttft_ms"] > 0 and f["tok_s_per_client"] > 0 and f["aggregate_tok_s"] > 0 for f in figures.values())
     assert any(line.startswith("serve.py, 3 clients") for line in lines)
+    assert figures[1]["tok_s_per_client"] == pytest.approx(figures[1]["aggregate_tok_s"])  # one client: one rate
+
+
+def test_serve_figures_measure_per_client_and_in_all_over_spans_that_start_at_a_request():
+    """Worked by hand: one client's rate is the same per client and in all; two overlapping clients."""
+    one = serve_figures([(10.0, 10.5, 12.0, 100)])  # 100 tokens from the request at 10 s to the last at 12 s
+    assert one == pytest.approx({"ttft_ms": 500.0, "tok_s_per_client": 50.0, "aggregate_tok_s": 50.0})
+    two = serve_figures([(0.0, 0.1, 2.0, 100), (0.5, 0.7, 3.0, 150)])  # 50 and 60 tok/s; 250 tokens in 3 s
+    assert two == pytest.approx({"ttft_ms": 150.0, "tok_s_per_client": 55.0, "aggregate_tok_s": 250 / 3})
 
 
 STUB_NANOGPT = '''
