@@ -14,6 +14,8 @@ seed, n, stream, logprobs, as OpenAI's legacy completions); POST /v1/attention (
 each head's attention weights over a text). A request joins the running batch at the next step and
 leaves it when it ends; the same seed gives the same text whatever else is being served.
 logprobs are the model's own (temperature 1, before top-k and top-p), so greedy text has them too.
+Only requests addressed to this server's own names, with JSON bodies as application/json, and with
+--api_key=KEY only those carrying Authorization: Bearer KEY, are served (Guard; docs/serving.md).
 """
 import asyncio
 import difflib
@@ -33,7 +35,9 @@ from dataclasses import dataclass
 import torch
 import uvicorn
 from starlette.applications import Starlette
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.responses import HTMLResponse, JSONResponse, StreamingResponse
 from starlette.routing import Route
 
@@ -70,6 +74,7 @@ class ServeConfig:
     max_batch: int = 8  # sequences decoded together: the KV cache holds this many
     max_queue: int = 64  # sequences that may wait for a free slot; beyond, requests get 429
     max_tokens: int = 4096  # the most tokens one request may ask for (past block_size the context shifts)
+    api_key: str | None = None  # clients must send Authorization: Bearer KEY (the playground asks for it)
 
     def __post_init__(self):
         if self.init_from != "resume" and not is_pretrained(self.init_from):
@@ -77,6 +82,8 @@ class ServeConfig:
                              f"Hugging Face GPT-2 directory, got {self.init_from!r}")
         if not 0 <= self.port < 1 << 16:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if self.api_key == "":
+            raise ValueError("api_key is empty; give a key clients must send, or leave it out to need none")
         if min(self.max_batch, self.max_queue, self.max_tokens) < 1:
             raise ValueError(f"max_batch ({self.max_batch}), max_queue ({self.max_queue}) and max_tokens "
                              f"({self.max_tokens}) must be at least 1")
@@ -100,6 +107,48 @@ async def unknown_route(request, e):
 def error_response(e):
     body = {"error": {"message": str(e), "type": e.kind, "param": e.param, "code": e.code}}
     return JSONResponse(body, status_code=e.status)
+
+
+class Guard:
+    """Refuses, before any route runs, what a web page elsewhere could send to a server on this machine.
+
+    A browser lets any page POST to 127.0.0.1, and DNS rebinding lets a page read the answers of a host
+    name that it points at 127.0.0.1: so the Host header must name this server (localhost, 127.0.0.1,
+    [::1], the --host it is bound to, or the address the request came in on) with its port, else 403.
+    With an api_key every request but GET / (the page, which holds no secret) must carry
+    Authorization: Bearer KEY, else 401. (Bodies must be application/json: read_json.)
+    """
+
+    def __init__(self, app, api_key=None, host="127.0.0.1"):
+        self.app, self.api_key = app, api_key
+        self.names = {"localhost", "127.0.0.1", "[::1]"} | ({bracketed(host).lower()} - {"0.0.0.0", "[::]"})
+
+    async def __call__(self, scope, receive, send):
+        refusal = self.refusal(scope) if scope["type"] == "http" else None
+        if refusal is not None:
+            return await error_response(refusal)(scope, receive, send)
+        await self.app(scope, receive, send)
+
+    def refusal(self, scope):
+        headers, (address, port) = Headers(scope=scope), scope.get("server") or (None, None)
+        host = headers.get("host", "")
+        name, _, at = host.rpartition(":") if not host.endswith("]") and ":" in host else (host, "", "80")
+        if name.lower() not in self.names | {bracketed(address)} or at != str(port):
+            return BadRequest(f"Host {host[:100]!r} is not this server's name: it answers to "
+                              f"{', '.join(sorted(self.names))} on port {port}, so that web pages elsewhere cannot "
+                              f"drive it (docs/serving.md)", status=403)
+        if self.api_key is None or (scope["method"], scope["path"]) == ("GET", "/"):
+            return None
+        sent = headers.get("authorization", "").encode("latin-1")  # the header's own bytes
+        if not secrets.compare_digest(sent, f"Bearer {self.api_key}".encode()):
+            return BadRequest("a missing or wrong API key: send the server's --api_key as Authorization: Bearer KEY "
+                              "(the openai client's api_key)", status=401, code="invalid_api_key")
+        return None
+
+
+def bracketed(address):
+    """An address as a Host header writes it: IPv6 in brackets."""
+    return f"[{address}]" if address and ":" in address else address
 
 
 # --- reading a request --------------------------------------------------------------------------------
@@ -253,9 +302,10 @@ class Choice:
 class Service:
     """A model and its tokenizer behind the HTTP endpoints; the engine thread runs while the app does."""
 
-    def __init__(self, model, tokenizer, name, device, dtype, max_batch=8, max_queue=64, max_tokens=4096):
+    def __init__(self, model, tokenizer, name, device, dtype, max_batch=8, max_queue=64, max_tokens=4096,
+                 api_key=None, host="127.0.0.1"):
         self.model, self.tokenizer, self.name, self.device, self.dtype = model, tokenizer, name, device, dtype
-        self.max_tokens = max_tokens
+        self.max_tokens, self.api_key, self.host = max_tokens, api_key, host
         self.engine = Engine(model, max_batch, max_queue, device, autocast(device, dtype))
         self.texts = {}
         with open(PAGE, encoding="utf-8") as f:
@@ -270,7 +320,8 @@ class Service:
         check_fits(kv_cache_bytes(model.config, cfg.max_batch, model.lm_head.weight.element_size()), device,
                    f"a KV cache of {cfg.max_batch} sequences", "lower max_batch")
         name = cfg.init_from if cfg.init_from != "resume" else os.path.basename(os.path.abspath(cfg.out_dir))
-        return cls(model, tokenizer, name, device, dtype, cfg.max_batch, cfg.max_queue, cfg.max_tokens)
+        return cls(model, tokenizer, name, device, dtype, cfg.max_batch, cfg.max_queue, cfg.max_tokens, cfg.api_key,
+                   cfg.host)
 
     def app(self):
         @asynccontextmanager
@@ -287,7 +338,7 @@ class Service:
                   Route("/v1/models", self.models),
                   Route("/v1/completions", self.completions, methods=["POST"]),
                   Route("/v1/attention", self.attention, methods=["POST"])]
-        return Starlette(routes=routes, lifespan=lifespan,
+        return Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(Guard, self.api_key, self.host)],
                          exception_handlers={BadRequest: lambda request, e: error_response(e),
                                              HTTPException: unknown_route})
 
@@ -375,7 +426,12 @@ class Service:
 
 
 async def read_json(request):
-    """The request's JSON object; at most MAX_BODY_BYTES are read."""
+    """The request's JSON object, sent as application/json (a web page cannot send that to another site
+    without the server's consent, which this server never gives); at most MAX_BODY_BYTES are read."""
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media != "application/json":
+        raise BadRequest(f"the body's Content-Type is {media or 'missing'!r}; send JSON as application/json",
+                         status=415)
     body = b""
     async for chunk in request.stream():
         body += chunk

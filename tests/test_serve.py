@@ -1,9 +1,11 @@
 """serve.py: the real server on a free local port, spoken to with the openai package and a headless Chromium."""
 import concurrent.futures
+import json
 import os
 import shutil
 import socket
 import time
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -41,6 +43,17 @@ def out_dir(tmp_path_factory):
 def server(out_dir):
     """(base URL, Service) of a server run by uvicorn in a thread: 3 slots, at most 4 sequences waiting."""
     service = Service.load(ServeConfig(out_dir=str(out_dir), device="cpu", max_batch=3, max_queue=4))
+    with running(service.app()) as url:
+        yield url, service
+
+
+API_KEY = "sekret-key"
+
+
+@pytest.fixture(scope="module")
+def keyed_server(out_dir):
+    """(base URL, Service) of a server started with --api_key."""
+    service = Service.load(ServeConfig(out_dir=str(out_dir), device="cpu", max_batch=2, max_queue=2, api_key=API_KEY))
     with running(service.app()) as url:
         yield url, service
 
@@ -234,6 +247,66 @@ def test_a_body_that_is_not_json_is_a_400(server, body):
     assert r.status_code == 400 and "not JSON" in r.json()["error"]["message"]
 
 
+def assert_openai_error(r, status, match, code=None):
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and match in error["message"], error
+    assert error["type"] == "invalid_request_error" and error["code"] == code
+
+
+ASK = {"prompt": "All:", "max_tokens": 3}
+
+
+@pytest.mark.parametrize("host", ["evil.example:{port}", "localhost.evil.example:{port}", "127.0.0.1:1",
+                                  "localhost", "0.0.0.0:{port}", ""])
+def test_a_host_that_is_not_this_servers_is_refused(server, host):
+    """DNS rebinding: a page's own name pointed at 127.0.0.1 sends its Host; neither page nor API is served to it."""
+    url = server[0]
+    host = host.format(port=url.rsplit(":", 1)[1])
+    for method, path, body in (("POST", "/v1/completions", ASK), ("GET", "/", None), ("GET", "/v1/models", None)):
+        r = httpx.request(method, url + path, json=body, headers={"host": host})
+        assert_openai_error(r, 403, "is not this server's name")
+
+
+@pytest.mark.parametrize("host", ["localhost:{port}", "LOCALHOST:{port}", "127.0.0.1:{port}"])
+def test_this_servers_own_names_are_served(server, host):
+    r = httpx.get(server[0] + "/v1/models", headers={"host": host.format(port=server[0].rsplit(":", 1)[1])})
+    assert r.status_code == 200 and r.json()["data"][0]["id"] == "out-tiny"
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data",
+                                          None])
+def test_a_body_not_sent_as_application_json_is_a_415(server, content_type):
+    """A web page may POST text/plain (or a form) anywhere without asking: such bodies are not read."""
+    headers = {"content-type": content_type} if content_type else {}
+    for path in ("/v1/completions", "/v1/attention"):
+        r = httpx.post(server[0] + path, content=json.dumps(ASK), headers=headers)
+        assert_openai_error(r, 415, "send JSON as application/json")
+    r = httpx.post(server[0] + "/v1/completions", content=json.dumps(ASK),
+                   headers={"content-type": "Application/JSON; charset=utf-8"})
+    assert r.status_code == 200
+
+
+@pytest.mark.parametrize("authorization", [None, "Bearer wrong", f"Bearer {API_KEY}x", API_KEY, f"Basic {API_KEY}"])
+def test_without_the_api_key_the_api_is_a_401(keyed_server, authorization):
+    headers = {"authorization": authorization} if authorization else {}
+    for method, path, body in (("POST", "/v1/completions", ASK), ("GET", "/v1/models", None),
+                               ("POST", "/v1/attention", {"prompt": "All:"})):
+        r = httpx.request(method, keyed_server[0] + path, json=body, headers=headers)
+        assert_openai_error(r, 401, "missing or wrong API key", "invalid_api_key")
+        assert API_KEY not in r.text
+    assert httpx.get(keyed_server[0] + "/").status_code == 200  # the page holds no secret: it asks for the key
+
+
+def test_the_openai_client_with_the_api_key_is_served(keyed_server):
+    url = keyed_server[0] + "/v1"
+    good = openai.OpenAI(base_url=url, api_key=API_KEY, max_retries=0, timeout=30)
+    r = good.completions.create(model="out-tiny", prompt="All:", max_tokens=20, temperature=0)
+    assert r.choices[0].text == alone(keyed_server[1], "All:", 20)
+    with pytest.raises(openai.AuthenticationError, match="missing or wrong API key"):
+        openai.OpenAI(base_url=url, api_key="none", max_retries=0).completions.create(model="out-tiny", prompt="A")
+
+
 def wait_for(condition, what, timeout=10):
     deadline = time.monotonic() + timeout
     while not condition():
@@ -307,17 +380,24 @@ def test_serve_py_on_a_busy_port_is_one_line_naming_port(out_dir):
                                                f"another --port, or stop what holds it"], run.stderr
 
 
-@pytest.fixture
-def page(server):
+@contextmanager
+def chromium_page(url):
+    """A headless Chromium's page at url."""
     sync_api = pytest.importorskip("playwright.sync_api")
     if not os.path.exists(CHROMIUM) and not shutil.which("chromium"):
         pytest.skip("needs Debian's chromium (apt-get install chromium)")
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium"))
         page = browser.new_page()
-        page.goto(server[0] + "/")
+        page.goto(url)
         yield page
         browser.close()
+
+
+@pytest.fixture
+def page(server):
+    with chromium_page(server[0] + "/") as page:
+        yield page
 
 
 def test_the_playground_streams_tokens_shaded_with_alternatives_and_attention(server, page, slow_steps):
@@ -342,3 +422,23 @@ def test_the_playground_streams_tokens_shaded_with_alternatives_and_attention(se
     att.nth(33).hover()  # the last token: every token before it shaded by its weight
     shaded = att.evaluate_all("spans => spans.filter(s => s.style.background).length")
     assert shaded > 1
+
+
+def test_the_playground_asks_for_the_api_key_and_then_generates(keyed_server):
+    """The page is served without the key (it holds none); the API answers it only once the key is typed."""
+    with chromium_page(keyed_server[0] + "/") as page:
+        page.wait_for_function("document.querySelector('#status').textContent.includes('needs its API key')")
+        assert page.is_visible("#api_key") and page.inner_text("#model") == ""
+        page.fill("#api_key", "wrong")
+        page.press("#api_key", "Enter")  # a change event
+        page.wait_for_function("document.querySelector('#status').textContent === 'wrong API key'")
+        page.fill("#api_key", API_KEY)
+        page.press("#api_key", "Enter")
+        page.wait_for_function("document.querySelector('#model').textContent.startsWith('out-tiny')")
+        page.fill("#prompt", "All:")
+        page.fill("#max_tokens", "12")
+        page.fill("#temperature", "0")
+        page.click("#generate")
+        page.wait_for_function("document.querySelector('#status').textContent.startsWith('12 tokens')")
+        assert "".join(page.locator("#output .tok").all_text_contents()) == alone(keyed_server[1], "All:", 12)
+        page.locator("#attention .tok").nth(15).wait_for()  # the attention view, through the key too
