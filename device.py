@@ -7,6 +7,9 @@ import torch
 from configurator import UserError
 
 
+DEVICE_TYPES = ("cpu", "cuda", "mps")  # what the scripts run on; torch knows more (meta, xpu, ...)
+
+
 def resolve_device(name, local_rank=0):
     if name == "auto":
         if torch.cuda.is_available():
@@ -17,7 +20,9 @@ def resolve_device(name, local_rank=0):
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise UserError(f"device {name!r} is not a device; use auto, cpu, cuda, cuda:N or mps") from None
+        device = None
+    if device is None or device.type not in DEVICE_TYPES:
+        raise UserError(f"device {name!r} is not supported; valid devices are cpu, cuda[:N], mps, auto")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UserError(f"device={name} but CUDA is not available on this machine; use --device=cpu (or auto)")
     if device.type == "mps" and not torch.backends.mps.is_available():

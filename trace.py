@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from configurator import UserError, parse_args, report_overrides, run_main
 from device import resolve_device
+from generate import check_sampling
 from sample import SampleConfig, load
 
 
@@ -44,6 +45,16 @@ class TraceConfig:
     device: str = "cpu"
     json: str | None = None  # also write the whole trace as JSON here (a bare name goes into out_dir)
     html: str | None = None  # also write a page with attention heatmaps here (a bare name goes into out_dir)
+
+    def __post_init__(self):
+        check_sampling(0, self.temperature, self.top_k, self.top_p)
+        for name, low in (("steps", 0), ("top", 1), ("channels", 1)):
+            if getattr(self, name) < low:
+                raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)}")
+        if not 0 <= self.precision <= 17:  # digits beyond what a float64 holds show nothing
+            raise ValueError(f"precision must be in [0, 17] (digits after the point), got {self.precision}")
+        if not 0 <= self.seed < 1 << 64:
+            raise ValueError(f"seed must be in [0, 2^64), got {self.seed}")
 
 
 def tensor_data(t):

@@ -61,6 +61,7 @@ CASES = {
     "a stop over 1,000 characters": (["sample.py", "--out_dir={root}/out", "--stop=" + "x" * 1001], "stop has a sequence of 1,001 characters; at most 1,000"),
     "negative temperature": (["sample.py", "--out_dir={root}/out", "--temperature=-1"], "temperature must be a finite number >= 0"),
     "device=cuda without CUDA": (["train.py", "--init_from=resume", "--out_dir={root}/out", "--device=cuda"], "CUDA is not available"),
+    "a device torch knows but the scripts do not run on": (["sample.py", "--out_dir={root}/out", "--device=meta"], "device 'meta' is not supported; valid devices are cpu, cuda[:N], mps, auto"),
     "sample with the dataset's metadata gone": (["sample.py", "--out_dir={root}/nometa"], "meta.json"),
     # bad dataset files
     "token ids beyond the vocabulary": (["train.py", *TINY, "--dataset={root}/bigids", "--out_dir={root}/o1"], "holds token id 1000"),

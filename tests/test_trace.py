@@ -132,3 +132,13 @@ def test_bad_arguments_are_one_line_errors(tmp_path, char_dataset, args, message
     train(cfg, log=lambda *a: None)
     result = run_script(["trace.py", f"--out_dir={tmp_path / 'out'}", "--start=First"] + args)
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("args, message", [(["--steps=-1"], "steps must be >= 0, got -1"),
+                                           (["--precision=-3"], "precision must be in [0, 17] (digits after the point), got -3"),
+                                           (["--top=0"], "top must be >= 1, got 0"),
+                                           (["--temperature=-1"], "temperature must be a finite number >= 0")])
+def test_bad_settings_are_one_line_errors_before_any_loading(tmp_path, args, message):
+    result = run_script(["trace.py", f"--out_dir={tmp_path / 'none'}"] + args)
+    errors = [line for line in result.stderr.splitlines() if not line.startswith("override: ")]
+    assert result.returncode == 2 and len(errors) == 1 and message in errors[0], result.stderr
