@@ -4,10 +4,12 @@
 
 GPT2LMHeadModel.from_pretrained(hf_dir) then gives the same logits. Only the
 GPT-2 architecture exports (learned positions, LayerNorm, GELU or ReLU, as many
-kv heads as heads); a bias-free model exports with zero biases. The tokenizer is
-not written: GPT-2 BPE models use Hugging Face's "gpt2" tokenizer, char models
-decode with their dataset's meta.json.
+kv heads as heads); a bias-free model exports with zero biases. GPT-2 BPE models
+use Hugging Face's "gpt2" tokenizer; a model with a tokenizer of its own (characters,
+a trained BPE) gets its meta.json (and BPE merges) beside the weights, as a dataset
+holds them, so that `python sample.py --init_from=hf_dir` decodes its tokens.
 """
+import json
 import os
 from dataclasses import dataclass
 
@@ -25,9 +27,8 @@ class ExportConfig:
     hf_dir: str = ""  # where to write the Hugging Face directory
 
 
-def end_of_text(ckpt, vocab_size, path):
+def end_of_text(meta, vocab_size):
     """The end-of-text id of the checkpoint's tokenizer, or None where it has none (characters)."""
-    meta = tokenizer_meta(ckpt, path)
     if tokenizer_kind(meta) == "gpt2" and vocab_size > GPT2_EOT:
         return GPT2_EOT
     if tokenizer_kind(meta) == "bpe":
@@ -36,10 +37,30 @@ def end_of_text(ckpt, vocab_size, path):
     return None
 
 
+def write_tokenizer(meta, hf_dir):
+    """A tokenizer of the model's own as a dataset's meta.json (and ranks file) in hf_dir: read_meta(hf_dir)
+    then rebuilds it. GPT-2 BPE (meta None or "gpt2") needs nothing written."""
+    kind = tokenizer_kind(meta)
+    if kind == "gpt2":
+        return
+    if kind == "char":  # chars, also from a legacy meta.pkl's itos
+        chars = meta.get("chars") or [meta["itos"][i] for i in range(len(meta["itos"]))]
+        meta = {"tokenizer": "char", "chars": chars, "vocab_size": len(chars)}
+    else:
+        meta = dict(meta)
+        with open(os.path.join(hf_dir, meta["ranks"]), "w", encoding="ascii") as f:
+            f.write(meta.pop("ranks_text"))
+    with open(os.path.join(hf_dir, "meta.json"), "w", encoding="utf-8") as f:
+        json.dump(meta, f, ensure_ascii=False)
+
+
 def main(argv):
     cfg, _ = parse_args(ExportConfig, argv)
     if not cfg.hf_dir:
         raise UserError("say where to write the Hugging Face directory: --hf_dir=DIR")
+    if os.path.exists(cfg.hf_dir) and not os.path.isdir(cfg.hf_dir):
+        raise UserError(f"--hf_dir={cfg.hf_dir} is a file, not a directory; choose a directory to write the "
+                        f"Hugging Face model into")
     path = os.path.join(cfg.out_dir, cfg.ckpt)
     ckpt = load_checkpoint(path)
     model = model_from_checkpoint(ckpt, path)
@@ -47,11 +68,13 @@ def main(argv):
     if reasons:
         raise UserError(f"{path} is not a GPT-2 architecture ({', '.join(reasons)}); only GPT-2-style models export "
                         f"to Hugging Face's GPT2LMHeadModel")
+    meta = tokenizer_meta(ckpt, path)
     try:
-        hf = to_hf(model, end_of_text(ckpt, model.config.vocab_size, path))
+        hf = to_hf(model, end_of_text(meta, model.config.vocab_size))
     except ImportError as e:
         raise UserError(f"export needs transformers: {e}") from None
     hf.save_pretrained(cfg.hf_dir, safe_serialization=True)
+    write_tokenizer(meta, cfg.hf_dir)
     print(f"wrote {cfg.hf_dir}: load it with transformers.GPT2LMHeadModel.from_pretrained({cfg.hf_dir!r})")
 
 

@@ -5,7 +5,8 @@
     python sample.py --out_dir=out --start=FILE:prompt.txt --stream=True --stop="['\\n\\n']"
 
 The tokenizer is the one of the dataset the checkpoint was trained on (its
-meta.json / meta.pkl), else GPT-2 BPE. The same seed gives the same text.
+meta.json / meta.pkl), or the meta.json export.py wrote beside a model's weights
+(--init_from=DIR), else GPT-2 BPE. The same seed gives the same text.
 """
 import os
 import sys
@@ -19,7 +20,7 @@ from configurator import UserError, parse_args, report_overrides, run_main
 from device import autocast, resolve_device, resolve_dtype
 from memory import check_fits, kv_cache_bytes
 from generate import Continuation, check_sampling, check_stops
-from tokenizer import BPETokenizer, check_meta, read_meta, tokenizer_from_meta
+from tokenizer import check_meta, read_meta, tokenizer_from_meta
 
 SEPARATOR = "---------------"
 
@@ -97,7 +98,9 @@ def tokenizer_meta(ckpt, source):
 def load(cfg, device):
     """The model and tokenizer of cfg.out_dir's checkpoint, or of GPT-2's weights."""
     if cfg.init_from != "resume":
-        model, tokenizer, source = load_pretrained(cfg.init_from, dropout=0.0), BPETokenizer(), cfg.init_from
+        model, source = load_pretrained(cfg.init_from, dropout=0.0), cfg.init_from
+        # a directory export.py wrote holds the tokenizer of a model trained on its own (meta.json); else GPT-2's
+        tokenizer = tokenizer_from_meta(read_meta(source) if os.path.isdir(source) else None)
     else:
         source = os.path.join(cfg.out_dir, cfg.ckpt)
         ckpt = load_checkpoint(source, map_location=device)
@@ -109,8 +112,10 @@ def load(cfg, device):
                             f"found at {dataset_dir(dataset)}; re-run that dataset's prepare.py to decode its tokens")
         tokenizer = tokenizer_from_meta(meta)
     if tokenizer.vocab_size > model.config.vocab_size:
+        hint = (f"; copy the meta.json of the dataset it was trained on into {source} (export.py writes it)"
+                if cfg.init_from != "resume" and os.path.isdir(source) else "")
         raise UserError(f"{source} has a vocabulary of {model.config.vocab_size} tokens but its tokenizer has "
-                        f"{tokenizer.vocab_size}; sample with the tokenizer (dataset) it was trained on")
+                        f"{tokenizer.vocab_size}; sample with the tokenizer (dataset) it was trained on{hint}")
     return model, tokenizer
 
 

@@ -72,6 +72,7 @@ CASES = {
     "meta.json not an object": (["train.py", *TINY, "--dataset={root}/listmeta", "--out_dir={root}/o1"], "holds a list, expected an object"),
     # the environment
     "out_dir is a file": (["train.py", *TINY, "--dataset={root}/data", "--out_dir={root}/afile", "--max_iters=1"], "cannot write to out_dir"),
+    "export over a file": (["export.py", "--out_dir={root}/out", "--hf_dir={root}/afile"], "afile is a file, not a directory"),
     "config file not UTF-8": (["train.py", "{root}/latin1.py"], "is not UTF-8 text (bad byte at offset 20)"),
     "prompt file not UTF-8": (["sample.py", "--out_dir={root}/out", "--start=FILE:{root}/latin1.py"], "is not UTF-8 text"),
     # numeric ranges

@@ -113,6 +113,25 @@ def test_exported_model_writes_the_same_greedy_text_as_sample_py(tmp_path, char_
     assert sampled.stdout.split("\n---------------")[0] == "".join(chars[t] for t in tokens)
 
 
+@pytest.mark.parametrize("tokenizer", ["char", "bpe"])
+def test_an_exported_model_samples_with_the_tokenizer_it_was_trained_on(tmp_path, tokenizer):
+    """export then sample.py --init_from=HF_DIR: the same text as sampling the checkpoint, without the dataset."""
+    import shutil
+    from data.prepare import prepare
+    from conftest import CORPUS
+    (tmp_path / "in.txt").write_text(CORPUS)
+    prepare(str(tmp_path / "in.txt"), tokenizer, str(tmp_path / "data"), log=lambda *a: None, vocab_size=300)
+    out, _ = trained_then_randomized(tmp_path, tmp_path / "data")
+    exported = run_script(["export.py", f"--out_dir={out}", f"--hf_dir={tmp_path / 'hf'}"])
+    assert exported.returncode == 0, exported.stderr
+    shutil.rmtree(tmp_path / "data")
+    args = ["sample.py", "--start=Speak", "--temperature=0", "--num_samples=1", "--max_new_tokens=12", "--device=cpu"]
+    from_checkpoint = run_script(args + [f"--out_dir={out}"])
+    from_export = run_script(args + [f"--init_from={tmp_path / 'hf'}"])
+    assert from_export.returncode == 0, from_export.stderr
+    assert from_export.stdout == from_checkpoint.stdout and from_export.stdout.startswith("Speak")
+
+
 def test_export_refuses_other_architectures(tmp_path, char_dataset):
     from train import TrainConfig, train
     cfg = TrainConfig(out_dir=str(tmp_path / "out"), dataset=str(char_dataset), n_layer=1, n_head=2, n_embd=32,
