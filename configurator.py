@@ -170,7 +170,7 @@ def check_key(key, hints, source):
 def read_config_file(path):
     """The top-level names a config file assigns (modules, functions and _private names skipped)."""
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:  # -sig: a byte-order mark (Notepad writes one) is no text
             source = f.read()
     except UnicodeDecodeError as e:
         raise UserError(f"config file {path} is not UTF-8 text (bad byte at offset {e.start}); save it as UTF-8") from None

@@ -84,6 +84,16 @@ def test_config_file_errors_say_where(tmp_path):
         parse_args(Demo, [bad])
 
 
+def test_config_file_with_a_byte_order_mark_reads_as_python_runs_it(tmp_path):
+    """Notepad saves UTF-8 with a byte-order mark and CRLF line ends; Python runs such a file, so do we."""
+    import runpy
+    path = tmp_path / "win.py"
+    path.write_bytes("\ufeffbatch_size = 3  # caf\u00e9\r\nout_dir = 'd\u00e9j\u00e0'\r\n".encode("utf-8"))
+    cfg, _ = parse_args(Demo, [str(path)])
+    ran = runpy.run_path(str(path))
+    assert (cfg.batch_size, cfg.out_dir) == (ran["batch_size"], ran["out_dir"]) == (3, "d\u00e9j\u00e0")
+
+
 def test_config_files_may_import_and_compute(tmp_path):
     path = write(tmp_path, "import math\n_base = 8\nbatch_size = _base * 4\nlearning_rate = math.sqrt(1e-6)\n")
     cfg, _ = parse_args(Demo, [path])
