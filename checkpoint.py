@@ -81,11 +81,24 @@ def save_checkpoint(obj, path):
     except BaseException as e:
         if tmp is not None and os.path.exists(tmp):
             os.remove(tmp)
-        if isinstance(e, OSError):
+        cause = write_failure(e)
+        if cause is not None:
             previous = "the previous one is intact" if os.path.exists(path) else "nothing was written"
-            raise UserError(f"saving {path} failed: {describe_os_error(e)}; {previous}") from None
+            raise UserError(f"saving {path} failed: {cause}; {previous}") from None
         raise
     fsync_dir(directory)
+
+
+def write_failure(e):
+    """What the machine refused in a failed save, in words; None for other errors. torch's zip writer
+    reports a write that failed (disk full) as a RuntimeError, the OSError behind it as its context."""
+    if isinstance(e, RuntimeError):
+        inner = e.__cause__ or e.__context__
+        if isinstance(inner, OSError):
+            return describe_os_error(inner)
+        if "PytorchStreamWriter" in str(e) or "inline_container" in str(e):
+            return f"torch could not write it ({str(e).strip().splitlines()[0]}): is the disk full?"
+    return describe_os_error(e) if isinstance(e, OSError) else None
 
 
 def sharded_path(path):

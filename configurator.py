@@ -53,10 +53,11 @@ OS_ERROR_HINTS = {
 
 
 def describe_os_error(e):
-    """'cannot write out/ckpt.pt: No space left on device; free some disk space, or write elsewhere'."""
-    where = f" {e.filename}" if e.filename else ""
+    """"cannot access out/ckpt.pt: Permission denied; check the permissions, or write elsewhere"; without a file
+    name, "No space left on device; free some disk space, or write elsewhere"."""
+    what = f"cannot access {e.filename}: {e.strerror or e}" if e.filename else f"{e.strerror or e}"
     hint = OS_ERROR_HINTS.get(e.errno, "")
-    return f"cannot access{where}: {e.strerror or e}" + (f"; {hint}" if hint else "")
+    return what + (f"; {hint}" if hint else "")
 
 
 def parse_args(cls, argv):

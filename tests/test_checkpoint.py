@@ -1,4 +1,6 @@
 """Checkpoints survive: atomic writes, kills, interrupts, divergence, untrusted files, nanoGPT's format."""
+import errno
+import io
 import json
 import os
 import pickle
@@ -71,6 +73,29 @@ def test_failed_save_leaves_the_old_checkpoint(tmp_path, monkeypatch):
     monkeypatch.setattr(checkpoint.torch, "save", broken_save)
     with pytest.raises(UserError, match="saving .*ckpt.pt failed: .*disk full.*; the previous one is intact"):
         save_checkpoint({"model": {"w": torch.zeros(3)}, "model_args": {}}, path)
+    assert open(path, "rb").read() == before
+    assert os.listdir(tmp_path) == ["ckpt.pt"]
+
+
+class FillingFile(io.FileIO):
+    """A file on a disk that fills after `room` bytes: write raises ENOSPC, as the kernel reports it."""
+    room = 4096
+
+    def write(self, data):
+        if self.tell() + len(data) > self.room:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return super().write(data)
+
+
+def test_disk_full_inside_torch_save_is_a_user_error_and_keeps_the_old_checkpoint(tmp_path, monkeypatch):
+    """torch's zip writer turns the ENOSPC of a write into a RuntimeError ('unexpected pos'): still one line."""
+    path = str(tmp_path / "ckpt.pt")
+    save_checkpoint({"model": {"w": torch.ones(3)}, "model_args": {}}, path)
+    before = open(path, "rb").read()
+    monkeypatch.setattr(checkpoint.os, "fdopen", lambda fd, mode: io.BufferedWriter(FillingFile(fd, "w")))
+    with pytest.raises(UserError, match="saving .*ckpt.pt failed: .*No space left on device; free some disk space, "
+                                        "or write elsewhere; the previous one is intact"):
+        save_checkpoint({"model": {"w": torch.zeros(100_000)}, "model_args": {}}, path)
     assert open(path, "rb").read() == before
     assert os.listdir(tmp_path) == ["ckpt.pt"]
 
