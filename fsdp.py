@@ -107,8 +107,11 @@ class ConsolidateConfig:
 
 def consolidate(path):
     """The single-file checkpoint (nanoGPT's keys, optimizer keyed by index) of path's sharded form."""
-    from checkpoint import load_checkpoint, load_sharded, model_from_checkpoint
+    from checkpoint import complete_sharded, load_checkpoint, load_sharded, model_from_checkpoint, sharded_path
     from optim import configure_optimizers
+    if complete_sharded(path) is None and not os.path.exists(path):
+        raise UserError(f"no sharded checkpoint at {sharded_path(path)}; train one first (python train.py ... "
+                        f"--parallel=fsdp --out_dir={os.path.dirname(path) or '.'})")
     ckpt = load_checkpoint(path)
     if "sharded" not in ckpt:
         raise UserError(f"{path} is already a single file (its sharded form is absent or older)")

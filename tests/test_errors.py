@@ -49,6 +49,7 @@ CASES = {
     "data shorter than block_size + 1": (["train.py", *TINY, "--dataset={root}/short", "--block_size=64", "--out_dir={root}/out"], "fewer than block_size + 1 (65)"),
     "n_embd not divisible by n_head": (["train.py", "--n_embd=100", "--n_head=6"], "n_embd (100) must be divisible by n_head (6)"),
     "resume without a checkpoint": (["train.py", "--init_from=resume", "--out_dir={root}/empty"], "no checkpoint at"),
+    "consolidate without a sharded checkpoint": (["fsdp.py", "--out_dir={root}/empty"], "no sharded checkpoint at {root}/empty/ckpt.dcp; train one first"),
     "sample without a checkpoint": (["sample.py", "--out_dir={root}/empty"], "no checkpoint at"),
     "truncated checkpoint": (["sample.py", "--out_dir={root}/truncated"], "is not a readable checkpoint"),
     "corrupted checkpoint": (["train.py", "--init_from=resume", "--out_dir={root}/garbage"], "is not a readable checkpoint"),
@@ -143,7 +144,7 @@ NEEDS_NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="this case 
 def test_bad_input_is_one_line_exit_2_and_touches_nothing(run, case):
     make_broken_runs(run)
     args, message = CASES[case]
-    args = [a.format(root=run) for a in args]
+    args, message = [a.format(root=run) for a in args], message.format(root=run)
     watched = [d for d in ("out", "truncated", "garbage", "empty", "nometa", "wrongtype", "wrongconfig", "hugeclaim",
                            "nanweights", "bigids") if (run / d).exists()]
     before = {d: snapshot(run / d) for d in watched}
