@@ -404,9 +404,10 @@ def load_pretrained(name_or_path, **runtime):
     except ImportError as e:
         raise UserError(str(e)) from None
     except (OSError, ValueError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f"cannot load GPT-2 weights {name_or_path!r}: {first}; offline, download them where there "
-                        f"is internet and pass the local directory") from None
+        first = str(e).strip().splitlines()[0].rstrip(".") if str(e).strip() else type(e).__name__
+        raise UserError(f"cannot load GPT-2 weights {name_or_path!r}: {first}; offline, pass a local copy (a "
+                        f"directory holding config.json and model.safetensors) as --init_from=DIR, or set "
+                        f"HF_HUB_OFFLINE=1 to read Hugging Face's cache") from None
 
 
 class OutDirLock:

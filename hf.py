@@ -5,6 +5,10 @@ Both directions use one table: the parameter names are the same on both sides
 so stored transposed, and the activations have other names. Needs the optional
 transformers package.
 """
+import os
+import socket
+from urllib.parse import urlparse
+
 import torch
 
 from model import GPT, GPTConfig
@@ -33,7 +37,9 @@ def transformers_module():
 def from_hf(name_or_path, **runtime):
     """A GPT holding the weights of gpt2, gpt2-medium, gpt2-large, gpt2-xl or a local Hugging Face GPT-2
     directory (safetensors only: a pickle can run code). runtime may set dropout and attn_impl."""
-    hf = transformers_module().GPT2LMHeadModel.from_pretrained(name_or_path, use_safetensors=True)
+    transformers = transformers_module()
+    offline = not os.path.isdir(name_or_path) and not hub_reachable()  # then Hugging Face's cache, at once
+    hf = transformers.GPT2LMHeadModel.from_pretrained(name_or_path, use_safetensors=True, local_files_only=offline)
     c = hf.config
     if c.activation_function not in FROM_HF_ACTIVATIONS:
         raise ValueError(f"{name_or_path}: activation {c.activation_function!r} is not supported")
@@ -50,6 +56,19 @@ def from_hf(name_or_path, **runtime):
                 raise ValueError(f"{name_or_path}: {name} has shape {tuple(w.shape)}, expected {tuple(p.shape)}")
             p.copy_(w)
     return model
+
+
+def hub_reachable():
+    """False where the Hugging Face Hub's host name does not resolve and no proxy is set: no network. Its
+    client would retry for half a minute before it reads the cache or fails; HF_HUB_OFFLINE=1 skips both."""
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return True  # a proxy may reach what the machine cannot resolve
+    from huggingface_hub import constants
+    try:
+        socket.getaddrinfo(urlparse(constants.ENDPOINT).hostname, 443)
+    except OSError:  # socket.gaierror: no such name, or no DNS at all
+        return False
+    return True
 
 
 def incompatibilities(config):

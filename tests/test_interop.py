@@ -173,6 +173,35 @@ def test_sample_from_pretrained_weights(hf_dir, gpt2_tiny_dir):
     assert refused.returncode == 2 and "vocabulary of 300 tokens" in refused.stderr
 
 
+NO_NETWORK = {"HF_ENDPOINT": "https://hub.invalid", "HF_HUB_OFFLINE": "", "HTTPS_PROXY": "", "https_proxy": "",
+              "ALL_PROXY": "", "all_proxy": ""}  # .invalid never resolves (RFC 2606): no network, at once
+
+
+def test_gpt2_offline_and_not_cached_is_one_line_at_once_naming_both_ways_out(tmp_path):
+    env = {**NO_NETWORK, "HF_HOME": str(tmp_path / "empty-cache")}
+    result = run_script(["sample.py", "--init_from=gpt2", "--num_samples=1", "--max_new_tokens=2"], env=env)
+    errors = [line for line in result.stderr.splitlines() if not line.startswith("override: ")]
+    assert result.returncode == 2 and len(errors) == 1, result.stderr  # no retry warnings before it
+    assert "cannot load GPT-2 weights 'gpt2'" in errors[0]
+    assert "--init_from=DIR" in errors[0] and "HF_HUB_OFFLINE=1" in errors[0]
+
+
+def test_gpt2_offline_loads_from_hugging_faces_cache(tmp_path, gpt2_tiny_dir):
+    """Weights downloaded before (Hugging Face's cache layout) load without the network and without retries."""
+    snapshot = tmp_path / "hf" / "hub" / "models--gpt2" / "snapshots" / "0123abcd"
+    snapshot.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors"):
+        (snapshot / name).write_bytes((gpt2_tiny_dir / name).read_bytes())
+    (tmp_path / "hf" / "hub" / "models--gpt2" / "refs").mkdir()
+    (tmp_path / "hf" / "hub" / "models--gpt2" / "refs" / "main").write_text("0123abcd")
+    args = ["sample.py", "--init_from=gpt2", "--num_samples=1", "--max_new_tokens=3", "--start=Hello",
+            "--temperature=0", "--device=cpu"]
+    cached = run_script(args, env={**NO_NETWORK, "HF_HOME": str(tmp_path / "hf")})
+    local = run_script(args[:1] + [f"--init_from={gpt2_tiny_dir}"] + args[2:])
+    assert cached.returncode == 0 and "Retrying" not in cached.stderr, cached.stderr
+    assert cached.stdout == local.stdout and cached.stdout.startswith("Hello")
+
+
 def test_a_hugging_face_directory_of_pickled_weights_is_refused(tmp_path):
     config = transformers.GPT2Config(vocab_size=300, n_positions=32, n_embd=16, n_layer=1, n_head=2)
     model = transformers.GPT2LMHeadModel(config)
