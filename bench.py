@@ -8,6 +8,11 @@
 Prints a table and, with --json, writes the same figures as JSON. Timings are
 medians after warm-up; compare figures measured in one run, not across runs.
 """
+import configurator
+
+configurator.exit_quietly_on_ctrl_c()  # before the slow imports (torch): Ctrl-C during them exits quietly
+
+# ruff: noqa: E402
 import contextlib
 import importlib.util
 import io

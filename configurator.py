@@ -14,7 +14,10 @@ import errno
 import inspect
 import io
 import math
+import os
+import signal
 import sys
+import threading
 import tokenize
 import types
 import typing
@@ -24,9 +27,31 @@ class UserError(Exception):
     """A mistake the user can fix: scripts print it as one line and exit with code 2."""
 
 
+REPOSITORY = os.path.dirname(os.path.realpath(__file__))
+
+
+def exit_quietly_on_ctrl_c():
+    """Until run_main starts, Ctrl-C ends the program with one line and exit code 130 instead of a
+    KeyboardInterrupt traceback from whatever was importing (torch takes seconds). Scripts call it before
+    their slow imports; it acts only where the program run is a script of this repository, so a test or
+    a program that imports the scripts keeps Python's KeyboardInterrupt."""
+    script = getattr(sys.modules.get("__main__"), "__file__", None)
+    if (script and os.path.realpath(script).startswith(REPOSITORY + os.sep)
+            and threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+        signal.signal(signal.SIGINT, interrupted_while_starting)
+
+
+def interrupted_while_starting(signum, frame):
+    os.write(2, b"interrupted\n")
+    os._exit(130)  # at once: nothing is written yet, and a half-done import has nothing to clean up
+
+
 def run_main(main, argv=None):
     """Run a script's main(argv): a UserError, or an OSError from the machine (disk full, no permission),
     becomes one line on stderr and exit code 2; a second Ctrl-C one line and exit code 130."""
+    if signal.getsignal(signal.SIGINT) is interrupted_while_starting:  # from here on, KeyboardInterrupt
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         main(sys.argv[1:] if argv is None else argv)
     except UserError as e:

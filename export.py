@@ -9,6 +9,11 @@ use Hugging Face's "gpt2" tokenizer; a model with a tokenizer of its own (charac
 a trained BPE) gets its meta.json (and BPE merges) beside the weights, as a dataset
 holds them, so that `python sample.py --init_from=hf_dir` decodes its tokens.
 """
+import configurator
+
+configurator.exit_quietly_on_ctrl_c()  # before the slow imports (torch): Ctrl-C during them exits quietly
+
+# ruff: noqa: E402
 import json
 import os
 from dataclasses import dataclass

@@ -12,6 +12,11 @@ the root (embeddings, final norm, head) another. With --dtype=bfloat16 (the
 default on CUDA) the units compute in bfloat16 and reduce gradients in
 float32, in place of autocast.
 """
+import configurator
+
+configurator.exit_quietly_on_ctrl_c()  # before the slow imports (torch): Ctrl-C during them exits quietly
+
+# ruff: noqa: E402
 import functools
 import os
 from contextlib import contextmanager

@@ -8,6 +8,11 @@ The tokenizer is the one of the dataset the checkpoint was trained on (its
 meta.json / meta.pkl), or the meta.json export.py wrote beside a model's weights
 (--init_from=DIR), else GPT-2 BPE. The same seed gives the same text.
 """
+import configurator
+
+configurator.exit_quietly_on_ctrl_c()  # before the slow imports (torch): Ctrl-C during them exits quietly
+
+# ruff: noqa: E402
 import os
 import sys
 from dataclasses import dataclass, field

@@ -17,6 +17,11 @@ logprobs are the model's own (temperature 1, before top-k and top-p), so greedy 
 Only requests addressed to this server's own names, with JSON bodies as application/json, and with
 --api_key=KEY only those carrying Authorization: Bearer KEY, are served (Guard; docs/serving.md).
 """
+import configurator
+
+configurator.exit_quietly_on_ctrl_c()  # before the slow imports (torch): Ctrl-C during them exits quietly
+
+# ruff: noqa: E402
 import asyncio
 import difflib
 import errno

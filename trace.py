@@ -10,6 +10,11 @@ norm, head), and the sampler reports each generation step; nothing is patched
 or recomputed here. Prints tables, and writes the same data as JSON (--json) and
 as one self-contained HTML page with attention heatmaps (--html).
 """
+import configurator
+
+configurator.exit_quietly_on_ctrl_c()  # before the slow imports (torch): Ctrl-C during them exits quietly
+
+# ruff: noqa: E402
 import html
 import json
 import math

@@ -15,6 +15,10 @@ import time
 
 PROCESS_START = time.time()  # before the heavy imports: "training time" counts from here
 
+import configurator
+
+configurator.exit_quietly_on_ctrl_c()  # before the slow imports (torch): Ctrl-C during them exits quietly
+
 # ruff: noqa: E402
 import math
 import os

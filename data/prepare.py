@@ -15,11 +15,14 @@ import shlex
 import sys
 import urllib.request
 
-import numpy as np
-from tqdm import tqdm
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+import configurator  # noqa: E402
+
+configurator.exit_quietly_on_ctrl_c()  # before the slow imports (numpy): Ctrl-C during them exits quietly
+import numpy as np  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
 from configurator import UserError, run_main  # noqa: E402
 from tokenizer import BPETokenizer, CharTokenizer, TrainedBPE, ranks_text, write_meta  # noqa: E402
 

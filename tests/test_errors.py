@@ -154,3 +154,32 @@ def test_bad_input_is_one_line_exit_2_and_touches_nothing(run, case):
     assert len(errors) == 1 and errors[0].startswith("error: "), result.stderr  # sample.py notes overrides on stderr
     assert "Traceback" not in result.stderr and message in errors[0]
     assert {d: snapshot(run / d) for d in watched} == before
+
+
+
+SCRIPTS = ["train.py", "sample.py", "serve.py", "trace.py", "export.py", "bench.py", "fsdp.py", "data/prepare.py",
+           "data/shakespeare_char/prepare.py", "data/shakespeare/prepare.py", "data/tangshi/prepare.py",
+           "data/openwebtext/prepare.py"]  # plot.py imports nothing slow before main
+SLOW_IMPORT = "import os, time\nopen(os.environ['IMPORTING'], 'w').close()\ntime.sleep(60)\n"
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_ctrl_c_while_a_script_imports_exits_130_without_a_traceback(tmp_path, script):
+    """Ctrl-C in the seconds a script spends importing torch (or numpy) is one line, exit code 130. Stand-ins
+    for both, first on the path, say when the import starts and then take a minute."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from conftest import ROOT
+    for name in ("torch", "numpy"):
+        (tmp_path / f"{name}.py").write_text(SLOW_IMPORT)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "IMPORTING": str(tmp_path / "importing")}
+    proc = subprocess.Popen([sys.executable, script], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    deadline = time.time() + 30
+    while not (tmp_path / "importing").exists() and time.time() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert (proc.returncode, out, err) == (130, "", "interrupted\n")

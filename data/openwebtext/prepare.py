@@ -12,11 +12,14 @@ import argparse
 import os
 import sys
 
-import numpy as np
-from tqdm import tqdm
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+import configurator  # noqa: E402
+
+configurator.exit_quietly_on_ctrl_c()  # before the slow imports (numpy): Ctrl-C during them exits quietly
+import numpy as np  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
 from configurator import UserError, run_main  # noqa: E402
 from tokenizer import BPE_ENCODING, write_meta  # noqa: E402
 
