@@ -230,15 +230,18 @@ def check_meta(meta, path):
     return meta
 
 
-def write_meta(dataset_dir, meta):
-    """meta.json always; meta.pkl too for char vocabularies, in nanoGPT's layout."""
-    with open(os.path.join(dataset_dir, "meta.json"), "w", encoding="utf-8") as f:
+def write_meta(dataset_dir, meta, suffix=""):
+    """meta.json always; meta.pkl too for char vocabularies, in nanoGPT's layout. Each file's name has
+    suffix appended (a file written aside); returns the names without it."""
+    with open(os.path.join(dataset_dir, "meta.json" + suffix), "w", encoding="utf-8") as f:
         json.dump(meta, f, ensure_ascii=False)
-    if meta["tokenizer"] == "char":
-        chars = meta["chars"]
-        legacy = {"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": {c: i for i, c in enumerate(chars)}}
-        with open(os.path.join(dataset_dir, "meta.pkl"), "wb") as f:
-            pickle.dump(legacy, f)
+    if meta["tokenizer"] != "char":
+        return ["meta.json"]
+    chars = meta["chars"]
+    legacy = {"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": {c: i for i, c in enumerate(chars)}}
+    with open(os.path.join(dataset_dir, "meta.pkl" + suffix), "wb") as f:
+        pickle.dump(legacy, f)
+    return ["meta.json", "meta.pkl"]
 
 
 class PlainUnpickler(pickle.Unpickler):

@@ -29,6 +29,8 @@ from tokenizer import BPETokenizer, CharTokenizer, TrainedBPE, ranks_text, write
 CHUNK_BYTES = 1 << 22  # 4 MiB of text per read
 DEFAULT_BPE_VOCAB = 4096
 RANKS_FILE = "tokenizer.bpe"  # a trained BPE's merges, beside meta.json
+DATASET_FILES = ("train.bin", "val.bin", RANKS_FILE, "meta.pkl", "meta.json")  # renamed into place in this order
+TMP = ".tmp"  # the suffix of a file written aside, in the dataset directory
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 
 
@@ -131,11 +133,14 @@ def scan(files, bar):
     return sizes, chars
 
 
-def prepare(input_path, tokenizer="char", out_dir=".", val_fraction=0.1, log=print, vocab_size=DEFAULT_BPE_VOCAB):
+def prepare(input_path, tokenizer="char", out_dir=".", val_fraction=0.1, log=print, vocab_size=DEFAULT_BPE_VOCAB,
+            check=None):
     """Tokenize input_path into out_dir; returns {"train": n, "val": n, "vocab_size": n}.
 
     tokenizer: char, gpt2 (GPT-2's BPE), or bpe (a byte-level BPE of vocab_size tokens trained here
-    on the train split, saved in out_dir beside meta.json).
+    on the train split, saved in out_dir beside meta.json). check(counts) may refuse the result with a
+    UserError. Every file is written aside and renamed into place only once all of them are written and
+    check has passed: a refused or failed prepare leaves out_dir as it was.
     """
     if not 0 < val_fraction < 1:
         raise UserError(f"--val_fraction must be between 0 and 1, got {val_fraction}")
@@ -165,12 +170,21 @@ def prepare(input_path, tokenizer="char", out_dir=".", val_fraction=0.1, log=pri
         meta["vocab_size"] = tok.vocab_size
         meta["dtype"] = "uint16" if tok.vocab_size <= 1 << 16 else "uint32"
         encode = tok.encode if tokenizer == "char" else tok.encode_ordinary
+        created = not os.path.isdir(out_dir)
         os.makedirs(out_dir, exist_ok=True)
-        counts = write_splits(files, encode, tok.eot, split_at, out_dir, np.dtype(meta["dtype"]), bar)
-    if tokenizer == "bpe":
-        with open(os.path.join(out_dir, RANKS_FILE), "w", encoding="ascii") as f:
-            f.write(ranks_text(tok.enc._mergeable_ranks))
-    write_meta(out_dir, meta)
+        try:
+            counts = write_splits(files, encode, tok.eot, split_at, out_dir, np.dtype(meta["dtype"]), bar)
+            if tokenizer == "bpe":
+                with open(os.path.join(out_dir, RANKS_FILE + TMP), "w", encoding="ascii") as f:
+                    f.write(ranks_text(tok.enc._mergeable_ranks))
+            staged = ["train.bin", "val.bin"] + ([RANKS_FILE] if tokenizer == "bpe" else [])
+            staged += write_meta(out_dir, meta, suffix=TMP)
+            if check is not None:
+                check(counts)
+        except BaseException:
+            discard(out_dir, created)
+            raise
+    commit(out_dir, staged)
     log(f"vocab size: {tok.vocab_size:,}")
     log(f"train has {counts['train']:,} tokens")
     log(f"val has {counts['val']:,} tokens")
@@ -208,10 +222,8 @@ def train_bpe(files, split_at, vocab_size, bar):
 
 def write_splits(files, encode, eot, split_at, out_dir, dtype, bar):
     """Encode every file, routing characters before split_at to train.bin and the rest to val.bin."""
-    paths = {s: os.path.join(out_dir, f"{s}.bin") for s in ("train", "val")}
-    tmp = {s: p + ".tmp" for s, p in paths.items()}
     counts = {"train": 0, "val": 0}
-    outs = {s: open(p, "wb") for s, p in tmp.items()}
+    outs = {s: open(os.path.join(out_dir, f"{s}.bin{TMP}"), "wb") for s in counts}
     try:
         def emit(split, ids):
             np.asarray(ids, dtype=dtype).tofile(outs[split])
@@ -235,9 +247,27 @@ def write_splits(files, encode, eot, split_at, out_dir, dtype, bar):
     finally:
         for f in outs.values():
             f.close()
-    for split in paths:  # replace the old files only once both are complete
-        os.replace(tmp[split], paths[split])
     return counts
+
+
+def commit(out_dir, staged):
+    """Rename each staged file over its name; remove the dataset files the new dataset has not (a stale
+    meta.pkl or tokenizer.bpe would describe the old tokens: nanoGPT reads meta.pkl before meta.json)."""
+    for name in DATASET_FILES:
+        path = os.path.join(out_dir, name)
+        if name in staged:
+            os.replace(path + TMP, path)
+        elif os.path.isfile(path):
+            os.remove(path)
+
+
+def discard(out_dir, created):
+    """Remove the files written aside, and out_dir too where this prepare created it."""
+    for name in DATASET_FILES:
+        if os.path.isfile(os.path.join(out_dir, name + TMP)):
+            os.remove(os.path.join(out_dir, name + TMP))
+    if created and not os.listdir(out_dir):
+        os.rmdir(out_dir)
 
 
 def torch_cuda_available():
@@ -271,8 +301,10 @@ def main(argv):
     parser.add_argument("--out", required=True, help="output directory, e.g. data/mytext")
     parser.add_argument("--val_fraction", type=float, default=0.1)
     args = parser.parse_args(argv)
-    counts = prepare(args.input, args.tokenizer, args.out, args.val_fraction, vocab_size=args.vocab_size)
-    print(f"done; train on it with: {train_command(args.out, counts, torch_cuda_available())}")
+    cuda = torch_cuda_available()
+    counts = prepare(args.input, args.tokenizer, args.out, args.val_fraction, vocab_size=args.vocab_size,
+                     check=lambda counts: train_command(args.out, counts, cuda))  # refuses too few tokens
+    print(f"done; train on it with: {train_command(args.out, counts, cuda)}")
 
 
 if __name__ == "__main__":

@@ -250,3 +250,45 @@ def test_gpt2_bpe_on_chinese_points_to_a_better_tokenizer(tmp_path):
     (tmp_path / "en.txt").write_text(CORPUS, encoding="utf-8")
     prep.prepare(str(tmp_path / "en.txt"), "gpt2", str(tmp_path / "out2"), 0.1, log=lines.append)
     assert not [line for line in lines if line.startswith("note:")]
+
+
+def file_hashes(directory):
+    import hashlib
+    return {name: hashlib.sha256((directory / name).read_bytes()).hexdigest() for name in sorted(os.listdir(directory))}
+
+
+def test_a_refused_prepare_replaces_nothing_and_a_passing_one_replaces_every_file(tmp_path):
+    from conftest import run_script
+    out = tmp_path / "mine"
+    (tmp_path / "good.txt").write_text(CORPUS, encoding="utf-8")
+    (tmp_path / "small.txt").write_text("tiny text, too short\n", encoding="utf-8")  # 3 val tokens: too few
+    (tmp_path / "other.txt").write_text(CORPUS.upper(), encoding="utf-8")
+    assert run_script(["data/prepare.py", "--input", str(tmp_path / "good.txt"), "--out", str(out)]).returncode == 0
+    before = file_hashes(out)
+    assert sorted(before) == ["meta.json", "meta.pkl", "train.bin", "val.bin"]
+    refused = run_script(["data/prepare.py", "--input", str(tmp_path / "small.txt"), "--out", str(out)])
+    assert refused.returncode == 2 and "too few to train on" in refused.stderr and "Traceback" not in refused.stderr
+    assert file_hashes(out) == before  # no temporary file left either
+    passed = run_script(["data/prepare.py", "--input", str(tmp_path / "other.txt"), "--out", str(out)])
+    assert passed.returncode == 0, passed.stderr
+    after = file_hashes(out)
+    assert sorted(after) == sorted(before) and all(after[name] != before[name] for name in before)
+
+
+def test_a_refused_prepare_into_a_new_directory_leaves_no_directory(tmp_path):
+    (tmp_path / "small.txt").write_text("tiny text, too short\n", encoding="utf-8")
+
+    def refuse(counts):
+        raise prep.UserError("too few")
+    with pytest.raises(prep.UserError, match="too few"):
+        prep.prepare(str(tmp_path / "small.txt"), "char", str(tmp_path / "out"), 0.1, log=lambda *a: None,
+                     check=refuse)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_dataset_re_prepared_with_another_tokenizer_keeps_no_file_of_the_old_one(tmp_path):
+    (tmp_path / "in.txt").write_text(CORPUS, encoding="utf-8")
+    prep.prepare(str(tmp_path / "in.txt"), "char", str(tmp_path / "out"), 0.1, log=lambda *a: None)
+    prep.prepare(str(tmp_path / "in.txt"), "gpt2", str(tmp_path / "out"), 0.1, log=lambda *a: None)
+    # nanoGPT's sample.py reads meta.pkl first: a stale one would decode GPT-2 ids as characters
+    assert sorted(os.listdir(tmp_path / "out")) == ["meta.json", "train.bin", "val.bin"]
