@@ -14,6 +14,7 @@ import io
 import json
 import os
 import pickle
+import stat
 
 from configurator import UserError
 
@@ -110,14 +111,36 @@ def ranks_text(ranks):
 
 
 def parse_ranks(text, path):
-    ranks = {}
-    for number, line in enumerate(text.splitlines(), start=1):
+    """{token bytes: rank} of a ranks file: its n lines rank n distinct tokens 0, ..., n - 1, the 256
+    single bytes among them (byte-level BPE encodes any text through them)."""
+    lines = text.splitlines()
+    ranks, seen = {}, set()
+    for number, line in enumerate(lines, start=1):
         try:
             token, rank = line.split()
-            ranks[base64.b64decode(token, validate=True)] = int(rank)
+            token, rank = base64.b64decode(token, validate=True), int(rank)
         except ValueError:
             raise UserError(f"{path}:{number}: not a 'base64 rank' line; re-run the dataset's prepare.py") from None
+        if not 0 <= rank < len(lines) or rank in seen or token in ranks:
+            what = "a rank repeated" if rank in seen else "a token repeated" if token in ranks else \
+                f"rank {rank}, outside 0 to {len(lines) - 1} (the file has {len(lines)} lines)"
+            raise UserError(f"{path}:{number}: {what}; re-run the dataset's prepare.py")
+        ranks[token] = rank
+        seen.add(rank)
+    missing = [b for b in range(256) if bytes([b]) not in ranks]
+    if missing:
+        raise UserError(f"{path}: {len(missing)} of the 256 single bytes have no rank (byte {missing[0]} first), "
+                        f"so some text cannot be encoded; re-run the dataset's prepare.py")
     return ranks
+
+
+def check_special_tokens(special_tokens, n, path):
+    """special_tokens if their ids follow the n ranks: n, n + 1, ..., each once."""
+    ids = sorted(special_tokens.values())
+    if ids != list(range(n, n + len(ids))):
+        raise UserError(f"{path}: special token ids {ids[:5]} should be {list(range(n, n + min(len(ids), 5)))}, "
+                        f"following the {n} ranks; re-run the dataset's prepare.py")
+    return special_tokens
 
 
 def token_byte_lengths(tokenizer, vocab_size):
@@ -161,7 +184,9 @@ def tokenizer_from_meta(meta):
     if kind == "bpe":
         if not isinstance(meta.get("ranks_text"), str):
             raise UserError(f"the trained BPE's ranks ({meta['ranks']}) are missing; re-run the dataset's prepare.py")
-        return TrainedBPE(meta["pattern"], parse_ranks(meta["ranks_text"], meta["ranks"]), meta["special_tokens"])
+        ranks = parse_ranks(meta["ranks_text"], meta["ranks"])
+        return TrainedBPE(meta["pattern"], ranks, check_special_tokens(meta["special_tokens"], len(ranks),
+                                                                       "the trained BPE's special_tokens"))
     if kind != "char":
         raise UserError(f"unknown tokenizer {kind!r} in the dataset's metadata; expected 'char', 'gpt2' or 'bpe'")
     chars = meta.get("chars") or [meta["itos"][i] for i in range(len(meta["itos"]))]
@@ -173,24 +198,45 @@ def read_meta(dataset_dir):
     path = os.path.join(dataset_dir, "meta.json")
     if os.path.exists(path):
         try:
-            with open(path, encoding="utf-8") as f:
-                meta = check_meta(json.load(f), path)
-        except (OSError, ValueError) as e:
-            raise UserError(f"{path} is not valid JSON ({e}); re-run the dataset's prepare.py") from None
+            data = read_regular(path)
+        except OSError as e:
+            raise UserError(f"{path} cannot be read ({e}); re-run the dataset's prepare.py") from None
+        try:
+            meta = check_meta(json.loads(data.decode("utf-8")), path)
+        except (ValueError, RecursionError) as e:  # RecursionError: arrays nested thousands deep
+            reason = "nested too deep" if isinstance(e, RecursionError) else e
+            raise UserError(f"{path} is not valid JSON ({reason}); re-run the dataset's prepare.py") from None
         if meta.get("tokenizer") == "bpe":  # the merges travel with the metadata
             ranks = os.path.join(dataset_dir, meta["ranks"])
+            if os.path.commonpath([os.path.realpath(ranks), os.path.realpath(dataset_dir)]) != \
+                    os.path.realpath(dataset_dir):
+                raise UserError(f"{ranks}, the dataset's tokenizer, links to {os.path.realpath(ranks)}, outside the "
+                                f"dataset; copy the file into {dataset_dir}")
             try:
-                with open(ranks, encoding="ascii") as f:
-                    meta["ranks_text"] = f.read()
+                meta["ranks_text"] = read_regular(ranks).decode("ascii")
             except (OSError, ValueError) as e:
                 raise UserError(f"{ranks}, the dataset's tokenizer, cannot be read ({e}); re-run the dataset's "
                                 f"prepare.py") from None
+            check_special_tokens(meta["special_tokens"], len(parse_ranks(meta["ranks_text"], ranks)), path)
         return meta
     path = os.path.join(dataset_dir, "meta.pkl")
     if os.path.exists(path):
-        with open(path, "rb") as f:
-            return check_meta(load_plain_pickle(f.read(), path), path)
+        try:
+            data = read_regular(path)
+        except OSError as e:
+            raise UserError(f"{path} cannot be read ({e}); re-run the dataset's prepare.py") from None
+        return check_meta(load_plain_pickle(data, path), path)
     return None
+
+
+def read_regular(path):
+    """The bytes of a regular file; anything else (a FIFO, which would block the open forever; a device; a
+    directory) is an OSError. Opened non-blocking: even a FIFO's open returns at once."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        return f.read()
 
 
 def check_meta(meta, path):

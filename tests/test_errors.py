@@ -1,5 +1,7 @@
 """Bad input through the real scripts: one line on stderr, exit code 2, no traceback, out_dir untouched."""
+import base64
 import hashlib
+import json
 import os
 
 import numpy as np
@@ -93,7 +95,32 @@ CASES = {
     "model_args claiming 10^6 layers": (["sample.py", "--out_dir={root}/hugeclaim"], "claims n_layer=1000000 but the weights hold 2 blocks"),
     "model_args claiming a huge width": (["sample.py", "--out_dir={root}/wideclaim"], "model_args make it"),
     "non-finite weights": (["sample.py", "--out_dir={root}/nanweights"], "holds non-finite weights"),
+    # damaged or hostile tokenizers (a trained BPE's tokenizer.bpe and meta.json)
+    "BPE rank of 10^8": (["train.py", *TINY, "--dataset={root}/bpe_hugerank", "--out_dir={root}/o1"], "tokenizer.bpe:257: rank 100000000, outside 0 to 256 (the file has 257 lines)"),
+    "negative BPE rank": (["train.py", *TINY, "--dataset={root}/bpe_negrank", "--out_dir={root}/o1"], "tokenizer.bpe:257: rank -1, outside 0 to 256"),
+    "repeated BPE rank": (["train.py", *TINY, "--dataset={root}/bpe_duprank", "--out_dir={root}/o1"], "tokenizer.bpe:257: a rank repeated"),
+    "special token id of 10^8": (["train.py", *TINY, "--dataset={root}/bpe_hugespecial", "--out_dir={root}/o1"], "special token ids [100000000] should be [256]"),
+    "tokenizer.bpe a FIFO": (["train.py", *TINY, "--dataset={root}/bpe_fifo", "--out_dir={root}/o1"], "is not a regular file"),
+    "tokenizer.bpe linking outside the dataset": (["train.py", *TINY, "--max_iters=0", "--dataset={root}/bpe_outside", "--out_dir={root}/o1"], "outside the dataset; copy the file into"),
+    "meta.json nested 100,000 deep": (["train.py", *TINY, "--dataset={root}/deepmeta", "--out_dir={root}/o1"], "is not valid JSON (nested too deep)"),
+    "checkpoint's tokenizer with a rank of 10^8": (["sample.py", "--out_dir={root}/hugerankckpt"], "tokenizer.bpe:257: rank 100000000"),
 }
+
+BYTE_RANKS = "".join(f"{base64.b64encode(bytes([b])).decode()} {b}\n" for b in range(256))  # a byte-level BPE, no merges
+
+
+def write_bpe_dataset(directory, ranks_text, special_tokens=None):
+    """A trained-BPE dataset made by hand: the 256 bytes, ranks_text's lines, and <|endoftext|>."""
+    from conftest import CORPUS
+    directory.mkdir()
+    meta = {"tokenizer": "bpe", "pattern": r"\S+|\s+", "ranks": "tokenizer.bpe", "vocab_size": 257, "dtype": "uint16",
+            "special_tokens": special_tokens or {"<|endoftext|>": 256}}
+    (directory / "meta.json").write_text(json.dumps(meta))
+    if ranks_text is not None:
+        (directory / "tokenizer.bpe").write_text(ranks_text)
+    for split in ("train", "val"):
+        np.frombuffer(CORPUS.encode(), dtype=np.uint8).astype(np.uint16).tofile(directory / f"{split}.bin")
+    return meta
 
 
 def make_broken_runs(root):
@@ -127,6 +154,20 @@ def make_broken_runs(root):
     for name, change in damaged.items():
         (root / name).mkdir()
         torch.save({**state, **change}, root / name / "ckpt.pt")
+    ab = base64.b64encode(b"ab").decode()  # a merge: the 257th line
+    for name, line in (("hugerank", f"{ab} {10 ** 8}\n"), ("negrank", f"{ab} -1\n"), ("duprank", f"{ab} 5\n")):
+        write_bpe_dataset(root / f"bpe_{name}", BYTE_RANKS + line)
+    write_bpe_dataset(root / "bpe_hugespecial", BYTE_RANKS, {"<|endoftext|>": 10 ** 8})
+    write_bpe_dataset(root / "bpe_fifo", None)
+    os.mkfifo(root / "bpe_fifo" / "tokenizer.bpe")  # opening it for reading would wait for a writer forever
+    write_bpe_dataset(root / "bpe_outside", None)
+    (root / "outside.bpe").write_text(BYTE_RANKS)  # a valid file, but not the dataset's: it would be copied into checkpoints
+    os.symlink(root / "outside.bpe", root / "bpe_outside" / "tokenizer.bpe")
+    (root / "deepmeta").mkdir()
+    (root / "deepmeta" / "meta.json").write_text("[" * 100_000 + "]" * 100_000)
+    (root / "hugerankckpt").mkdir()
+    hostile = {**write_bpe_dataset(root / "bpe_forckpt", None), "ranks_text": BYTE_RANKS + f"{ab} {10 ** 8}\n"}
+    torch.save({**state, "tokenizer": hostile}, root / "hugerankckpt" / "ckpt.pt")
     nometa = root / "nometa"
     if not nometa.exists():
         nometa.mkdir()
