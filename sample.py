@@ -25,7 +25,7 @@ from configurator import UserError, parse_args, report_overrides, run_main
 from device import autocast, resolve_device, resolve_dtype
 from memory import check_fits, kv_cache_bytes
 from generate import Continuation, check_sampling, check_stops
-from tokenizer import check_meta, read_meta, tokenizer_from_meta
+from tokenizer import CharTokenizer, check_meta, read_meta, tokenizer_from_meta
 
 SEPARATOR = "---------------"
 
@@ -116,12 +116,20 @@ def load(cfg, device):
             raise UserError(f"{source} was trained on dataset {dataset!r}, whose meta.json (or meta.pkl) is not "
                             f"found at {dataset_dir(dataset)}; re-run that dataset's prepare.py to decode its tokens")
         tokenizer = tokenizer_from_meta(meta)
-    if tokenizer.vocab_size > model.config.vocab_size:
-        hint = (f"; copy the meta.json of the dataset it was trained on into {source} (export.py writes it)"
-                if cfg.init_from != "resume" and os.path.isdir(source) else "")
-        raise UserError(f"{source} has a vocabulary of {model.config.vocab_size} tokens but its tokenizer has "
-                        f"{tokenizer.vocab_size}; sample with the tokenizer (dataset) it was trained on{hint}")
+    hint = (f"; copy the meta.json of the dataset it was trained on into {source} (export.py writes it)"
+            if cfg.init_from != "resume" and os.path.isdir(source) else "")
+    check_decodes(tokenizer, model.config.vocab_size, source, hint)
     return model, tokenizer
+
+
+def check_decodes(tokenizer, vocab_size, source, hint=""):
+    """Refuse a tokenizer that cannot decode every id below the model's vocab_size (all of which it can emit),
+    or that has ids the model has not. A BPE decodes the ids past its own as nothing, for GPT-2's 50,257
+    tokens padded to 50,304 in nanoGPT's models; a char tokenizer has no padding, as train.py demands."""
+    short = isinstance(tokenizer, CharTokenizer) and tokenizer.vocab_size < vocab_size
+    if short or tokenizer.vocab_size > vocab_size:
+        raise UserError(f"{source} has a vocabulary of {vocab_size} tokens but its tokenizer has "
+                        f"{tokenizer.vocab_size}; sample with the tokenizer (dataset) it was trained on{hint}")
 
 
 def main(argv):

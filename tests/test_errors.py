@@ -104,6 +104,7 @@ CASES = {
     "tokenizer.bpe linking outside the dataset": (["train.py", *TINY, "--max_iters=0", "--dataset={root}/bpe_outside", "--out_dir={root}/o1"], "outside the dataset; copy the file into"),
     "meta.json nested 100,000 deep": (["train.py", *TINY, "--dataset={root}/deepmeta", "--out_dir={root}/o1"], "is not valid JSON (nested too deep)"),
     "checkpoint's tokenizer with a rank of 10^8": (["sample.py", "--out_dir={root}/hugerankckpt"], "tokenizer.bpe:257: rank 100000000"),
+    "checkpoint's char tokenizer smaller than its model": (["sample.py", "--out_dir={root}/fewchars"], "but its tokenizer has 8; sample with the tokenizer"),
 }
 
 BYTE_RANKS = "".join(f"{base64.b64encode(bytes([b])).decode()} {b}\n" for b in range(256))  # a byte-level BPE, no merges
@@ -168,6 +169,9 @@ def make_broken_runs(root):
     (root / "hugerankckpt").mkdir()
     hostile = {**write_bpe_dataset(root / "bpe_forckpt", None), "ranks_text": BYTE_RANKS + f"{ab} {10 ** 8}\n"}
     torch.save({**state, "tokenizer": hostile}, root / "hugerankckpt" / "ckpt.pt")
+    (root / "fewchars").mkdir()  # the model emits ids the 8 characters cannot decode
+    torch.save({**state, "tokenizer": {"tokenizer": "char", "chars": state["tokenizer"]["chars"][:8]}},
+               root / "fewchars" / "ckpt.pt")
     nometa = root / "nometa"
     if not nometa.exists():
         nometa.mkdir()

@@ -126,3 +126,50 @@ def test_a_long_stop_costs_no_more_per_token_than_a_short_one():
     text = "".join(cont.add(i) for i in ids)
     assert time.perf_counter() - start < 1.0
     assert text == "ab " * 299  # the last "ab " could begin "ab X...": held back
+
+
+def save_checkpoint_of(tmp_path, vocab_size, tokenizer_meta):
+    """A tiny random model of vocab_size tokens whose checkpoint carries tokenizer_meta; its out_dir."""
+    import torch
+    from checkpoint import model_args
+    from model import GPT, GPTConfig
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=16, vocab_size=vocab_size, n_layer=2, n_head=2, n_embd=32))
+    out = tmp_path / f"out-{vocab_size}"
+    out.mkdir()
+    torch.save({"model": model.state_dict(), "model_args": model_args(model.config), "tokenizer": tokenizer_meta},
+               out / "ckpt.pt")
+    return out
+
+
+def test_a_char_tokenizer_smaller_than_the_model_is_refused_at_load(tmp_path):
+    """The model emits any id below its vocab_size; 8 characters cannot decode ids 8 to 63."""
+    from conftest import run_script
+    out = save_checkpoint_of(tmp_path, 64, {"tokenizer": "char", "chars": list("abc \nXYZ")})
+    result = run_script(["sample.py", f"--out_dir={out}", "--start=abc", "--num_samples=2", "--max_new_tokens=50"],
+                        timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    errors = [line for line in result.stderr.splitlines() if not line.startswith("override: ")]
+    assert errors == [f"error: {out / 'ckpt.pt'} has a vocabulary of 64 tokens but its tokenizer has 8; sample with "
+                      f"the tokenizer (dataset) it was trained on"]
+
+
+def test_serve_refuses_the_same_checkpoint_at_load(tmp_path):
+    import pytest
+    pytest.importorskip("starlette")
+    from configurator import UserError
+    from serve import ServeConfig, Service
+    out = save_checkpoint_of(tmp_path, 64, {"tokenizer": "char", "chars": list("abc \nXYZ")})
+    with pytest.raises(UserError, match="vocabulary of 64 tokens but its tokenizer has 8"):
+        Service.load(ServeConfig(out_dir=str(out), device="cpu"))
+
+
+def test_gpt2_bpe_loads_with_the_model_padded_to_50304(tmp_path):
+    """nanoGPT pads GPT-2's 50,257 tokens to 50,304: the padding ids decode to nothing."""
+    import torch
+    from sample import SampleConfig, load
+    out = save_checkpoint_of(tmp_path, 50304, {"tokenizer": "gpt2"})
+    model, tokenizer = load(SampleConfig(out_dir=str(out)), torch.device("cpu"))
+    assert (model.config.vocab_size, tokenizer.vocab_size) == (50304, 50257)
+    decoder = tokenizer.decoder()
+    assert decoder.feed(50303) == "" and decoder.feed(tokenizer.encode("hi")[0]) == "hi"
