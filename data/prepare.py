@@ -5,8 +5,9 @@
 Writes train.bin / val.bin (uint16 tokens, uint32 if the vocabulary needs it)
 and meta.json (plus nanoGPT's meta.pkl for char vocabularies). The first
 1 - val_fraction of the characters are train, the rest val, as nanoGPT splits.
-A directory is read file by file in sorted order; with gpt2 and bpe, <|endoftext|>
-separates the files. Input is streamed in chunks: memory stays bounded.
+A directory is read file by file in sorted order, hidden files and folders
+skipped; with gpt2 and bpe, <|endoftext|> separates the files. Input is
+streamed in chunks: memory stays bounded.
 """
 import argparse
 import codecs
@@ -57,13 +58,17 @@ def find_or_download(argv, here, url=SHAKESPEARE_URL):
 
 
 def list_inputs(path):
-    """The input files: the file itself, or every file under a directory in sorted order."""
+    """The input files: the file itself, or every file under a directory in sorted order, hidden files and
+    folders (names starting with a dot) skipped."""
     if os.path.isfile(path):
         return [path]
     if not os.path.isdir(path):
         raise UserError(f"input {path} not found; give a UTF-8 text file or a directory of them")
-    files = sorted(os.path.join(d, f) for d, dirs, names in os.walk(path) for f in names if not f.startswith("."))
-    files = [f for f in files if "/." not in os.path.relpath(f, path)]
+    files = []
+    for d, dirs, names in os.walk(path):
+        dirs[:] = [name for name in dirs if not name.startswith(".")]  # hidden folders (.git, .cache) at any depth
+        files += [os.path.join(d, name) for name in names if not name.startswith(".")]
+    files.sort()
     if not files:
         raise UserError(f"input directory {path} has no files")
     return files

@@ -292,3 +292,11 @@ def test_a_dataset_re_prepared_with_another_tokenizer_keeps_no_file_of_the_old_o
     prep.prepare(str(tmp_path / "in.txt"), "gpt2", str(tmp_path / "out"), 0.1, log=lambda *a: None)
     # nanoGPT's sample.py reads meta.pkl first: a stale one would decode GPT-2 ids as characters
     assert sorted(os.listdir(tmp_path / "out")) == ["meta.json", "train.bin", "val.bin"]
+
+
+def test_hidden_files_and_folders_are_skipped_at_every_depth(tmp_path):
+    docs = tmp_path / "docs"
+    for name in ("a.txt", "sub/b.txt", ".hidden/x.txt", ".hidden/deeper/y.txt", "sub/.git/z.txt", "sub/.notes.txt"):
+        (docs / name).parent.mkdir(parents=True, exist_ok=True)
+        (docs / name).write_text(name)
+    assert prep.list_inputs(str(docs)) == [str(docs / "a.txt"), str(docs / "sub" / "b.txt")]
