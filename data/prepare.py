@@ -24,7 +24,7 @@ configurator.exit_quietly_on_ctrl_c()  # before the slow imports (numpy): Ctrl-C
 import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from configurator import UserError, run_main  # noqa: E402
+from configurator import UserError, read_config_file, run_main  # noqa: E402
 from tokenizer import BPETokenizer, CharTokenizer, TrainedBPE, ranks_text, write_meta  # noqa: E402
 
 CHUNK_BYTES = 1 << 22  # 4 MiB of text per read
@@ -283,9 +283,24 @@ def torch_cuda_available():
     return torch.cuda.is_available()
 
 
+def recipe_for(out, cuda=False):
+    """The config that fits dataset out on this machine: the dataset's own (config/NAME_cpu.py on a CPU,
+    config/NAME.py on a GPU, as train.py names them) where there is one, else Shakespeare's characters'."""
+    name = os.path.basename(os.path.normpath(out))
+    own = f"config/{name}.py" if cuda else f"config/{name}_cpu.py"
+    if os.path.isfile(os.path.join(ROOT, own)):
+        return own
+    return "config/shakespeare_char.py" if cuda else "config/shakespeare_char_cpu.py"
+
+
+def recipe_settings(recipe):
+    return read_config_file(os.path.join(ROOT, recipe))
+
+
 def train_command(out, counts, cuda=False):
     """A train.py command for this dataset on this machine: a recipe sized for it, with a context that fits."""
-    recipe, block = ("config/shakespeare_char.py", 256) if cuda else ("config/shakespeare_char_cpu.py", 64)
+    recipe = recipe_for(out, cuda)
+    block = recipe_settings(recipe).get("block_size", 1024)
     fits = min(counts["train"], counts["val"]) - 1  # a window needs block_size + 1 tokens
     if fits < 8:
         raise UserError(f"{out} has {counts['train']} train and {counts['val']} val tokens: too few to train on "
@@ -295,6 +310,24 @@ def train_command(out, counts, cuda=False):
     if fits < block:
         command += f" --block_size={1 << (fits.bit_length() - 1)}"  # the largest power of 2 that fits
     return command
+
+
+def vocabulary_note(counts, recipe):
+    """A note where the vocabulary makes the output layer most of a recipe's work on a CPU (GPT-2's 50,257
+    tokens on a small model): train.py may then call the run sized for a GPU, and the cause is the tokenizer."""
+    settings = recipe_settings(recipe)
+    width, layers = settings.get("n_embd", 768), settings.get("n_layer", 12)
+
+    def work(vocab):  # multiply-adds per token: the blocks' matrices and the output layer, attention aside
+        return 12 * layers * width * width + vocab * width
+    vocab = counts["vocab_size"]
+    share = vocab * width / work(vocab)
+    if share <= 0.75:
+        return None
+    return (f"note: the {vocab:,}-token vocabulary makes the output layer {share:.0%} of the work per token of "
+            f"{recipe} ({work(vocab) / work(DEFAULT_BPE_VOCAB):.1f} times that of a {DEFAULT_BPE_VOCAB:,}-token "
+            f"BPE): that is why, on a CPU, train.py may call the run sized for a GPU; --tokenizer char or "
+            f"--tokenizer bpe --vocab_size {DEFAULT_BPE_VOCAB} trains in minutes there")
 
 
 def main(argv):
@@ -310,6 +343,9 @@ def main(argv):
     counts = prepare(args.input, args.tokenizer, args.out, args.val_fraction, vocab_size=args.vocab_size,
                      check=lambda counts: train_command(args.out, counts, cuda))  # refuses too few tokens
     print(f"done; train on it with: {train_command(args.out, counts, cuda)}")
+    note = None if cuda else vocabulary_note(counts, recipe_for(args.out))
+    if note:
+        print(note)
 
 
 if __name__ == "__main__":

@@ -300,3 +300,42 @@ def test_hidden_files_and_folders_are_skipped_at_every_depth(tmp_path):
         (docs / name).parent.mkdir(parents=True, exist_ok=True)
         (docs / name).write_text(name)
     assert prep.list_inputs(str(docs)) == [str(docs / "a.txt"), str(docs / "sub" / "b.txt")]
+
+
+def suggestion(result):
+    """The lines data/prepare.py prints after its counts: the train command, and a note if any."""
+    lines = result.stdout.strip().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("done; train on it with: "))
+    return lines[start][len("done; train on it with: "):], lines[start + 1:]
+
+
+@pytest.mark.skipif(prep.torch_cuda_available(), reason="the suggestion on a machine without CUDA")
+def test_the_suggested_recipe_is_the_datasets_own_where_there_is_one(tmp_path):
+    from conftest import run_script
+    (tmp_path / "tang.txt").write_text(TANG, encoding="utf-8")
+    result = run_script(["data/prepare.py", "--input", str(tmp_path / "tang.txt"), "--out", str(tmp_path / "tangshi")])
+    assert result.returncode == 0, result.stderr
+    command, notes = suggestion(result)
+    assert command.startswith("python train.py config/tangshi_cpu.py --dataset=") and not notes
+    assert prep.train_command("data/poems", {"train": 900, "val": 100}).startswith(
+        "python train.py config/shakespeare_char_cpu.py")  # no recipe of its own
+    assert prep.train_command("data/shakespeare_char", {"train": 900, "val": 100}, cuda=True).startswith(
+        "python train.py config/shakespeare_char.py")
+
+
+@pytest.mark.skipif(prep.torch_cuda_available(), reason="the suggestion on a machine without CUDA")
+def test_the_gpt2_suggestion_names_the_vocabulary_as_what_makes_it_slow_on_a_cpu(tmp_path):
+    from conftest import run_script
+    (tmp_path / "en.txt").write_text(CORPUS, encoding="utf-8")
+    result = run_script(["data/prepare.py", "--input", str(tmp_path / "en.txt"), "--tokenizer", "gpt2",
+                         "--out", str(tmp_path / "en")])
+    assert result.returncode == 0, result.stderr
+    command, notes = suggestion(result)
+    assert command.startswith("python train.py config/shakespeare_char_cpu.py")
+    # config/shakespeare_char_cpu.py: 4 layers, 128 wide. Multiply-adds per token, by hand: blocks 12 * 4 * 128^2
+    # = 786,432; output layer 50,257 * 128 = 6,432,896, of 7,219,328 in all (89%); with 4,096 tokens 1,310,720 (5.5x)
+    assert len(notes) == 1 and notes[0].startswith("note: the 50,257-token vocabulary makes the output layer 89% of "
+                                                   "the work per token of config/shakespeare_char_cpu.py (5.5 times")
+    assert "sized for a GPU" in notes[0] and "--tokenizer char or --tokenizer bpe --vocab_size 4096" in notes[0]
+    chars = run_script(["data/prepare.py", "--input", str(tmp_path / "en.txt"), "--out", str(tmp_path / "ch")])
+    assert suggestion(chars)[1] == []  # 65 characters: the blocks do the work

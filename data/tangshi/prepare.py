@@ -17,7 +17,7 @@ import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
-from prepare import DEFAULT_BPE_VOCAB, UserError, prepare, run_main  # noqa: E402
+from prepare import DEFAULT_BPE_VOCAB, UserError, prepare, run_main, vocabulary_note  # noqa: E402
 
 SOURCE = "https://raw.githubusercontent.com/chinese-poetry/chinese-poetry/master/全唐诗/poet.tang.{}.json"
 FILES = range(0, 58000, 1000)  # poet.tang.0.json, poet.tang.1000.json, ..., poet.tang.57000.json
@@ -55,8 +55,11 @@ def main(argv):
         raise UserError(f"--input {args.input} not found")
     if not os.path.exists(path):
         download(path)
-    prepare(path, tokenizer=args.tokenizer, out_dir=HERE, vocab_size=args.vocab_size)
+    counts = prepare(path, tokenizer=args.tokenizer, out_dir=HERE, vocab_size=args.vocab_size)
     print("done; train on it with: python train.py config/tangshi_cpu.py")
+    note = vocabulary_note(counts, "config/tangshi_cpu.py")
+    if note:
+        print(note)
 
 
 if __name__ == "__main__":
