@@ -390,12 +390,15 @@ def test_val_bpb_of_ascii_characters_is_the_loss_in_bits(tmp_path, char_dataset)
 
 def test_val_bpb_counts_the_utf8_bytes_of_the_targets(tmp_path):
     """A model that knows nothing (uniform over V tokens) on text of 1-, 2- and 3-byte characters:
-    bits per byte = T log2(V) / (UTF-8 bytes of the T targets), worked out from the windows by hand."""
+    bits per byte = T log2(V) / (UTF-8 bytes of the T targets), worked out from the windows by hand.
+    The text is not periodic, so the inputs' bytes differ from the targets': counting the wrong ones shows."""
+    import random
     import numpy as np
     from batches import Batches, estimate_loss
     from data.prepare import prepare
     from tokenizer import CharTokenizer, read_meta, token_byte_lengths
-    (tmp_path / "in.txt").write_text("aé漢 b漢é\n" * 300, encoding="utf-8")
+    rng = random.Random(0)
+    (tmp_path / "in.txt").write_text("".join(rng.choice("aé漢 b\n") for _ in range(2400)), encoding="utf-8")
     prepare(str(tmp_path / "in.txt"), "char", str(tmp_path / "d"), 0.2, log=quiet)
     meta = read_meta(str(tmp_path / "d"))
     V, T, n = meta["vocab_size"], 8, 5
@@ -411,5 +414,7 @@ def test_val_bpb_counts_the_utf8_bytes_of_the_targets(tmp_path):
     val = np.fromfile(tmp_path / "d" / "val.bin", dtype=np.uint16)
     starts = np.linspace(0, len(val) - T - 1, n).round().astype(int)
     nbytes = sum(len(meta["chars"][t].encode("utf-8")) for s in starts for t in val[s + 1:s + T + 1])
+    input_bytes = sum(len(meta["chars"][t].encode("utf-8")) for s in starts for t in val[s:s + T])
+    assert input_bytes != nbytes  # else this text could not tell targets from inputs
     assert out["val_bpb"] == pytest.approx(n * T * math.log2(V) / nbytes, rel=1e-6)  # float32 logits
     assert out["val"] == pytest.approx(math.log(V), rel=1e-6)
