@@ -74,8 +74,10 @@ def list_inputs(path):
     return files
 
 
-def read_text(path, chunk_bytes=CHUNK_BYTES):
-    """Yield (bytes read, text) chunks with universal newlines, as open(path).read() gives."""
+def read_text(path, chunk_bytes=None):
+    """Yield (bytes read, text) chunks of chunk_bytes (CHUNK_BYTES) with universal newlines, as open(path).read()
+    gives."""
+    chunk_bytes = chunk_bytes or CHUNK_BYTES  # read at each call: tests set it small
     utf8 = codecs.getincrementaldecoder("utf-8")()
     pending = ""  # a trailing \r waits: it may start a \r\n
     offset = 0
