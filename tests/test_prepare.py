@@ -55,12 +55,19 @@ def test_directory_is_read_in_sorted_order_with_eot_between_documents(tmp_path):
     assert val == enc.encode_ordinary(second[cut:])
 
 
-def test_windows_newlines_are_normalized_like_text_mode(tmp_path):
+@pytest.mark.parametrize("chunk", [1, 2, 3, 5, 1 << 22])
+def test_windows_and_lone_cr_newlines_are_normalized_like_text_mode(tmp_path, monkeypatch, chunk):
+    """\r\n and a lone \r each become one \n, also where a chunk ends between \r and \n."""
     src = tmp_path / "in.txt"
-    src.write_bytes(b"ab\r\ncd\re\n" * 10)
+    src.write_bytes(b"ab\r\ncd\re\n\r\r\nf\r" * 10)
+    expected = "ab\ncd\ne\n\n\nf\n" * 10  # by hand
+    assert open(src, encoding="utf-8").read() == expected  # Python's text mode agrees
+    monkeypatch.setattr(prep, "CHUNK_BYTES", chunk)
     prep.prepare(str(src), "char", str(tmp_path / "out"), 0.5, log=lambda *a: None)
-    meta = json.loads((tmp_path / "out" / "meta.json").read_text())
-    assert "\r" not in meta["chars"]
+    chars = json.loads((tmp_path / "out" / "meta.json").read_text())["chars"]
+    assert chars == sorted(set(expected))
+    ids = np.concatenate([np.fromfile(tmp_path / "out" / f"{s}.bin", dtype=np.uint16) for s in ("train", "val")])
+    assert "".join(chars[i] for i in ids) == expected
 
 
 def test_rerun_replaces_outputs(tmp_path):
