@@ -348,3 +348,17 @@ def test_the_gpt2_suggestion_names_the_vocabulary_as_what_makes_it_slow_on_a_cpu
     assert "sized for a GPU" in notes[0] and "--tokenizer char or --tokenizer bpe --vocab_size 4096" in notes[0]
     chars = run_script(["data/prepare.py", "--input", str(tmp_path / "en.txt"), "--out", str(tmp_path / "ch")])
     assert suggestion(chars)[1] == []  # 65 characters: the blocks do the work
+
+
+def test_a_tokenizer_linked_within_the_dataset_is_read(tmp_path, bpe_dataset):
+    """Only a link out of the dataset is refused: the file is copied into every checkpoint."""
+    import shutil
+    from tokenizer import read_meta, tokenizer_from_meta
+    data, counts = bpe_dataset
+    shutil.copytree(data, tmp_path / "data")
+    (tmp_path / "data" / "merges").mkdir()
+    os.replace(tmp_path / "data" / "tokenizer.bpe", tmp_path / "data" / "merges" / "v1.bpe")
+    os.symlink("merges/v1.bpe", tmp_path / "data" / "tokenizer.bpe")
+    assert tokenizer_from_meta(read_meta(str(tmp_path / "data"))).vocab_size == counts["vocab_size"]
+    os.symlink(tmp_path / "data", tmp_path / "linked")  # a dataset directory that is itself a link
+    assert tokenizer_from_meta(read_meta(str(tmp_path / "linked"))).vocab_size == counts["vocab_size"]
