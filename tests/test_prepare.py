@@ -362,3 +362,22 @@ def test_a_tokenizer_linked_within_the_dataset_is_read(tmp_path, bpe_dataset):
     assert tokenizer_from_meta(read_meta(str(tmp_path / "data"))).vocab_size == counts["vocab_size"]
     os.symlink(tmp_path / "data", tmp_path / "linked")  # a dataset directory that is itself a link
     assert tokenizer_from_meta(read_meta(str(tmp_path / "linked"))).vocab_size == counts["vocab_size"]
+
+
+@pytest.mark.parametrize("name", ["meta.json", "meta.pkl"])
+def test_dataset_metadata_that_is_a_fifo_is_refused_not_waited_on(tmp_path, name):
+    import signal
+    from tokenizer import read_meta
+
+    def hung(*_):
+        pytest.fail(f"reading a FIFO named {name} blocked for 60 s")
+    (tmp_path / "data").mkdir()
+    os.mkfifo(tmp_path / "data" / name)  # no writer: a plain open() for reading waits forever
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(60)
+    try:
+        with pytest.raises(prep.UserError, match=f"{name} cannot be read .*it is not a regular file"):
+            read_meta(str(tmp_path / "data"))
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
