@@ -85,6 +85,15 @@ def attention(x, sd, prefix, cfg, ve=None):
     return linear(merged, sd, prefix + "c_proj"), weights
 
 
+def value_tables(n, n_layer):
+    """The value-embedding table each layer reads, or None: modded-nanogpt's 012...012, written as its list.
+
+    The first n layers read tables 0, 1, ..., n-1 in that order, the middle layers none, and the last n layers
+    the same tables again in the same order (not mirrored): layer i and layer n_layer - n + i share table i.
+    """
+    return list(range(n)) + [None] * (n_layer - 2 * n) + list(range(n))
+
+
 def forward(sd, cfg, idx):
     """Logits (T, V) and the final normed hidden states (T, C) for one sequence of ids."""
     sd = {k: v.detach().double().numpy() for k, v in sd.items()}
@@ -93,11 +102,9 @@ def forward(sd, cfg, idx):
     x = sd["transformer.wte.weight"][idx]
     if cfg.pos_emb == "learned":
         x = x + sd["transformer.wpe.weight"][:T]
-    n, L = cfg.value_embeds, cfg.n_layer
-    for layer in range(L):
+    tables = value_tables(cfg.value_embeds, cfg.n_layer)
+    for layer, table in enumerate(tables):
         p = f"transformer.h.{layer}."
-        # value embeddings: tables 0..n-1 for the first n layers, and again for the last n
-        table = layer if layer < n else layer - (L - n) if layer >= L - n else None
         ve = sd[f"transformer.ve.{table}.weight"][idx] if table is not None else None
         a, _ = attention(norm(x, sd[p + "ln_1.weight"], sd.get(p + "ln_1.bias"), cfg.norm, cfg.norm_eps),
                          sd, p + "attn.", cfg, ve)

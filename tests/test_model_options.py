@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import reference
-from model import GPT, MLP, CausalSelfAttention, GPTConfig, RMSNorm, apply_rope, rope_tables
+from model import GPT, MLP, CausalSelfAttention, GPTConfig, RMSNorm, apply_rope, rope_tables, value_embedded
 
 OPTIONS = {
     "gpt2": {},
@@ -22,7 +22,9 @@ OPTIONS = {
     "modern": dict(pos_emb="rope", norm="rmsnorm", activation="relu2", bias=False, tie_weights=False, n_kv_head=2),
     "qk_norm": dict(qk_norm=True, pos_emb="rope", n_kv_head=2),
     "softcap": dict(logit_softcap=2.0),
-    "value_embeds": dict(value_embeds=1, pos_emb="rope", n_kv_head=2),
+    # three tables over seven layers: a wrong table order, a mirrored repeat, an off-by-one or a middle layer
+    # that reads a table each changes the logits (one table read by every layer could show none of them)
+    "value_embeds": dict(value_embeds=3, n_layer=7, pos_emb="rope", n_kv_head=2),
 }
 
 
@@ -117,6 +119,19 @@ def test_rope_leaves_v_unrotated(tiny_config):
     torch.testing.assert_close(y, y[:, :1].expand_as(y), atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("n, n_layer", [(1, 2), (2, 4), (2, 5), (3, 7), (3, 12)])
+def test_value_embedding_tables_repeat_in_order_in_the_first_and_last_layers(n, n_layer):
+    """modded-nanogpt's 012...012: the reference's list, and only the layers that read a table own a ve_mix."""
+    cfg = GPTConfig(block_size=8, vocab_size=16, n_layer=n_layer, n_head=2, n_embd=8, value_embeds=n)
+    tables = [value_embedded(cfg, layer) for layer in range(n_layer)]
+    assert tables == reference.value_tables(n, n_layer)
+    assert [layer for layer, t in enumerate(tables) if t is not None] == [*range(n), *range(n_layer - n, n_layer)]
+    model = GPT(cfg)
+    assert [block.attn.ve_mix is not None for block in model.transformer.h] == [t is not None for t in tables]
+    assert len(model.transformer.ve) == n
+    assert reference.value_tables(3, 7) == [0, 1, 2, None, 0, 1, 2]  # the rule, worked by hand
+
+
 @pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "relu", "relu2", "swiglu"])
 def test_mlp_activations_match_numpy(activation):
     cfg = GPTConfig(n_embd=16, n_head=2, activation=activation, mlp_hidden=24)
@@ -194,7 +209,7 @@ def test_each_option_survives_a_checkpoint(tmp_path, tiny_config, option):
     logits; a weight of the wrong shape is refused in one line."""
     from checkpoint import load_checkpoint, model_args, model_from_checkpoint, save_checkpoint
     from configurator import UserError
-    model = perturbed(replace(tiny_config, n_layer=4, **OPTIONS[option]))
+    model = perturbed(replace(tiny_config, **{"n_layer": 4, **OPTIONS[option]}))
     path = str(tmp_path / "ckpt.pt")
     save_checkpoint({"model": model.state_dict(), "model_args": model_args(model.config)}, path)
     loaded = model_from_checkpoint(load_checkpoint(path), path).eval()
