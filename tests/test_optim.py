@@ -1,4 +1,7 @@
 """Muon: torch.optim.Muon's math, in float32 on CPU, batched over same-shaped matrices."""
+import math
+
+import numpy as np
 import pytest
 import torch
 
@@ -13,6 +16,42 @@ def test_orthogonalize_pushes_singular_values_towards_one():
     tall, wide = torch.randn(48, 16), torch.randn(16, 48)
     torch.testing.assert_close(orthogonalize(tall).T, orthogonalize(tall.T.contiguous()))
     assert orthogonalize(wide).shape == (16, 48)
+
+
+def numpy_muon_step(p, g, buf, lr, momentum, nesterov, weight_decay):
+    """One Muon step on one matrix in float64, from the algorithm as published (Keller Jordan's Muon,
+    torch.optim.Muon): returns the new parameter and momentum buffer."""
+    buf = momentum * buf + (1 - momentum) * g
+    u = (1 - momentum) * g + momentum * buf if nesterov else buf
+    x = u.T if u.shape[0] > u.shape[1] else u  # iterate on the wide side
+    x = x / max(np.linalg.norm(x), 1e-7)  # Frobenius norm: every singular value at most 1
+    for _ in range(5):  # the quintic a x + b (x x^T) x + c (x x^T)^2 x
+        gram = x @ x.T
+        x = 3.4445 * x - 4.7750 * gram @ x + 2.0315 * gram @ gram @ x
+    u = x.T if u.shape[0] > u.shape[1] else x
+    rows, cols = p.shape
+    return p * (1 - lr * weight_decay) - lr * math.sqrt(max(1.0, rows / cols)) * u, buf
+
+
+@pytest.mark.parametrize("nesterov", [True, False])
+def test_each_step_matches_the_published_algorithm_in_numpy(nesterov):
+    """Three float32 steps on tall, wide and square matrices, two of one shape (one batch) with gradients of
+    different sizes, against numpy in float64: momentum, Nesterov, the Newton-Schulz coefficients, each
+    matrix's own norm, the rows/cols scale and the decoupled decay each change the result."""
+    gen = torch.Generator().manual_seed(0)
+    shapes = [(48, 16), (48, 16), (16, 40), (24, 24)]
+    params = [torch.nn.Parameter(torch.randn(shape, generator=gen)) for shape in shapes]
+    expected = [p.detach().double().numpy() for p in params]
+    bufs = [np.zeros(shape) for shape in shapes]
+    opt = Muon(params, lr=0.05, weight_decay=0.3, momentum=0.8, nesterov=nesterov, ns_dtype=torch.float32)
+    for step in range(3):
+        for i, p in enumerate(params):
+            p.grad = torch.randn(p.shape, generator=gen) * (1 + 3 * i + step)
+            expected[i], bufs[i] = numpy_muon_step(expected[i], p.grad.double().numpy(), bufs[i], 0.05, 0.8,
+                                                   nesterov, 0.3)
+        opt.step()
+        for p, e in zip(params, expected):
+            np.testing.assert_allclose(p.detach().double().numpy(), e, atol=2e-6, rtol=0)
 
 
 @pytest.mark.skipif(not hasattr(torch.optim, "Muon"), reason="needs torch.optim.Muon (torch >= 2.9)")
