@@ -38,21 +38,34 @@ def perturbed(config, seed=0):
     return model.eval()
 
 
+def spread(model, qk=4.0, fc=10.0):
+    """GPT-2's init leaves attention near uniform and the MLP's inputs near 0, where a wrong score scale
+    hardly moves the weights and GELU and its tanh form agree within float32's rounding: q and k scaled so
+    that scores span units, c_fc so that the activations work outside their linear part."""
+    with torch.no_grad():
+        for block in model.transformer.h:
+            attn = block.attn
+            attn.c_attn.weight[:(attn.n_head + attn.n_kv_head) * attn.head_dim] *= qk
+            block.mlp.c_fc.weight *= fc
+    return model
+
+
 @pytest.mark.parametrize("impl", ["sdpa", "manual"])
 @pytest.mark.parametrize("option", OPTIONS)
 def test_each_option_matches_numpy_reference(tiny_config, option, impl):
-    model = perturbed(replace(tiny_config, attn_impl=impl, **OPTIONS[option]))
+    model = spread(perturbed(replace(tiny_config, attn_impl=impl, **OPTIONS[option])))
     idx = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         logits, _ = model(idx)
     expected, _ = reference.forward(model.state_dict(), model.config, idx[0].numpy())
-    np.testing.assert_allclose(logits[0].double().numpy(), expected, atol=2e-5, rtol=1e-4)
+    # float32's rounding passes; GELU in place of its tanh form does not
+    np.testing.assert_allclose(logits[0].double().numpy(), expected, atol=2e-6, rtol=0)
 
 
 @pytest.mark.parametrize("option", OPTIONS)
 def test_attention_paths_agree_for_each_option(tiny_config, option):
-    a = perturbed(replace(tiny_config, attn_impl="sdpa", **OPTIONS[option]))
-    b = perturbed(replace(tiny_config, attn_impl="manual", **OPTIONS[option]))
+    a = spread(perturbed(replace(tiny_config, attn_impl="sdpa", **OPTIONS[option])))
+    b = spread(perturbed(replace(tiny_config, attn_impl="manual", **OPTIONS[option])))
     idx = torch.randint(0, 64, (3, 16))
     with torch.no_grad():
         torch.testing.assert_close(a(idx)[0], b(idx)[0], atol=1e-5, rtol=1e-5)
