@@ -41,22 +41,28 @@ def test_attention_paths_agree(tiny_config):
 
 
 def test_attention_weights_are_scaled_masked_softmax(tiny_config):
-    """One head by hand: scores q.k/sqrt(hd), -inf above the diagonal, rows renormalized over visible keys."""
-    cfg = replace(tiny_config, n_head=1, n_embd=8, attn_impl="manual")
+    """Two heads by hand: scores q.k/sqrt(hd) (hd = 8, not n_embd = 16), -inf above the diagonal, rows
+    renormalized over the visible keys. Inputs large enough that the weights are far from uniform, where
+    a wrong scale or a wrong softmax axis shows."""
+    cfg = replace(tiny_config, n_head=2, n_embd=16, attn_impl="manual")
     torch.manual_seed(0)
     attn = CausalSelfAttention(cfg).eval()
-    x = torch.randn(1, 5, 8)
-    q, k, v = attn.c_attn(x).split(8, dim=2)
-    y = attn.c_proj(attn.attend(q[:, None], k[:, None], v[:, None])[:, 0])
-    q, k, v = q[0].detach().double().numpy(), k[0].detach().double().numpy(), v[0].detach().double().numpy()
-    expected = np.zeros((5, 8))
-    for t in range(5):
-        scores = np.array([q[t] @ k[s] for s in range(t + 1)]) / math.sqrt(8)
-        w = np.exp(scores) / np.exp(scores).sum()
-        assert w.sum() == pytest.approx(1.0)
-        expected[t] = w @ v[:t + 1]
-    expected = expected @ attn.c_proj.weight.detach().double().numpy().T + attn.c_proj.bias.detach().double().numpy()
-    np.testing.assert_allclose(y[0].detach().numpy(), expected, atol=1e-5)
+    captured = []
+    attn.hook_weights.register_forward_hook(lambda m, inp, out: captured.append(out.detach()))
+    x = 10 * torch.randn(1, 5, 16)
+    with torch.no_grad():
+        q, k, v = (t.view(1, 5, 2, 8).transpose(1, 2) for t in attn.c_attn(x).split(16, dim=2))  # (1, 2, 5, 8)
+        y = attn.attend(q, k, v)
+    q, k, v = q[0].double().numpy(), k[0].double().numpy(), v[0].double().numpy()
+    weights, expected = np.zeros((2, 5, 5)), np.zeros((2, 5, 8))
+    for h in range(2):
+        for t in range(5):
+            scores = np.array([q[h, t] @ k[h, s] for s in range(t + 1)]) / math.sqrt(8)
+            weights[h, t, :t + 1] = np.exp(scores) / np.exp(scores).sum()
+            expected[h, t] = weights[h, t, :t + 1] @ v[h, :t + 1]
+    assert weights[:, 1:].max(-1).mean() > 0.7  # far from uniform
+    np.testing.assert_allclose(captured[0][0].double().numpy(), weights, atol=1e-6)
+    np.testing.assert_allclose(y[0].double().numpy(), expected, atol=1e-5)
 
 
 @pytest.mark.parametrize("impl", ["sdpa", "manual"])
@@ -133,8 +139,12 @@ def test_gpt2_init_statistics():
     cfg = GPTConfig(block_size=64, vocab_size=1000, n_layer=4, n_head=4, n_embd=256)
     torch.manual_seed(0)
     model = GPT(cfg)
-    assert model.transformer.h[0].mlp.c_fc.weight.std().item() == pytest.approx(0.02, rel=0.03)
-    assert model.transformer.h[0].attn.c_proj.weight.std().item() == pytest.approx(0.02 / math.sqrt(8), rel=0.03)
+    for p in (model.transformer.wte.weight, model.transformer.wpe.weight, model.transformer.h[0].mlp.c_fc.weight,
+              model.transformer.h[3].attn.c_attn.weight):
+        assert p.std().item() == pytest.approx(0.02, rel=0.03)
+    for block in (model.transformer.h[0], model.transformer.h[3]):  # every residual projection, both kinds
+        for p in (block.attn.c_proj.weight, block.mlp.c_proj.weight):
+            assert p.std().item() == pytest.approx(0.02 / math.sqrt(8), rel=0.03)
     assert model.transformer.h[0].attn.c_attn.bias.abs().max().item() == 0
     assert model.lm_head.weight is model.transformer.wte.weight
 
@@ -160,14 +170,19 @@ def test_invalid_shape_names_the_values():
         GPTConfig(attn_impl="flash")
 
 
-def test_crop_block_size_keeps_the_first_positions(tiny_config):
-    model = random_model(tiny_config)
+@pytest.mark.parametrize("pos_emb", ["learned", "rope"])
+def test_crop_block_size_keeps_the_first_positions(tiny_config, pos_emb):
+    """The same logits on the first 8 positions; RoPE's logits cannot tell which rows were kept (its scores
+    depend only on relative positions), so the table itself must be its first rows."""
+    model = random_model(replace(tiny_config, pos_emb=pos_emb))
+    positions = lambda: model.transformer.wpe.weight if pos_emb == "learned" else model.rope  # noqa: E731
+    first = positions()[:8].detach().clone()
     idx = torch.randint(0, 64, (1, 8))
     before, _ = model(idx)
     model.crop_block_size(8)
     after, _ = model(idx)
     torch.testing.assert_close(before, after)
-    assert model.transformer.wpe.weight.shape[0] == 8 and tiny_config.block_size == 16
+    assert torch.equal(positions(), first) and model.config.block_size == 8 and tiny_config.block_size == 16
 
 
 def test_weight_decay_only_on_matrices(tiny_config):

@@ -164,9 +164,10 @@ def test_default_hidden_widths():
     assert GPTConfig(n_embd=768, activation="swiglu").hidden == 2048
 
 
+@pytest.mark.parametrize("impl", ["sdpa", "manual"])
 @pytest.mark.parametrize("n_kv_head", [1, 2, 4])
-def test_gqa_matches_numpy_and_shares_kv_heads(tiny_config, n_kv_head):
-    cfg = replace(tiny_config, n_kv_head=n_kv_head)
+def test_gqa_matches_numpy_and_shares_kv_heads(tiny_config, n_kv_head, impl):
+    cfg = replace(tiny_config, n_kv_head=n_kv_head, attn_impl=impl)
     torch.manual_seed(0)
     attn = CausalSelfAttention(cfg).eval()
     assert attn.c_attn.weight.shape == ((4 + 2 * n_kv_head) * 8, 32)
