@@ -192,15 +192,38 @@ def setup_distributed(cfg):
     if "RANK" not in os.environ:
         return 0, 0, 1
     rank, local_rank, world = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
-    if cfg.gradient_accumulation_steps % world:
-        raise UserError(f"gradient_accumulation_steps ({cfg.gradient_accumulation_steps}) must be divisible by "
-                        f"the number of processes ({world}): it counts micro-batches over all of them")
     use_cuda = cfg.device in ("auto", "cuda") and torch.cuda.is_available() or cfg.device.startswith("cuda")
     backend = cfg.backend if cfg.backend != "auto" else ("nccl" if use_cuda else "gloo")
     if use_cuda:
         torch.cuda.set_device(local_rank)
     dist.init_process_group(backend=backend)
     return rank, local_rank, world
+
+
+def micro_batches(gradient_accumulation_steps, world, source=""):
+    """Micro-batches each process runs per iter: gradient_accumulation_steps counts them over all processes,
+    so it must split evenly; source says where the value came from (a checkpoint's config)."""
+    if gradient_accumulation_steps % world:
+        up = -(-gradient_accumulation_steps // world) * world
+        raise UserError(f"gradient_accumulation_steps ({gradient_accumulation_steps}{source}) must be divisible by "
+                        f"the number of processes ({world}): it counts micro-batches over all of them; run a number "
+                        f"of processes that divides it, or pass --gradient_accumulation_steps=N with N a multiple "
+                        f"of {world} (e.g. {up}, a global batch of N x batch_size)")
+    return gradient_accumulation_steps // world
+
+
+def run_config(cfg, overrides, ckpt_path, world):
+    """(cfg, base, ckpt): the config this run trains with (a resume's is the checkpoint's, with the overrides),
+    what the overrides are reported against, and the checkpoint to resume (None for a new run)."""
+    if cfg.init_from != "resume":
+        micro_batches(cfg.gradient_accumulation_steps, world)
+        return cfg, TrainConfig(), None
+    ckpt = load_checkpoint(ckpt_path, weights=False)  # a sharded one's weights load once sharded (restore)
+    base, resumed = resume_config(ckpt, overrides, ckpt_path)
+    cfg = replace(resumed, **{k: getattr(cfg, k) for k in LOCAL_FIELDS})  # this invocation's, as given
+    given = "gradient_accumulation_steps" in overrides
+    micro_batches(cfg.gradient_accumulation_steps, world, "" if given else f", {ckpt.get('sharded', ckpt_path)}'s")
+    return cfg, base, ckpt
 
 
 def train(cfg, overrides=None, log=print, t_start=None):
@@ -262,13 +285,7 @@ class Run:
         self.rank, self.world, self.log, self.stop = rank, world, log, stop
         self.master = rank == 0
         self.ckpt_path = ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
-        ckpt = None
-        if cfg.init_from == "resume":
-            ckpt = load_checkpoint(ckpt_path, weights=False)  # a sharded one's weights load once sharded (restore)
-            base, resumed = resume_config(ckpt, overrides, ckpt_path)
-            cfg = replace(resumed, **{k: getattr(cfg, k) for k in LOCAL_FIELDS})  # this invocation's, as given
-        else:
-            base = TrainConfig()
+        cfg, base, ckpt = run_config(cfg, overrides, ckpt_path, world)
         report_overrides(overrides, base, log)
         self.device = device = resolve_device(cfg.device, local_rank)
         dtype = resolve_dtype(cfg.dtype, device)
@@ -301,7 +318,7 @@ class Run:
         if world > 1 and not self.sharded:
             self.model = DDP(self.model, device_ids=[local_rank] if device.type == "cuda" else None)
         self.ctx = nullcontext() if self.sharded else autocast(device, dtype)  # FSDP casts per unit itself
-        self.accum = cfg.gradient_accumulation_steps // world
+        self.accum = micro_batches(cfg.gradient_accumulation_steps, world)
         self.tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
         self.peak = cfg.peak_flops or peak_flops_for(device, dtype)
         log(f"model: {self.raw_model.get_num_params() / 1e6:.2f}M parameters; device {device}, {str(dtype)[6:]}, "

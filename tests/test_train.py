@@ -3,6 +3,7 @@ import json
 from dataclasses import replace
 import math
 import os
+import re
 from contextlib import nullcontext
 
 import pytest
@@ -418,3 +419,59 @@ def test_val_bpb_counts_the_utf8_bytes_of_the_targets(tmp_path):
     assert input_bytes != nbytes  # else this text could not tell targets from inputs
     assert out["val_bpb"] == pytest.approx(n * T * math.log2(V) / nbytes, rel=1e-6)  # float32 logits
     assert out["val"] == pytest.approx(math.log(V), rel=1e-6)
+
+
+def test_accumulation_splits_over_processes_or_is_refused_with_the_values():
+    from configurator import UserError
+    from train import micro_batches
+    assert [micro_batches(6, w) for w in (1, 2, 3, 6)] == [6, 3, 2, 1]
+    with pytest.raises(UserError, match=r"gradient_accumulation_steps \(3\) must be divisible by the number of "
+                                        r"processes \(2\).*e\.g\. 4"):
+        micro_batches(3, 2)
+
+
+@pytest.mark.parametrize("saved, world", [(3, 2), (2, 3)])
+def test_resume_checks_the_checkpoints_accumulation_against_the_processes(tmp_path, char_dataset, saved, world):
+    """3 micro-batches saved, 2 processes: 1 each would shrink the batch; 2 saved, 3 processes: refused for the
+    checkpoint's 2, not the default 40 the command line holds."""
+    from configurator import UserError
+    from train import run_config
+    train(tiny_cfg(tmp_path, char_dataset, max_iters=1, gradient_accumulation_steps=saved), log=quiet)
+    ckpt = str(tmp_path / "out" / "ckpt.pt")
+    cfg, overrides = parse_args(TrainConfig, ["--init_from=resume", f"--out_dir={tmp_path / 'out'}"])
+    with pytest.raises(UserError, match=re.escape(f"gradient_accumulation_steps ({saved}, {ckpt}'s) must be "
+                                                  f"divisible by the number of processes ({world})")):
+        run_config(cfg, overrides, ckpt, world)
+    fixed, overrides = parse_args(TrainConfig, ["--init_from=resume", f"--out_dir={tmp_path / 'out'}",
+                                                f"--gradient_accumulation_steps={2 * world}"])
+    assert run_config(fixed, overrides, ckpt, world)[0].gradient_accumulation_steps == 2 * world
+
+
+def test_accumulating_k_micro_batches_gives_the_gradient_of_one_batch_k_times_larger(tmp_path, char_dataset,
+                                                                                     monkeypatch):
+    """One iteration's gradients over 3 micro-batches of 2 rows equal those of one batch of the same 6 rows,
+    in one process; the rows come from one fixed tensor, split as the micro-step index says."""
+    from batches import Batches
+    k, rows = 3, 2
+    data = torch.randint(0, 30, (k * rows, TINY["block_size"] + 1), generator=torch.Generator().manual_seed(0))
+    original = Batches.get
+
+    def get(self, split, key):
+        if key[0] != 0:  # evaluation: its own windows
+            return original(self, split, key)
+        part = data[key[2] * self.batch_size:(key[2] + 1) * self.batch_size]
+        return part[:, :-1], part[:, 1:]
+    monkeypatch.setattr(Batches, "get", get)
+    grads, step = [], torch.optim.AdamW.step
+
+    def capture(self, *a, **kw):
+        grads.append({id(p): p.grad.clone() for g in self.param_groups for p in g["params"]})
+        return step(self, *a, **kw)
+    monkeypatch.setattr(torch.optim.AdamW, "step", capture)
+    for accum, batch in ((k, rows), (1, k * rows)):
+        train(tiny_cfg(tmp_path / str(accum), char_dataset, max_iters=1, grad_clip=0.0, batch_size=batch,
+                       gradient_accumulation_steps=accum), log=quiet)
+    accumulated, whole = [list(g.values()) for g in grads]
+    assert len(accumulated) == len(whole) > 0
+    for a, b in zip(accumulated, whole):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
