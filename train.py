@@ -323,7 +323,10 @@ class Run:
         self.peak = cfg.peak_flops or peak_flops_for(device, dtype)
         log(f"model: {self.raw_model.get_num_params() / 1e6:.2f}M parameters; device {device}, {str(dtype)[6:]}, "
             f"{world} process(es); {self.tokens_per_iter:,} tokens per iter")
-        for note in startup_notes(cfg, self.raw_model, device, self.tokens_per_iter, ckpt_path, self.iter_num):
+        # an earlier run's checkpoint that this new run replaces: kept until this run saves at an evaluation
+        self.replacing = self.earlier_run(cfg)
+        for note in startup_notes(cfg, self.raw_model, device, self.tokens_per_iter, ckpt_path, self.iter_num,
+                                  self.replacing):
             log(f"note: {note}")
         writer = self.master and not cfg.eval_only  # eval_only only reads out_dir
         self.metrics = Metrics(os.path.join(cfg.out_dir, "log.jsonl"), cfg, console=self.master, record=writer)
@@ -335,6 +338,15 @@ class Run:
         self.clock = Clock(t_start)
         self.bar = tqdm(total=cfg.max_iters, initial=self.iter_num, disable=not self.master or None, desc="train",
                         unit="iter")
+
+    def earlier_run(self, cfg):
+        """What out_dir's checkpoint holds where this run is a new one (not a resume) that will save: rank 0's
+        view, shared, so that every rank agrees on whether an interrupt saves."""
+        found = [earlier_run(self.ckpt_path) if self.master and cfg.init_from != "resume" and not cfg.eval_only
+                 else None]
+        if self.world > 1:
+            dist.broadcast_object_list(found, src=0)
+        return found[0]
 
     def parallelize(self, cfg, dtype, compile):
         """Activation checkpointing, and FSDP's shards under torchrun; True when the model is sharded."""
@@ -448,6 +460,7 @@ class Run:
         if it > self.start_iter:
             if improved or cfg.always_save_checkpoint or last:
                 self.save("ckpt.pt")
+                self.replacing = None  # this run's own checkpoint now
             if improved and cfg.keep_best:
                 self.save("best.pt")
         self.clock.resume()
@@ -549,7 +562,11 @@ class Run:
         """After the loop: save what a signal interrupted; the summary."""
         cfg, log = self.cfg, self.log
         if stop.set and not cfg.eval_only:
-            if self.iter_num > self.start_iter:
+            if self.iter_num > self.start_iter and self.replacing is not None:
+                log(f"interrupted at iter {self.iter_num}, before this run saved at an evaluation: nothing saved, so "
+                    f"{latest_form(self.ckpt_path)} keeps the earlier run ({self.replacing}); to keep a new run's "
+                    f"first iters, train it into another --out_dir or evaluate sooner (--eval_interval)")
+            elif self.iter_num > self.start_iter:
                 self.save("ckpt.pt", rng=self.rng_at_iter)
                 log(f"interrupted: saved {latest_form(self.ckpt_path)} at iter {self.iter_num}; continue with "
                     f"python train.py --init_from=resume --out_dir={shlex.quote(cfg.out_dir)}")
@@ -595,7 +612,7 @@ def training_products(cfg, dtype, device, compile, sharded, model, log):
     return None
 
 
-def startup_notes(cfg, model, device, tokens_per_iter, ckpt_path, iter_num=0):
+def startup_notes(cfg, model, device, tokens_per_iter, ckpt_path, iter_num=0, earlier=None):
     """Warnings worth a line before a run starts: a GPU-sized run on a CPU, a warmup longer than the run,
     a scratch run about to replace a checkpoint, a resumed run with nothing left to do."""
     notes = []
@@ -621,14 +638,31 @@ def startup_notes(cfg, model, device, tokens_per_iter, ckpt_path, iter_num=0):
         notes.append(f"max_iters ({cfg.max_iters}) < lr_decay_iters ({cfg.lr_decay_iters}): the run ends at a "
                      f"learning rate of {last:.2e}, before its decay to {cfg.min_lr:.2e}; "
                      f"--lr_decay_iters={cfg.max_iters} decays within the run")
-    if cfg.init_from != "resume" and not cfg.eval_only and os.path.exists(latest_form(ckpt_path)):
-        notes.append(f"{latest_form(ckpt_path)} holds an earlier run; this {cfg.init_from} run replaces it, and its "
-                     f"best checkpoint, at its first saves (--init_from=resume would continue it instead; "
-                     f"--out_dir=DIR keeps both)")
+    if earlier is not None:
+        notes.append(f"{latest_form(ckpt_path)} holds an earlier run ({earlier}); this {cfg.init_from} run replaces "
+                     f"it, and its best checkpoint, when it first saves at an evaluation (at iter "
+                     f"{min(cfg.eval_interval, cfg.max_iters)} at the earliest); until then it is kept, and Ctrl-C saves nothing "
+                     f"(--init_from=resume would continue it instead; --out_dir=DIR keeps both)")
     if cfg.init_from == "resume" and not cfg.eval_only and iter_num >= cfg.max_iters:
         notes.append(f"the checkpoint is at iter {iter_num} and max_iters is {cfg.max_iters}: nothing to train; "
                      f"pass --max_iters=N with N > {iter_num} to continue")
     return notes
+
+
+def earlier_run(ckpt_path):
+    """'iter N, best val loss X' of the checkpoint at ckpt_path (its latest form), read without its weights;
+    None where there is none."""
+    path = latest_form(ckpt_path)
+    if not os.path.exists(path):
+        return None
+    try:
+        if os.path.isdir(path):
+            ckpt = torch.load(os.path.join(path, "meta.pt"), map_location="cpu", weights_only=True)
+        else:  # mmap: the weights stay on disk
+            ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        return f"iter {int(ckpt['iter_num'])}, best val loss {float(ckpt['best_val_loss']):.4f}"
+    except Exception:  # only for a note: what the file holds is checked where it is loaded
+        return "not readable as a checkpoint"
 
 
 def fmt_seconds(s):

@@ -184,16 +184,18 @@ def test_gpu_recipe_on_a_cpu_says_so_and_does_not_compile(tmp_path, char_dataset
 
 def test_notes_name_the_laptop_recipe_a_short_warmup_and_a_checkpoint_about_to_be_replaced(tmp_path):
     from model import GPT
-    from train import TrainConfig, startup_notes
+    from train import TrainConfig, earlier_run, startup_notes
     cfg = TrainConfig(dataset="shakespeare_char", batch_size=64, block_size=256, n_layer=6, n_head=6, n_embd=384,
                       max_iters=50, warmup_iters=100, learning_rate=1e-3, out_dir=str(tmp_path))
     model = GPT(cfg.model_config(vocab_size=65))
     (tmp_path / "ckpt.pt").write_bytes(b"an earlier run")
-    notes = startup_notes(cfg, model, torch.device("cpu"), 64 * 256, str(tmp_path / "ckpt.pt"))
+    notes = startup_notes(cfg, model, torch.device("cpu"), 64 * 256, str(tmp_path / "ckpt.pt"),
+                          earlier=earlier_run(str(tmp_path / "ckpt.pt")))
     assert "use config/shakespeare_char_cpu.py" in notes[0]
     # lr at iter 49 of a 100-iter warmup: 1e-3 * 50 / 101, worked by hand
     assert "rises only to 4.95e-04 of its 1.00e-03" in notes[1]
-    assert "holds an earlier run" in notes[2] and "--init_from=resume" in notes[2] and "best checkpoint" in notes[2]
+    assert "holds an earlier run (not readable as a checkpoint)" in notes[2] and "--init_from=resume" in notes[2]
+    assert "best checkpoint" in notes[2] and "at iter 50 at the earliest" in notes[2]
     done = replace(cfg, init_from="resume", warmup_iters=10, lr_decay_iters=50)
     assert startup_notes(done, model, torch.device("cpu"), 64 * 256, "x", iter_num=50)[-1] == (
         "the checkpoint is at iter 50 and max_iters is 50: nothing to train; pass --max_iters=N with N > 50 to continue")
@@ -475,3 +477,29 @@ def test_accumulating_k_micro_batches_gives_the_gradient_of_one_batch_k_times_la
     assert len(accumulated) == len(whole) > 0
     for a, b in zip(accumulated, whole):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_a_new_run_interrupted_before_it_saved_keeps_the_earlier_runs_checkpoint(tmp_path, char_dataset, monkeypatch):
+    """A scratch run in an out_dir holding a trained checkpoint says what it will replace; Ctrl-C after its
+    first iteration leaves that checkpoint (and best.pt) alone and says so."""
+    import signal
+    train(tiny_cfg(tmp_path, char_dataset, max_iters=4, eval_interval=2), log=quiet)
+    out = tmp_path / "out"
+    before = {name: (out / name).read_bytes() for name in ("ckpt.pt", "best.pt")}
+    best = load_checkpoint(str(out / "ckpt.pt"))["best_val_loss"]
+    original, calls = torch.optim.AdamW.step, []
+
+    def step(self, *a, **k):
+        calls.append(1)
+        if len(calls) == 1:
+            os.kill(os.getpid(), signal.SIGINT)  # lets the step finish: the iteration completes
+        return original(self, *a, **k)
+    monkeypatch.setattr(torch.optim.AdamW, "step", step)
+    lines = []
+    summary = train(tiny_cfg(tmp_path, char_dataset, max_iters=100, eval_interval=50), log=lines.append)
+    assert summary["interrupted"] and summary["iters"] == 1
+    note = next(line for line in lines if "holds an earlier run" in line)
+    assert f"(iter 4, best val loss {best:.4f})" in note and "at iter 50 at the earliest" in note
+    assert {name: (out / name).read_bytes() for name in before} == before
+    said = next(line for line in lines if line.startswith("interrupted at iter 1"))
+    assert "nothing saved" in said and "keeps the earlier run (iter 4" in said and "--out_dir" in said
