@@ -63,8 +63,18 @@ class Batches:
         rng = np.random.default_rng([self.seed, *key])
         return self.batch(split, rng.integers(0, len(data) - self.block_size, self.batch_size))
 
+    def check_windows(self, split, n):
+        """n fixed windows are at most the split's distinct ones: more would only repeat windows, and the
+        starts of n windows take 16 n bytes."""
+        distinct = len(self.data[split]) - self.block_size
+        if n > distinct:
+            raise UserError(f"eval_windows ({n:,}) is more than the {distinct:,} distinct windows of "
+                            f"{self.block_size} tokens that {self.paths[split]} holds; use --eval_windows={distinct} "
+                            f"or fewer")
+
     def windows(self, split, n):
         """Batches of n fixed windows whose starts are spread evenly over the split."""
+        self.check_windows(split, n)
         data = self.data[split]
         starts = np.linspace(0, len(data) - self.block_size - 1, n).round().astype(np.int64)
         for i in range(0, n, self.batch_size):

@@ -292,6 +292,7 @@ class Run:
         data_dir = dataset_dir(cfg.dataset)
         self.tokenizer_meta = meta = read_meta(data_dir)  # saved in each checkpoint: sampling needs no dataset
         self.batches = Batches(data_dir, cfg.block_size, cfg.batch_size, device, cfg.seed, meta)
+        self.batches.check_windows("val", cfg.eval_windows)
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
         self.raw_model, cfg = self.build_model(cfg, ckpt, meta, data_dir)
         self.cfg = cfg
@@ -367,17 +368,20 @@ class Run:
     def build_model(self, cfg, ckpt, meta, data_dir):
         """The model: from the checkpoint, from GPT-2's weights, or new; and cfg with the shape it has."""
         if ckpt is not None and "sharded" in ckpt:  # its weights are loaded into the model, sharded or not, by restore
-            model = GPT(config_from_model_args(ckpt["model_args"], ckpt["sharded"],
-                                               dict(attn_impl=cfg.attn_impl, dropout=cfg.dropout)))
-            check_vocab(model.config.vocab_size, meta, data_dir, ckpt["sharded"])
-            return model, cfg
+            config = config_from_model_args(ckpt["model_args"], ckpt["sharded"],
+                                            dict(attn_impl=cfg.attn_impl, dropout=cfg.dropout))
+            check_vocab(config.vocab_size, meta, data_dir, ckpt["sharded"])
+            self.check_memory(config, cfg.batch_size)
+            return GPT(config), cfg
         if ckpt is not None:
             model = model_from_checkpoint(ckpt, self.ckpt_path, attn_impl=cfg.attn_impl, dropout=cfg.dropout)
             check_vocab(model.config.vocab_size, meta, data_dir, self.ckpt_path)
+            self.check_memory(model.config, cfg.batch_size, held=(ckpt, model.state_dict()))
             return model, cfg
         if cfg.init_from != "scratch":
             model = load_pretrained(cfg.init_from, dropout=cfg.dropout, attn_impl=cfg.attn_impl)
             check_vocab(model.config.vocab_size, meta, data_dir, cfg.init_from)
+            self.check_memory(model.config, cfg.batch_size, held=model.state_dict())
             if cfg.block_size > model.config.block_size:
                 raise UserError(f"block_size ({cfg.block_size}) is longer than {cfg.init_from}'s context "
                                 f"({model.config.block_size}); use --block_size={model.config.block_size} or less")
@@ -388,11 +392,17 @@ class Run:
                 self.log(f"from {cfg.init_from}: {', '.join(changed)}")
             return model, replace(cfg, **shape)
         config = cfg.model_config(vocab_size=(meta or {}).get("vocab_size", cfg.vocab_size))
-        check_fits(training_bytes(config, cfg.batch_size), self.device,
-                   f"training {param_count(config) / 1e6:,.1f}M parameters on micro-batches of {cfg.batch_size} x "
-                   f"{cfg.block_size} tokens", "lower batch_size (raise gradient_accumulation_steps to keep the "
-                   "batch), block_size, n_layer or n_embd")
+        self.check_memory(config, cfg.batch_size)
         return GPT(config), replace(cfg, vocab_size=config.vocab_size)
+
+    def check_memory(self, config, batch_size, held=()):
+        """Training config on micro-batches of batch_size fits in what the device has free, before training
+        allocates it; held: tensors already in memory (a loaded checkpoint) that training's own take over."""
+        held_bytes = tensor_bytes(held) if self.device.type == "cpu" else 0  # on a GPU they are not there yet
+        check_fits(training_bytes(config, batch_size) - held_bytes, self.device,
+                   f"training {param_count(config) / 1e6:,.1f}M parameters on micro-batches of {batch_size} x "
+                   f"{config.block_size} tokens", "lower batch_size (raise gradient_accumulation_steps to keep the "
+                   "batch), block_size, n_layer or n_embd")
 
     def restore(self, ckpt):
         """Optimizer, scaler and RNG state from the checkpoint (and a sharded one's weights); returns
@@ -663,6 +673,23 @@ def earlier_run(ckpt_path):
         return f"iter {int(ckpt['iter_num'])}, best val loss {float(ckpt['best_val_loss']):.4f}"
     except Exception:  # only for a note: what the file holds is checked where it is loaded
         return "not readable as a checkpoint"
+
+
+def tensor_bytes(obj):
+    """Bytes of the tensors in obj (nested dicts, lists and tuples), each storage once."""
+    seen, total, stack = set(), 0, [obj]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            storage = item.untyped_storage()
+            if storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                total += storage.nbytes()
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return total
 
 
 def fmt_seconds(s):

@@ -503,3 +503,44 @@ def test_a_new_run_interrupted_before_it_saved_keeps_the_earlier_runs_checkpoint
     assert {name: (out / name).read_bytes() for name in before} == before
     said = next(line for line in lines if line.startswith("interrupted at iter 1"))
     assert "nothing saved" in said and "keeps the earlier run (iter 4" in said and "--out_dir" in said
+
+
+@pytest.mark.parametrize("where", ["override", "checkpoint"])
+def test_resume_checks_the_memory_of_its_batch_before_allocating(tmp_path, char_dataset, where, monkeypatch):
+    """batch_size=10**7 on resume, given on the command line or saved in the checkpoint's config: refused at
+    start-up as a scratch run is (about 10^7 x 16 tokens of activations), and the checkpoint is untouched."""
+    from batches import Batches
+    from checkpoint import save_checkpoint
+    from configurator import UserError
+    train(tiny_cfg(tmp_path, char_dataset, max_iters=1), log=quiet)
+    path = tmp_path / "out" / "ckpt.pt"
+    args = ["--init_from=resume", f"--out_dir={tmp_path / 'out'}", "--max_iters=2"]
+    if where == "checkpoint":
+        ckpt = load_checkpoint(str(path))
+        ckpt["config"]["batch_size"] = 10 ** 7
+        save_checkpoint(ckpt, str(path))
+    else:
+        args.append(f"--batch_size={10 ** 7}")
+    before = path.read_bytes()
+
+    def batch(self, split, ix):
+        raise AssertionError(f"a batch of {len(ix)} windows allocated before the memory check")
+    monkeypatch.setattr(Batches, "batch", batch)
+    cfg, overrides = parse_args(TrainConfig, args)
+    with pytest.raises(UserError, match=r"micro-batches of 10000000 x 16 tokens needs about .* TB, more than"):
+        train(cfg, overrides, log=quiet)
+    assert path.read_bytes() == before
+
+
+def test_eval_windows_beyond_the_val_splits_windows_are_refused_at_start_up(tmp_path, char_dataset, monkeypatch):
+    import numpy as np
+    from configurator import UserError
+    distinct = len(np.memmap(char_dataset / "val.bin", dtype=np.uint16, mode="r")) - TINY["block_size"]
+    linspace, sizes = np.linspace, []
+    monkeypatch.setattr(np, "linspace", lambda a, b, n, **kw: sizes.append(n) or linspace(a, b, n, **kw))
+    with pytest.raises(UserError, match=rf"eval_windows \(1,000,000,000,000\) is more than the {distinct:,} distinct "
+                                        rf"windows of 16 tokens .*; use --eval_windows={distinct} or fewer"):
+        train(tiny_cfg(tmp_path, char_dataset, eval_windows=10 ** 12), log=quiet)
+    assert sizes == [] and not os.path.exists(tmp_path / "out")
+    train(tiny_cfg(tmp_path, char_dataset, eval_windows=distinct, max_iters=0), log=quiet)  # every window: allowed
+    assert sizes == [distinct]
