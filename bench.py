@@ -30,6 +30,7 @@ from configurator import UserError, parse_args, run_main
 from device import autocast, resolve_device, resolve_dtype, should_compile
 from generate import packed_weights, window_start
 from kernels import onednn_available, packed_product
+from metrics import read_log
 from model import GPT
 from optim import configure_optimizers
 from tokenizer import read_meta, tokenizer_from_meta
@@ -155,7 +156,7 @@ def train_loop_ms(cfg):
                              "out_dir": out, "max_iters": n, "eval_interval": n, "eval_iters": 1,
                              "log_interval": 1, "init_from": "scratch", "wandb_log": False})
         train(run, log=lambda *a: None)
-        records = [json.loads(line) for line in open(os.path.join(out, "log.jsonl"))]
+        records = read_log(os.path.join(out, "log.jsonl"))
     return statistics.median(r["ms"] for r in records if r.get("kind") == "train" and r["iter"] > cfg.bench_warmup)
 
 
@@ -273,7 +274,7 @@ def held_per_process(cfg):
                                   capture_output=True, text=True)
             if done.returncode != 0:
                 raise UserError(f"train.py failed while measuring memory ({name}): {done.stderr.strip()[-500:]}")
-            held = next(r for r in map(json.loads, open(os.path.join(out, "log.jsonl"))) if r["kind"] == "memory")
+            held = next(r for r in read_log(os.path.join(out, "log.jsonl")) if r["kind"] == "memory")
             results[name] = {k: held[k] for k in ("params", "grads", "optimizer")}
             total = sum(results[name].values())
             rows.append((f"memory, {name}", f"{total / 2**20:,.1f} MiB per process (parameters "

@@ -1,4 +1,5 @@
 """A run's metrics: the console line, out_dir/log.jsonl and Weights & Biases, and the training clock."""
+import errno
 import json
 import os
 import time
@@ -65,18 +66,57 @@ class Metrics:
         self.say(line)
         if not self.active:
             return
+        text = json.dumps(record) + "\n"
         if self.file is None:
             os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-            self.file = open(self.path, "a", encoding="utf-8")
-            self.file.write(json.dumps(self.header) + "\n")
+            self.file = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+            size = os.fstat(self.file).st_size
+            torn = size and os.pread(self.file, 1, size - 1) != b"\n"  # a line cut short before: end it
+            text = ("\n" if torn else "") + json.dumps(self.header) + "\n" + text
             if self.wandb is not None:
                 self.wandb.init(**self.wandb_args)
-        self.file.write(json.dumps(record) + "\n")
-        self.file.flush()
+        self.append(text.encode("utf-8"))
         if self.wandb is not None:  # e.g. train/loss, eval/val_loss, at step iter
             self.wandb.log({f"{record['kind']}/{k}": v for k, v in record.items() if k not in ("kind", "iter")},
                            step=record["iter"])
 
+    def append(self, data):
+        """data, whole lines, at the end of the log in one write, or nothing: a failed write is cut back."""
+        size = os.fstat(self.file).st_size
+        try:
+            if os.write(self.file, data) != len(data):  # a short write: the disk filled
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        except OSError as e:
+            try:
+                os.ftruncate(self.file, size)
+            except OSError:
+                pass
+            raise OSError(e.errno, e.strerror, self.path) from None
+
     def close(self):
         if self.file is not None:
-            self.file.close()
+            os.close(self.file)
+            self.file = None
+
+
+def read_log(path, note=None):
+    """The records of a log.jsonl. A line cut short (a write that failed under an older version, a lost
+    power) is skipped with a note, and a record appended to it on the same line is kept."""
+    records = []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for number, line in enumerate(f, 1):
+            record = parse_record(line)
+            if record is None:
+                (note or print)(f"note: {path}:{number}: skipping a torn line (a write cut short): {line[:60]!r}")
+                record = parse_record(line[max(line.rfind('{"kind": '), 1):])  # what was appended to it
+            if record is not None:
+                records.append(record)
+    return records
+
+
+def parse_record(text):
+    try:
+        record = json.loads(text)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("kind"), str) else None

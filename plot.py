@@ -7,10 +7,11 @@ Training time is wall time from process start with evaluation excluded, as
 train.py logs it. Needs matplotlib (pip install matplotlib).
 """
 import argparse
-import json
 import os
+import sys
 
 from configurator import UserError, run_main
+from metrics import read_log
 
 
 def read_evals(out_dir, metric="val_loss"):
@@ -19,13 +20,11 @@ def read_evals(out_dir, metric="val_loss"):
     if not os.path.exists(path):
         raise UserError(f"{path} not found; train.py writes it into out_dir")
     runs = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            record = json.loads(line)
-            if record["kind"] == "config":
-                runs.append([])
-            elif record["kind"] == "eval" and runs and record.get(metric) is not None:
-                runs[-1].append((record["iter"], record["train_time"], record[metric]))
+    for record in read_log(path, note=lambda line: print(line, file=sys.stderr)):
+        if record["kind"] == "config":
+            runs.append([])
+        elif record["kind"] == "eval" and runs and record.get(metric) is not None:
+            runs[-1].append((record["iter"], record["train_time"], record[metric]))
     if not runs or not runs[-1]:
         raise UserError(f"{path} has no evaluations" + (f" with {metric}" if metric != "val_loss" else ""))
     return runs[-1]

@@ -48,3 +48,21 @@ def test_bpb_is_plotted_where_the_log_has_it(tmp_path):
     records = [{"kind": "config"}, {"kind": "eval", "iter": 0, "train_time": 0.0, "val_loss": 4.2, "val_bpb": 6.06}]
     (tmp_path / "run" / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     assert plot.read_evals(str(tmp_path / "run"), "val_bpb") == [(0, 0.0, 6.06)]
+
+
+def test_a_torn_line_is_skipped_with_a_note_and_a_record_appended_to_it_is_kept(tmp_path, capsys):
+    """A log cut mid-line by a full disk, then appended to by the next run (whose header lands on the torn
+    line): plot.py reads every whole record, says which line it skipped, and writes the figure."""
+    write_log(tmp_path / "run", [4.2, 2.5])
+    log = tmp_path / "run" / "log.jsonl"
+    eval_record = {"kind": "eval", "iter": 300, "train_time": 9.0, "val_loss": 2.0}
+    with open(log, "a") as f:
+        f.write('{"kind": "eval", "iter": 200, "train_t')  # torn
+        f.write(json.dumps({"kind": "config", "init_from": "scratch"}) + "\n" + json.dumps(eval_record) + "\n")
+        f.write('{"kind": "eval", "iter": 400, "val_lo')  # torn again, at the end
+    assert plot.read_evals(str(log.parent)) == [(300, 9.0, 2.0)]
+    notes = capsys.readouterr().err.splitlines()
+    assert len(notes) == 2 and all("skipping a torn line" in n for n in notes) and f"{log}:4:" in notes[0]
+    from conftest import run_script
+    result = run_script(["plot.py", str(log.parent), "--png", str(tmp_path / "x.png")])
+    assert result.returncode == 0 and "skipping a torn line" in result.stderr, result.stderr

@@ -544,3 +544,36 @@ def test_eval_windows_beyond_the_val_splits_windows_are_refused_at_start_up(tmp_
     assert sizes == [] and not os.path.exists(tmp_path / "out")
     train(tiny_cfg(tmp_path, char_dataset, eval_windows=distinct, max_iters=0), log=quiet)  # every window: allowed
     assert sizes == [distinct]
+
+
+def test_a_log_write_that_fails_leaves_no_torn_line_and_the_next_run_appends_whole_lines(tmp_path, char_dataset,
+                                                                                           monkeypatch):
+    """The disk fills during the first log write (half of it lands): the run stops with the error naming
+    log.jsonl, the half is cut back, and the next run's log reads whole."""
+    import errno
+    import metrics
+    real = os.write
+
+    def disk_full(fd, data):
+        if b'"kind": "config"' in data:  # the log's first write: its header and first record
+            real(fd, data[:len(data) // 2])
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data)
+    monkeypatch.setattr(metrics.os, "write", disk_full)
+    with pytest.raises(OSError, match="No space left on device") as failed:
+        train(tiny_cfg(tmp_path, char_dataset, max_iters=2), log=quiet)
+    log = tmp_path / "out" / "log.jsonl"
+    assert failed.value.filename == str(log) and log.read_bytes() == b""
+    monkeypatch.undo()
+    train(tiny_cfg(tmp_path, char_dataset, max_iters=2), log=quiet)
+    assert [json.loads(line)["kind"] for line in open(log)][:2] == ["config", "eval"]
+
+
+def test_a_run_appending_to_a_log_cut_mid_line_starts_on_a_line_of_its_own(tmp_path, char_dataset):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "log.jsonl").write_text('{"kind": "config", "init_from": "scratch"}\n{"kind": "eval", "iter": 0, "tra')
+    train(tiny_cfg(tmp_path, char_dataset, max_iters=2), log=quiet)
+    lines = open(out / "log.jsonl").read().splitlines()
+    assert lines[1] == '{"kind": "eval", "iter": 0, "tra' and json.loads(lines[2])["kind"] == "config"
+    assert all(json.loads(line) for line in lines[2:])
