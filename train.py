@@ -418,6 +418,7 @@ class Run:
                 self.optimizer.load_state_dict(ckpt["optimizer"])
         except DAMAGED as e:
             raise UserError(f"{path}: its optimizer state does not fit optimizer={self.cfg.optimizer} ({e})") from None
+        check_optimizer_state(self.raw_model, self.optimizer, path)
         if "sharded" in ckpt and first_non_finite(self.raw_model, self.world):
             raise UserError(f"{path} holds non-finite weights: the run that wrote it diverged; use an earlier "
                             f"checkpoint (best.dcp?) or train again")
@@ -673,6 +674,20 @@ def earlier_run(ckpt_path):
         return f"iter {int(ckpt['iter_num'])}, best val loss {float(ckpt['best_val_loss']):.4f}"
     except Exception:  # only for a note: what the file holds is checked where it is loaded
         return "not readable as a checkpoint"
+
+
+def check_optimizer_state(model, optimizer, path):
+    """Each parameter's state (AdamW's exp_avg and exp_avg_sq, Muon's momentum_buffer) has the parameter's
+    shape: loading does not check it, and a wrong one would fail only in the first step."""
+    names = {p: name for name, p in model.named_parameters()}
+    state = optimizer.state
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            for key, value in state.get(p, {}).items():
+                if isinstance(value, torch.Tensor) and value.dim() and value.shape != p.shape:
+                    raise UserError(f"{path}: its optimizer state does not fit the model: {key} of {names.get(p)} "
+                                    f"has shape {tuple(value.shape)}, the parameter {tuple(p.shape)}; the file is "
+                                    f"damaged: resume from another checkpoint (best.pt?) or train anew")
 
 
 def tensor_bytes(obj):

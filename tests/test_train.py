@@ -577,3 +577,20 @@ def test_a_run_appending_to_a_log_cut_mid_line_starts_on_a_line_of_its_own(tmp_p
     lines = open(out / "log.jsonl").read().splitlines()
     assert lines[1] == '{"kind": "eval", "iter": 0, "tra' and json.loads(lines[2])["kind"] == "config"
     assert all(json.loads(line) for line in lines[2:])
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_optimizer_state_of_the_wrong_shape_is_refused_at_load(tmp_path, char_dataset, optimizer):
+    from checkpoint import save_checkpoint
+    from configurator import UserError
+    train(tiny_cfg(tmp_path, char_dataset, max_iters=1, optimizer=optimizer), log=quiet)
+    path = tmp_path / "out" / "ckpt.pt"
+    ckpt = load_checkpoint(str(path))
+    adamw = ckpt["optimizer"]["adamw"] if optimizer == "muon" else ckpt["optimizer"]
+    first = adamw["param_groups"][0]["params"][0]  # the token embedding (tied head): (vocab, n_embd)
+    adamw["state"][first]["exp_avg"] = adamw["state"][first]["exp_avg"][:, :31]  # a column short
+    save_checkpoint(ckpt, str(path))
+    cfg, overrides = parse_args(TrainConfig, ["--init_from=resume", f"--out_dir={tmp_path / 'out'}", "--max_iters=2"])
+    with pytest.raises(UserError, match=r"ckpt.pt: its optimizer state does not fit the model: exp_avg of "
+                                        r"transformer.wte.weight has shape \(34, 31\), the parameter \(34, 32\)"):
+        train(cfg, overrides, log=quiet)
