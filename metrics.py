@@ -11,10 +11,11 @@ from configurator import UserError
 
 
 class Clock:
-    """Training time: wall time since the process started, less the time spent evaluating and saving."""
+    """Training time: wall time since the process started, less the time spent evaluating and saving, plus
+    `before`, the training time of the run this process resumes."""
 
-    def __init__(self, t_start):
-        self.t_start, self.excluded, self.paused_at = t_start, 0.0, None
+    def __init__(self, t_start, before=0.0):
+        self.t_start, self.excluded, self.paused_at, self.before = t_start, 0.0, None, before
         self.lap_time, self.lap_iter = self.train_time(), None
 
     def pause(self):
@@ -28,7 +29,7 @@ class Clock:
         return time.time() - self.t_start
 
     def train_time(self):
-        return (self.paused_at or time.time()) - self.t_start - self.excluded
+        return self.before + (self.paused_at or time.time()) - self.t_start - self.excluded
 
     def lap(self, iter_num):
         """Seconds of training per iter since the previous lap (None on the first)."""
@@ -43,11 +44,12 @@ class Metrics:
     """Each event as a console line (through tqdm, above the progress bar) and a JSON record in
     out_dir/log.jsonl, and on Weights & Biases with wandb_log. Only the writing process (rank 0,
     not eval_only) records; the log is opened on the first record, so a run that fails before
-    leaves out_dir (and wandb) alone."""
+    leaves out_dir (and wandb) alone. Each process's records follow a config record, whose iter is
+    where it started: a resumed run's (init_from resume) continue the run from there."""
 
-    def __init__(self, path, cfg, console, record):
+    def __init__(self, path, cfg, console, record, iter=0):
         self.path, self.console, self.active, self.file = path, console, record, None
-        self.header = {"kind": "config", **asdict(cfg)}
+        self.header = {"kind": "config", "iter": iter, **asdict(cfg)}
         self.wandb = None
         if record and cfg.wandb_log:
             try:

@@ -15,13 +15,17 @@ from metrics import read_log
 
 
 def read_evals(out_dir, metric="val_loss"):
-    """[(iter, train_time, metric)] of a run's log; the last run when the log holds several."""
+    """[(iter, train_time, metric)] of a run's log; the last run when the log holds several. A resumed
+    process continues its run from the checkpoint's iter: the evaluations logged after it are replaced."""
     path = os.path.join(out_dir, "log.jsonl")
     if not os.path.exists(path):
         raise UserError(f"{path} not found; train.py writes it into out_dir")
     runs = []
     for record in read_log(path, note=lambda line: print(line, file=sys.stderr)):
-        if record["kind"] == "config":
+        if record["kind"] == "config" and record.get("init_from") == "resume" and runs:
+            start = record.get("iter", float("inf"))  # logs of older versions do not say
+            runs[-1] = [point for point in runs[-1] if point[0] <= start]
+        elif record["kind"] == "config":
             runs.append([])
         elif record["kind"] == "eval" and runs and record.get(metric) is not None:
             runs[-1].append((record["iter"], record["train_time"], record[metric]))

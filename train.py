@@ -309,7 +309,7 @@ class Run:
                                               ns_dtype=torch.bfloat16 if self.products == torch.bfloat16 else None,
                                               embedding_lr=cfg.embedding_lr)
         self.scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
-        self.iter_num, self.best_val_loss = self.restore(ckpt) if ckpt is not None else (0, float("inf"))
+        self.iter_num, self.best_val_loss, trained = self.restore(ckpt) if ckpt is not None else (0, float("inf"), 0.0)
         del ckpt
         self.model = self.raw_model
         if compile:
@@ -330,13 +330,14 @@ class Run:
                                   self.replacing):
             log(f"note: {note}")
         writer = self.master and not cfg.eval_only  # eval_only only reads out_dir
-        self.metrics = Metrics(os.path.join(cfg.out_dir, "log.jsonl"), cfg, console=self.master, record=writer)
+        self.metrics = Metrics(os.path.join(cfg.out_dir, "log.jsonl"), cfg, console=self.master, record=writer,
+                               iter=self.iter_num)
         if writer:
             lock.acquire()  # out_dir is ours until the run ends
         self.start_iter, self.last_val, self.lr = self.iter_num, None, None
         self.reached = None  # (iter, training seconds) when val loss first reached target_loss
         self.rng_at_iter = None  # RNG state when the iteration in flight began: an abandoned one is saved with it
-        self.clock = Clock(t_start)
+        self.clock = Clock(t_start, before=trained)  # a resumed run's clock goes on from its checkpoint's
         self.bar = tqdm(total=cfg.max_iters, initial=self.iter_num, disable=not self.master or None, desc="train",
                         unit="iter")
 
@@ -406,7 +407,7 @@ class Run:
 
     def restore(self, ckpt):
         """Optimizer, scaler and RNG state from the checkpoint (and a sharded one's weights); returns
-        (iter_num, best_val_loss)."""
+        (iter_num, best_val_loss, train_time)."""
         path = ckpt.get("sharded", self.ckpt_path)
         peaks = [group["initial_lr"] for group in self.optimizer.param_groups]  # this run's peaks, not the saved ones
         try:
@@ -439,7 +440,7 @@ class Run:
         if not has_rng:
             self.log(f"note: {path} has no RNG state (a nanoGPT checkpoint?): resuming with fresh dropout RNG")
         self.log(f"resuming from {path} at iter {iter_num}")
-        return iter_num, best_val_loss
+        return iter_num, best_val_loss, trained_before(ckpt, path)
 
     def eval_due(self):
         return self.iter_num == 0 or (self.iter_num % self.cfg.eval_interval == 0 and self.iter_num != self.start_iter)
@@ -551,7 +552,8 @@ class Run:
                             f"good checkpoint is kept (lower learning_rate or raise warmup_iters)")
         meta = {"model_args": model_args(self.raw_model.config), "iter_num": self.iter_num,
                 "best_val_loss": self.best_val_loss, "config": asdict(self.cfg), "scaler": self.scaler.state_dict(),
-                "rng": rng or gather_rng(self.world), "tokenizer": self.tokenizer_meta}
+                "rng": rng or gather_rng(self.world), "tokenizer": self.tokenizer_meta,
+                "train_time": self.clock.train_time()}
         path = os.path.join(self.cfg.out_dir, name)
         with self.stop.finishing():
             if self.cfg.parallel == "fsdp":
@@ -674,6 +676,14 @@ def earlier_run(ckpt_path):
         return f"iter {int(ckpt['iter_num'])}, best val loss {float(ckpt['best_val_loss']):.4f}"
     except Exception:  # only for a note: what the file holds is checked where it is loaded
         return "not readable as a checkpoint"
+
+
+def trained_before(ckpt, path):
+    """Seconds of training the checkpoint's run had behind it (0 for a checkpoint that does not say)."""
+    seconds = ckpt.get("train_time", 0.0)
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds < math.inf:
+        raise UserError(f"{path}: train_time is {seconds!r}, expected seconds >= 0; the file is damaged")
+    return float(seconds)
 
 
 def check_optimizer_state(model, optimizer, path):

@@ -125,7 +125,8 @@ def trained(tmp_path_factory):
     return root, torch.load(root / "out" / "ckpt.pt", weights_only=True)
 
 
-FIELDS = ["iter_num", "best_val_loss", "config", "model_args", "optimizer", "scaler", "rng", "model", "tokenizer"]
+FIELDS = ["iter_num", "best_val_loss", "config", "model_args", "optimizer", "scaler", "rng", "model", "tokenizer",
+          "train_time"]
 NESTED = ["config.batch_size", "config.learning_rate", "config.dataset", "config.optimizer", "model_args.n_layer",
           "model_args.n_embd", "model_args.block_size", "model_args.vocab_size", "model_args.pos_emb",
           "model_args.bias", "rng.0", "optimizer.state", "optimizer.param_groups", "scaler.scale",

@@ -66,3 +66,16 @@ def test_a_torn_line_is_skipped_with_a_note_and_a_record_appended_to_it_is_kept(
     from conftest import run_script
     result = run_script(["plot.py", str(log.parent), "--png", str(tmp_path / "x.png")])
     assert result.returncode == 0 and "skipping a torn line" in result.stderr, result.stderr
+
+
+def test_a_resumed_run_continues_its_figure_from_the_checkpoints_iter(tmp_path):
+    """Interrupted after the eval at iter 300 but saved at 200 (the last improvement), then resumed: the
+    figure holds the whole run, the resumed process's iter 300 in place of the first one's."""
+    records = [{"kind": "config", "init_from": "scratch", "iter": 0}]
+    records += [{"kind": "eval", "iter": i, "train_time": i / 100, "val_loss": 5 - i / 100} for i in (0, 100, 200, 300)]
+    records += [{"kind": "config", "init_from": "resume", "iter": 200}]
+    records += [{"kind": "eval", "iter": i, "train_time": i / 100 + 0.5, "val_loss": 4 - i / 1000} for i in (300, 400)]
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert plot.read_evals(str(tmp_path / "run")) == [(0, 0.0, 5.0), (100, 1.0, 4.0), (200, 2.0, 3.0),
+                                                      (300, 3.5, 3.7), (400, 4.5, 3.6)]

@@ -594,3 +594,24 @@ def test_optimizer_state_of_the_wrong_shape_is_refused_at_load(tmp_path, char_da
     with pytest.raises(UserError, match=r"ckpt.pt: its optimizer state does not fit the model: exp_avg of "
                                         r"transformer.wte.weight has shape \(34, 31\), the parameter \(34, 32\)"):
         train(cfg, overrides, log=quiet)
+
+
+def test_a_resumed_run_continues_the_training_clock_and_the_figure(tmp_path, char_dataset):
+    """4 iters, then a resume to 8: the checkpoint carries its training time (set here to 1000 s, far beyond
+    what a fresh clock could reach), the resumed records go on from it, and plot.py draws iters 0 to 8."""
+    pytest.importorskip("matplotlib")
+    import plot
+    from checkpoint import save_checkpoint
+    train(tiny_cfg(tmp_path, char_dataset, max_iters=4, lr_decay_iters=8, eval_interval=2), log=quiet)
+    path, out = tmp_path / "out" / "ckpt.pt", tmp_path / "out"
+    ckpt = load_checkpoint(str(path))
+    logged = train_records(out, "eval")[-1]
+    assert logged["iter"] == 4 and logged["train_time"] <= ckpt["train_time"] < logged["train_time"] + 1.0
+    ckpt["train_time"] = 1000.0
+    save_checkpoint(ckpt, str(path))
+    cfg, overrides = parse_args(TrainConfig, ["--init_from=resume", f"--out_dir={out}", "--max_iters=8"])
+    summary = train(cfg, overrides, log=quiet)
+    resumed = [r for r in train_records(out) if r["iter"] > 4]
+    assert [r["iter"] for r in resumed] == [5, 6, 7, 8] and all(r["train_time"] > 1000 for r in resumed)
+    assert summary["train_time"] > 1000 and load_checkpoint(str(path))["train_time"] > 1000
+    assert [it for it, _, _ in plot.read_evals(str(out))] == [0, 2, 4, 6, 8]
