@@ -195,21 +195,25 @@ def test_interrupt_in_the_first_evaluation_of_a_scratch_run_replaces_nothing(tmp
 
 
 def interrupting_forward(monkeypatch, at_call):
-    """GPT.forward that sends this process SIGINT during its at_call-th call (counting from 1)."""
+    """GPT.forward that sends this process SIGINT at the end of its at_call-th call (counting from 1): after
+    the call has drawn its dropout masks, so that the abandoned iteration has moved the RNG on."""
     original, calls = GPT.forward, []
 
     def forward(self, idx, targets=None, **kw):
         calls.append(1)
+        out = original(self, idx, targets, **kw)
         if len(calls) == at_call:
             os.kill(os.getpid(), signal.SIGINT)
-        return original(self, idx, targets, **kw)
+        return out
     monkeypatch.setattr(GPT, "forward", forward)
 
 
 def test_resume_after_an_abandoned_iteration_matches_an_uninterrupted_run(tmp_path, char_dataset, monkeypatch):
     common = dict(TINY, dataset=str(char_dataset), max_iters=6, eval_interval=100, eval_iters=1, dropout=0.1)
     whole = train(TrainConfig(**common, out_dir=str(tmp_path / "whole")), log=lambda *a: None)
-    interrupting_forward(monkeypatch, at_call=2 + 4)  # the iter-0 evaluation makes 2 calls; then iteration 3's
+    # the iter-0 evaluation makes 2 calls; then the end of iteration 3's forward, its dropout drawn: a resume that
+    # took the RNG state at the interrupt, not at the iteration's start, would draw other masks
+    interrupting_forward(monkeypatch, at_call=2 + 4)
     lines = []
     summary = train(TrainConfig(**common, out_dir=str(tmp_path / "cut")), log=lines.append)
     assert summary["interrupted"] and summary["iters"] == 3

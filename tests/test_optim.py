@@ -127,3 +127,17 @@ def test_muon_trains_a_tiny_model(tiny_config):
         loss.backward()
         opt.step()
     assert loss.item() < 0.5
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_embedding_lr_applies_to_every_value_embedding_table(tiny_config, optimizer):
+    """Value embeddings (two tables, each read by one of the first and one of the last two layers) are
+    embeddings: with embedding_lr they step at that rate, undecayed, with the token embedding; nothing else does."""
+    from dataclasses import replace
+    model = GPT(replace(tiny_config, value_embeds=2, n_layer=4, pos_emb="rope"))
+    opt = configure_optimizers(model, 0.1, 1e-3, (0.9, 0.95), "cpu", optimizer=optimizer, embedding_lr=0.05)
+    rate = {id(p): (g["initial_lr"], g["weight_decay"]) for g in opt.param_groups for p in g["params"]}
+    tables = [model.transformer.wte.weight, *(ve.weight for ve in model.transformer.ve)]
+    assert len(tables) == 3 and all(rate[id(p)] == (0.05, 0.0) for p in tables)
+    others = [p for p in model.parameters() if all(p is not t for t in tables)]
+    assert others and all(rate[id(p)][0] != 0.05 for p in others)
