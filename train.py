@@ -309,7 +309,8 @@ class Run:
                                               ns_dtype=torch.bfloat16 if self.products == torch.bfloat16 else None,
                                               embedding_lr=cfg.embedding_lr)
         self.scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
-        self.iter_num, self.best_val_loss, trained = self.restore(ckpt) if ckpt is not None else (0, float("inf"), 0.0)
+        restored = self.restore(ckpt) if ckpt is not None else (0, float("inf"), 0.0)
+        self.iter_num, self.best_val_loss, trained = restored
         del ckpt
         self.model = self.raw_model
         if compile:
@@ -382,11 +383,11 @@ class Run:
         if cfg.init_from != "scratch":
             model = load_pretrained(cfg.init_from, dropout=cfg.dropout, attn_impl=cfg.attn_impl)
             check_vocab(model.config.vocab_size, meta, data_dir, cfg.init_from)
-            self.check_memory(model.config, cfg.batch_size, held=model.state_dict())
             if cfg.block_size > model.config.block_size:
                 raise UserError(f"block_size ({cfg.block_size}) is longer than {cfg.init_from}'s context "
                                 f"({model.config.block_size}); use --block_size={model.config.block_size} or less")
             model.crop_block_size(cfg.block_size)
+            self.check_memory(model.config, cfg.batch_size, held=model.state_dict())
             shape = {k: getattr(model.config, k) for k in SHAPE_FIELDS}  # the weights decide the model's shape
             changed = [f"{k}={v}" for k, v in shape.items() if getattr(cfg, k) != v]
             if changed:
@@ -652,10 +653,11 @@ def startup_notes(cfg, model, device, tokens_per_iter, ckpt_path, iter_num=0, ea
                      f"learning rate of {last:.2e}, before its decay to {cfg.min_lr:.2e}; "
                      f"--lr_decay_iters={cfg.max_iters} decays within the run")
     if earlier is not None:
+        first = min(cfg.eval_interval, cfg.max_iters)
         notes.append(f"{latest_form(ckpt_path)} holds an earlier run ({earlier}); this {cfg.init_from} run replaces "
-                     f"it, and its best checkpoint, when it first saves at an evaluation (at iter "
-                     f"{min(cfg.eval_interval, cfg.max_iters)} at the earliest); until then it is kept, and Ctrl-C saves nothing "
-                     f"(--init_from=resume would continue it instead; --out_dir=DIR keeps both)")
+                     f"it, and its best checkpoint, when it first saves at an evaluation (at iter {first} at the "
+                     f"earliest); until then it is kept, and Ctrl-C saves nothing (--init_from=resume would continue "
+                     f"it instead; --out_dir=DIR keeps both)")
     if cfg.init_from == "resume" and not cfg.eval_only and iter_num >= cfg.max_iters:
         notes.append(f"the checkpoint is at iter {iter_num} and max_iters is {cfg.max_iters}: nothing to train; "
                      f"pass --max_iters=N with N > {iter_num} to continue")
@@ -675,7 +677,7 @@ def earlier_run(ckpt_path):
             ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         return f"iter {int(ckpt['iter_num'])}, best val loss {float(ckpt['best_val_loss']):.4f}"
     except Exception:  # only for a note: what the file holds is checked where it is loaded
-        return "not readable as a checkpoint"
+        return "its iter and val loss could not be read"
 
 
 def trained_before(ckpt, path):

@@ -194,7 +194,7 @@ def test_notes_name_the_laptop_recipe_a_short_warmup_and_a_checkpoint_about_to_b
     assert "use config/shakespeare_char_cpu.py" in notes[0]
     # lr at iter 49 of a 100-iter warmup: 1e-3 * 50 / 101, worked by hand
     assert "rises only to 4.95e-04 of its 1.00e-03" in notes[1]
-    assert "holds an earlier run (not readable as a checkpoint)" in notes[2] and "--init_from=resume" in notes[2]
+    assert "holds an earlier run (its iter and val loss could not be read)" in notes[2] and "--init_from=resume" in notes[2]
     assert "best checkpoint" in notes[2] and "at iter 50 at the earliest" in notes[2]
     done = replace(cfg, init_from="resume", warmup_iters=10, lr_decay_iters=50)
     assert startup_notes(done, model, torch.device("cpu"), 64 * 256, "x", iter_num=50)[-1] == (
