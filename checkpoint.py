@@ -9,8 +9,11 @@ ckpt.pt's name with .dcp for .pt: each process's shards of the weights and
 optimizer state, written by torch.distributed.checkpoint (DCP), and meta.pt
 with the other fields. Readers take either; the one saved last wins.
 """
+import functools
 import os
+import pickle
 import random
+import re
 import shutil
 import socket
 import tempfile
@@ -350,14 +353,69 @@ def read_sharded(directory, weights=True):
 
 def sharded_shapes(directory):
     """{name: (size, dtype)} of the model weights a DCP directory holds, from its metadata."""
-    import torch.distributed.checkpoint as dcp
+    reader = dcp_reader(directory)
     try:
-        metadata = dcp.FileSystemReader(directory).read_metadata()
+        metadata = reader.read_metadata()
+    except UserError:
+        raise
     except Exception as e:
         raise UserError(f"{directory}: its DCP metadata (.metadata) is missing or damaged ({type(e).__name__}); "
                         f"restore the directory from a backup or train again") from None
     return {k[len("model."):]: (v.size, v.properties.dtype) for k, v in metadata.state_dict_metadata.items()
             if k.startswith("model.") and hasattr(v, "size")}
+
+
+# what a DCP directory's .metadata (a pickle) may build: DCP's metadata classes, sizes, paths, and (by
+# the torch module's name) dtypes; anything else could run code
+DCP_METADATA_GLOBALS = {
+    "torch.distributed.checkpoint.metadata": {"Metadata", "MetadataIndex", "StorageMeta", "TensorProperties",
+                                              "TensorStorageMetadata", "BytesStorageMetadata",
+                                              "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING"},
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+    "torch.serialization": {"_get_layout"},  # a layout by its name
+    "torch": {"Size"},
+    "pathlib": {"Path", "PosixPath", "WindowsPath", "PurePath", "PurePosixPath", "PureWindowsPath"},
+}
+
+
+class MetadataUnpickler(pickle.Unpickler):
+    """Builds DCP's metadata and plain data; any other class or function is refused."""
+
+    def find_class(self, module, name):
+        if name in DCP_METADATA_GLOBALS.get(module, ()) or (
+                module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name}")
+
+
+def dcp_reader(directory):
+    """torch.distributed.checkpoint's reader of directory, reading .metadata with MetadataUnpickler (DCP's
+    own reader unpickles it with pickle, which runs any code the file names)."""
+    return safe_reader_class()(directory)
+
+
+@functools.cache
+def safe_reader_class():
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+
+    class SafeReader(FileSystemReader):
+        def read_metadata(self, *args, **kwargs):
+            path = self._get_metadata_path(kwargs.get("rank"))
+            with self.fs.create_stream(path, "rb") as f:
+                try:
+                    metadata = MetadataUnpickler(f).load()
+                except pickle.UnpicklingError as e:
+                    raise UserError(f"refusing to load {path}: it holds objects other than checkpoint metadata "
+                                    f"({e}), which could run code; only load checkpoints you trust") from None
+            if not isinstance(metadata, Metadata):
+                raise UserError(f"{path} holds a {type(metadata).__name__}, not DCP metadata; restore the "
+                                f"directory from a backup or train again")
+            if metadata.storage_meta is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+    return SafeReader
 
 
 def dcp_load(state, directory):
@@ -367,7 +425,7 @@ def dcp_load(state, directory):
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*single process")
-            dcp.load(state, checkpoint_id=directory)
+            dcp.load(state, checkpoint_id=directory, storage_reader=dcp_reader(directory))
     except (Exception, CheckpointException) as e:
         lines = [line for line in str(e).splitlines() if "Error" in line] or [type(e).__name__]
         raise UserError(f"{directory}: a shard is missing or damaged ({lines[-1].strip()}); restore the directory "

@@ -1,6 +1,8 @@
 """FSDP2 through torchrun (gloo on CPU): one process's result, sharded checkpoints, any world size."""
 import json
+import operator
 import os
+import pickle
 import shutil
 import socket
 import subprocess
@@ -9,7 +11,8 @@ import sys
 import pytest
 import torch
 
-from checkpoint import OutDirLock, load_checkpoint
+from checkpoint import OutDirLock, load_checkpoint, read_sharded
+from configurator import UserError
 from conftest import ROOT, run_script
 from test_ddp import TINY
 from train import TrainConfig, train
@@ -210,3 +213,77 @@ def test_activation_checkpointing_without_fsdp_follows_the_plain_run(tmp_path, c
         one_process(tmp_path, name, dataset=str(char_dataset), parallel="ddp", dropout=0.1, activation_checkpointing=on)
     assert len(calls) >= 2 * 5 * 2  # 2 Blocks x 5 iters x 2 micro-batches went through torch.utils.checkpoint
     assert_same_run(tmp_path / "plain", tmp_path / "recomputed", atol=1e-6)
+
+
+class RunsCodeThenReturns:
+    """Unpickling this creates the directory marker, then returns obj: what a hostile .metadata would do."""
+
+    def __init__(self, marker, obj):
+        self.marker, self.obj = marker, obj
+
+    def __reduce__(self):
+        return operator.itemgetter(1), ((MakesDirectory(self.marker), self.obj),)
+
+
+class MakesDirectory:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.makedirs, (self.marker, 0o777, True)
+
+
+def poison_metadata(directory, marker):
+    """directory/.metadata, rewritten to run code and then give the genuine metadata."""
+    genuine = pickle.loads((directory / ".metadata").read_bytes())  # trusted: this test wrote it
+    (directory / ".metadata").write_bytes(pickle.dumps(RunsCodeThenReturns(str(marker), genuine)))
+
+
+READERS = {
+    "sample.py": ["sample.py", "--max_new_tokens=5", "--num_samples=1"],
+    "serve.py": ["serve.py", "--port=0"],
+    "trace.py": ["trace.py", "--start=the", "--steps=1"],
+    "export.py": ["export.py", "--hf_dir={tmp}/hf"],
+    "fsdp.py": ["fsdp.py"],
+    "train.py resume": ["train.py", "--init_from=resume", "--max_iters=4"],
+}
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_a_sharded_checkpoint_whose_metadata_runs_code_is_refused_by_every_reader(tmp_path, char_dataset, reader):
+    out, marker = tmp_path / "o", tmp_path / "pwned"
+    one_process(tmp_path, "o", dataset=str(char_dataset), max_iters=2)
+    poison_metadata(out / "ckpt.dcp", marker)
+    before = sorted(os.listdir(out))
+    args = [a.format(tmp=tmp_path) for a in READERS[reader]] + [f"--out_dir={out}"]
+    result = run_script(args, timeout=120)
+    assert not marker.exists()
+    errors = [line for line in result.stderr.splitlines() if not line.startswith("override:")]
+    assert result.returncode == 2 and len(errors) == 1, result.stderr[-3000:]
+    assert f"refusing to load {out / 'ckpt.dcp' / '.metadata'}: it holds objects other than checkpoint metadata" \
+           f" (operator.itemgetter)" in errors[0]
+    assert sorted(os.listdir(out)) == before and not (tmp_path / "hf").exists()
+
+
+def test_sharded_processes_refuse_metadata_that_runs_code(tmp_path, char_dataset):
+    out, marker = tmp_path / "o", tmp_path / "pwned"
+    one_process(tmp_path, "o", dataset=str(char_dataset), max_iters=2)
+    poison_metadata(out / "ckpt.dcp", marker)
+    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py"]
+    result = run_script(launcher + [f"--out_dir={out}", "--init_from=resume", "--max_iters=4"], timeout=120)
+    assert result.returncode != 0 and not marker.exists()
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]  # one line per process
+    assert errors and all("refusing to load" in line for line in errors), result.stderr[-3000:]
+    assert "checkpoint.py" not in result.stderr  # torchrun's traceback alone: none from a process
+
+
+def test_the_metadata_reader_refuses_code_even_where_dcp_load_reads_it(tmp_path, char_dataset):
+    """dcp.load reads .metadata itself: through the allow-listed reader, one swapped in after the check runs nothing."""
+    from checkpoint import dcp_load
+    out, marker = tmp_path / "o", tmp_path / "pwned"
+    one_process(tmp_path, "o", dataset=str(char_dataset), max_iters=2)
+    ckpt = read_sharded(str(out / "ckpt.dcp"), weights=True)
+    poison_metadata(out / "ckpt.dcp", marker)
+    with pytest.raises(UserError, match="a shard is missing or damaged"):
+        dcp_load({"model": ckpt["model"]}, str(out / "ckpt.dcp"))
+    assert not marker.exists()
