@@ -110,11 +110,17 @@ def sharded_path(path):
 
 
 def complete_sharded(path):
-    """The directory holding path's sharded form with its meta.pt (written last): ckpt.dcp, or where a save
-    stopped between its two renames, the previous one moved aside (.ckpt.dcp.old); None if neither."""
+    """path's sharded form where it is complete (it has its meta.pt, written last), else None. Only the
+    visible name counts: what a save moved aside (.ckpt.dcp.old) is put back by the next writer, which
+    holds the lock (remove_partial_saves); a reader never takes it."""
     sharded = sharded_path(path)
-    aside = os.path.join(os.path.dirname(sharded), f".{os.path.basename(sharded)}.old")
-    return next((d for d in (sharded, aside) if os.path.isfile(os.path.join(d, "meta.pt"))), None)
+    return sharded if os.path.isfile(os.path.join(sharded, "meta.pt")) else None
+
+
+def moved_aside(path):
+    """Where an interrupted sharded save of path left the previous checkpoint (.ckpt.dcp.old)."""
+    sharded = sharded_path(path)
+    return os.path.join(os.path.dirname(sharded), f".{os.path.basename(sharded)}.old")
 
 
 def latest_form(path):
@@ -124,6 +130,12 @@ def latest_form(path):
                                 os.path.getmtime(os.path.join(sharded, "meta.pt")) > os.path.getmtime(path)):
         return sharded
     return path
+
+
+def interrupted_save(path):
+    """True where path has no visible form but an interrupted sharded save left its previous one aside."""
+    return (not os.path.exists(path) and not os.path.exists(sharded_path(path))
+            and os.path.isfile(os.path.join(moved_aside(path), "meta.pt")))
 
 
 def discard(path):
@@ -147,7 +159,12 @@ def load_checkpoint(path, map_location="cpu", weights=True):
     if form != path:
         return read_sharded(form, weights)
     if not os.path.exists(path):
-        raise UserError(f"no checkpoint at {path}; train one first (python train.py ... --out_dir={os.path.dirname(path) or '.'})")
+        out_dir = os.path.dirname(path) or "."
+        if interrupted_save(path):
+            raise UserError(f"no checkpoint at {path}: a save was interrupted and the previous checkpoint is in "
+                            f"{moved_aside(path)}; python train.py --init_from=resume --out_dir={out_dir} puts it "
+                            f"back and continues")
+        raise UserError(f"no checkpoint at {path}; train one first (python train.py ... --out_dir={out_dir})")
     ckpt = read_tensors(path, map_location)
     if not isinstance(ckpt, dict) or "model" not in ckpt or "model_args" not in ckpt:
         raise UserError(f"{path} is not a training checkpoint (needs 'model' and 'model_args' keys)")
@@ -469,39 +486,73 @@ def load_pretrained(name_or_path, **runtime):
 
 
 class OutDirLock:
-    """An exclusive lock on out_dir for a writer's lifetime (train.py): a second writer is refused in one line
-    naming the holder. The lock dies with its process (flock), so a killed run leaves none behind; the
-    file .lock stays, naming the last holder. Only the holder removes stale temporary files of saves.
-    Readers (sample.py, eval_only, trace.py, export.py) take no lock and delete nothing."""
+    """An exclusive lock on out_dir for a writer's lifetime (train.py, fsdp.py): a second writer is refused
+    in one line naming the holder. The lock dies with its process (flock), so a killed run leaves none
+    behind; the file .lock stays, naming the last holder. Only the holder removes stale temporary files of
+    saves. Readers (sample.py, eval_only, trace.py, export.py) take no lock and delete nothing.
 
-    def __init__(self, out_dir):
-        self.out_dir, self.file = out_dir, None
+    A lock is on the file .lock, not on its name: where .lock is deleted or replaced (a cleanup of
+    dotfiles), a second writer can lock a new one, so the holder checks before each save that .lock
+    still is its file (held)."""
+
+    def __init__(self, out_dir, program="train.py", instead="train into another --out_dir"):
+        self.out_dir, self.program, self.instead, self.file = out_dir, program, instead, None
+        self.path = os.path.join(out_dir, ".lock")
 
     def acquire(self):
         try:
             import fcntl
         except ImportError:  # no flock (Windows): writers are not guarded
             return self
-        try:
-            os.makedirs(self.out_dir, exist_ok=True)
-            self.file = open(os.path.join(self.out_dir, ".lock"), "a+", encoding="utf-8")
-        except OSError as e:
-            raise UserError(f"cannot write to out_dir {self.out_dir}: {e.strerror}; choose another --out_dir") from None
-        try:
-            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            self.file.seek(0)
-            holder = self.file.read().strip() or "another process"
-            self.file.close()
-            raise UserError(f"{self.out_dir} is in use by {holder}; wait for it to end (or stop it), or train "
-                            f"into another --out_dir") from None
+        if self.file is not None:
+            return self
+        for _ in range(3):  # .lock may be deleted between opening and locking it: then lock the new one
+            self.file = self.open_and_lock(fcntl)
+            if self.held():
+                break
+            self.release()
+        else:
+            raise UserError(f"cannot lock {self.path}: it keeps being deleted; stop what removes it and retry")
         self.file.seek(0)
         self.file.truncate()
-        self.file.write(f"train.py (pid {os.getpid()} on {socket.gethostname()}, since "
+        self.file.write(f"{self.program} (pid {os.getpid()} on {socket.gethostname()}, since "
                         f"{time.strftime('%Y-%m-%d %H:%M:%S')})")
         self.file.flush()
         remove_partial_saves(self.out_dir)
         return self
+
+    def open_and_lock(self, fcntl):
+        try:
+            os.makedirs(self.out_dir, exist_ok=True)
+            file = open(self.path, "a+", encoding="utf-8")
+        except OSError as e:
+            raise UserError(f"cannot write to out_dir {self.out_dir}: {e.strerror}; choose another --out_dir") from None
+        try:
+            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            file.seek(0)
+            holder = file.read().strip() or "another process"
+            file.close()
+            raise UserError(f"{self.out_dir} is in use by {holder}; wait for it to end (or stop it)"
+                            + (f", or {self.instead}" if self.instead else "")) from None
+        return file
+
+    def held(self):
+        """True while .lock is the file this process locked (or no lock is taken): not deleted, not replaced."""
+        if self.file is None:
+            return True
+        try:
+            now = os.stat(self.path)
+        except OSError:
+            return False
+        ours = os.fstat(self.file.fileno())
+        return (now.st_ino, now.st_dev) == (ours.st_ino, ours.st_dev)
+
+    def lost(self):
+        """The error for a writer whose .lock is no longer its own."""
+        return UserError(f"{self.path} was deleted or replaced while this {self.program} held it, so another "
+                         f"writer may be using {self.out_dir}; stopping without saving (the last checkpoint is "
+                         f"kept): leave .lock in place while a run writes there")
 
     def release(self):
         if self.file is not None:
@@ -511,8 +562,10 @@ class OutDirLock:
 
 def remove_partial_saves(out_dir):
     """Delete what saves that a killed run left half done (only the lock holder may: a live run's
-    temporary files look the same): temporary files and directories, and a sharded checkpoint moved
-    aside, which goes back in place where the new one never arrived."""
+    temporary files look the same): temporary files and directories. A sharded checkpoint moved aside
+    goes back in place where its checkpoint has no visible form, is removed where the new one arrived,
+    and is left alone beside a single file (which of the two is newer is not certain; the next sharded
+    save removes it)."""
     for name in os.listdir(out_dir):
         path = os.path.join(out_dir, name)
         if name.startswith((".ckpt.pt.", ".best.pt.")) and name.endswith(".tmp") or name in (".ckpt.pt.stale",
@@ -524,5 +577,5 @@ def remove_partial_saves(out_dir):
             final = os.path.join(out_dir, name[1:-len(".old")])
             if os.path.exists(final):
                 shutil.rmtree(path)
-            else:
+            elif not os.path.exists(os.path.splitext(final)[0] + ".pt"):
                 os.replace(path, final)

@@ -132,11 +132,20 @@ def consolidate(path):
 
 
 def main(argv):
-    from checkpoint import save_checkpoint
+    from checkpoint import OutDirLock, save_checkpoint
     cfg, _ = parse_args(ConsolidateConfig, argv)
     path = os.path.join(cfg.out_dir, cfg.ckpt)
-    ckpt = consolidate(path)
-    save_checkpoint(ckpt, path)
+    if not os.path.isdir(cfg.out_dir):
+        raise UserError(f"no checkpoint at {path}: {cfg.out_dir} is not a directory")
+    # a writer: a run training there would save after us, or we after it, and the older state win
+    lock = OutDirLock(cfg.out_dir, "fsdp.py", instead=None).acquire()
+    try:
+        ckpt = consolidate(path)
+        if not lock.held():
+            raise lock.lost()
+        save_checkpoint(ckpt, path)
+    finally:
+        lock.release()
     print(f"wrote {path} from {os.path.splitext(path)[0]}.dcp (iter {ckpt.get('iter_num')}); "
           f"train.py, sample.py and nanoGPT read it")
 

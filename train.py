@@ -33,9 +33,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from batches import ROOT, TRAINING, Batches, dataset_dir, estimate_loss
-from checkpoint import (RUNTIME_FIELDS, OutDirLock, config_from_model_args, discard, is_pretrained, latest_form,
-                        load_checkpoint, load_pretrained, load_sharded, model_args, model_from_checkpoint, rng_state,
-                        save_checkpoint, save_sharded, set_rng_state, sharded_path)
+from checkpoint import (RUNTIME_FIELDS, OutDirLock, config_from_model_args, discard, interrupted_save,
+                        is_pretrained, latest_form, load_checkpoint, load_pretrained, load_sharded, model_args,
+                        model_from_checkpoint, rng_state, save_checkpoint, save_sharded, set_rng_state, sharded_path)
 from configurator import UserError, convert, parse_args, report_overrides, run_main
 from device import autocast, cpu_matmul_flops, peak_flops_for, resolve_device, resolve_dtype, should_compile
 from fsdp import checkpoint_activations, first_non_finite, held_bytes, load_optimizer_state, no_gradient_sync, shard
@@ -226,6 +226,15 @@ def run_config(cfg, overrides, ckpt_path, world):
     return cfg, base, ckpt
 
 
+def all_ranks(flag, world):
+    """True where flag is true on every process (all of them call it together)."""
+    if world == 1:
+        return flag
+    failed = torch.tensor([int(not flag)], device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(failed)
+    return failed.item() == 0
+
+
 def train(cfg, overrides=None, log=print, t_start=None):
     """Run training as cfg says; returns a summary dict (iters, losses, time).
 
@@ -282,9 +291,14 @@ class Run:
     """One training run: what start-up builds, and the steps the loop takes."""
 
     def __init__(self, cfg, overrides, rank, local_rank, world, log, t_start, stop, lock):
-        self.rank, self.world, self.log, self.stop = rank, world, log, stop
+        self.rank, self.world, self.log, self.stop, self.lock = rank, world, log, stop, lock
         self.master = rank == 0
         self.ckpt_path = ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
+        if cfg.init_from == "resume":
+            if self.master and not cfg.eval_only and interrupted_save(ckpt_path):
+                lock.acquire()  # now, not once about to write: it puts back the checkpoint a save moved aside
+            if world > 1:
+                dist.barrier()  # every rank reads out_dir as rank 0 left it
         cfg, base, ckpt = run_config(cfg, overrides, ckpt_path, world)
         report_overrides(overrides, base, log)
         self.device = device = resolve_device(cfg.device, local_rank)
@@ -547,6 +561,8 @@ class Run:
     def save(self, name, rng=None):
         """ckpt.pt or best.pt (with --parallel=fsdp: ckpt.dcp or best.dcp), atomically; never non-finite weights.
         The other form of the same checkpoint, older, is removed."""
+        if not all_ranks(self.lock.held(), self.world):  # rank 0 holds it; the others agree, and stop together
+            raise self.lock.lost()
         bad = first_non_finite(self.raw_model, self.world)
         if bad:
             raise UserError(f"the weights are not finite at iter {self.iter_num} ({bad}); not saving {name}: the last "

@@ -364,3 +364,33 @@ def test_a_failing_file_system_is_one_line_and_keeps_the_checkpoint(tmp_path, ch
                                         "read-only: write elsewhere; the previous one is intact"):
         train(cfg, overrides, log=lambda *a: None)
     assert open(tmp_path / "out" / "ckpt.pt", "rb").read() == good
+
+
+def test_a_deleted_lock_file_is_no_longer_held_and_a_second_writer_gets_its_own(tmp_path):
+    first = checkpoint.OutDirLock(str(tmp_path)).acquire()
+    with pytest.raises(UserError, match="is in use by train.py"):
+        checkpoint.OutDirLock(str(tmp_path)).acquire()
+    os.remove(tmp_path / ".lock")  # a cleanup of dotfiles
+    second = checkpoint.OutDirLock(str(tmp_path), "second").acquire()
+    assert second.held() and not first.held()  # the first writer sees it before its next save
+    second.release()
+    first.release()
+
+
+def test_a_run_whose_lock_file_was_deleted_stops_before_saving(tmp_path, char_dataset, monkeypatch):
+    """A cleanup deletes out/.lock during the run and a second writer locks a new one: the first saves nothing."""
+    import train as train_module
+    original, second = train_module.estimate_loss, []
+
+    def estimate_then_lose_the_lock(*args, **kwargs):
+        if not second:  # the first evaluation (iter 0): nothing to save yet
+            os.remove(tmp_path / "out" / ".lock")
+            second.append(checkpoint.OutDirLock(str(tmp_path / "out"), "second").acquire())
+        return original(*args, **kwargs)
+    monkeypatch.setattr(train_module, "estimate_loss", estimate_then_lose_the_lock)
+    cfg = TrainConfig(**TINY, dataset=str(char_dataset), out_dir=str(tmp_path / "out"), max_iters=2, eval_interval=2)
+    with pytest.raises(UserError, match=r"\.lock was deleted or replaced while this train.py held it.*stopping "
+                                        r"without saving"):
+        train(cfg, log=lambda *a: None)
+    second[0].release()
+    assert sorted(os.listdir(tmp_path / "out")) == [".lock", "log.jsonl"]  # no ckpt.pt, no best.pt

@@ -287,3 +287,51 @@ def test_the_metadata_reader_refuses_code_even_where_dcp_load_reads_it(tmp_path,
     with pytest.raises(UserError, match="a shard is missing or damaged"):
         dcp_load({"model": ckpt["model"]}, str(out / "ckpt.dcp"))
     assert not marker.exists()
+
+
+def test_readers_and_fsdp_py_take_the_visible_checkpoint_not_one_moved_aside(tmp_path, char_dataset):
+    """A newer .ckpt.dcp.old beside ckpt.pt (what a save interrupted between its renames leaves) is not what
+    the user sees: sample.py and fsdp.py take ckpt.pt, which stays as it is."""
+    out = tmp_path / "o"
+    one_process(tmp_path, "o", dataset=str(char_dataset), parallel="ddp", max_iters=2)
+    sample = ["sample.py", f"--out_dir={out}", "--temperature=0", "--max_new_tokens=20", "--start=the"]
+    visible = run_script(sample)
+    one_process(tmp_path, "other", dataset=str(char_dataset), max_iters=4, learning_rate=0.05)  # other weights
+    os.replace(tmp_path / "other" / "ckpt.dcp", out / ".ckpt.dcp.old")  # its meta.pt is newer than ckpt.pt
+    before = (out / "ckpt.pt").read_bytes()
+    ckpt = load_checkpoint(str(out / "ckpt.pt"))
+    assert "sharded" not in ckpt and ckpt["iter_num"] == 2
+    assert run_script(sample).stdout == visible.stdout
+    result = run_script(["fsdp.py", f"--out_dir={out}"])
+    assert result.returncode == 2 and "is already a single file" in result.stderr, result.stderr
+    assert (out / "ckpt.pt").read_bytes() == before and (out / ".ckpt.dcp.old" / "meta.pt").exists()
+
+
+def test_resume_puts_back_a_checkpoint_an_interrupted_save_moved_aside(tmp_path, char_dataset):
+    """Alone, .ckpt.dcp.old is the checkpoint: readers say so and touch nothing; the next writer puts it back."""
+    out = tmp_path / "o"
+    one_process(tmp_path, "o", dataset=str(char_dataset), max_iters=2)
+    os.replace(out / "ckpt.dcp", out / ".ckpt.dcp.old")  # killed between save_sharded's two renames
+    result = run_script(["sample.py", f"--out_dir={out}"])
+    assert result.returncode == 2 and "a save was interrupted" in result.stderr, result.stderr
+    assert "--init_from=resume" in result.stderr
+    assert (out / ".ckpt.dcp.old" / "meta.pt").exists() and not (out / "ckpt.dcp").exists()
+    one_process(tmp_path, "o", init_from="resume", max_iters=3)
+    assert load_checkpoint(str(out / "ckpt.pt"))["iter_num"] == 3
+    assert [r["iter"] for r in records(out, "train")] == [1, 2, 3]
+
+
+def test_fsdp_py_refuses_an_out_dir_another_writer_holds(tmp_path, char_dataset):
+    out = tmp_path / "o"
+    one_process(tmp_path, "o", dataset=str(char_dataset), max_iters=2)
+    before = sorted(os.listdir(out))
+    lock = OutDirLock(str(out)).acquire()  # a run training there
+    try:
+        result = run_script(["fsdp.py", f"--out_dir={out}"])
+    finally:
+        lock.release()
+    errors = [line for line in result.stderr.splitlines()]
+    assert result.returncode == 2 and len(errors) == 1, result.stderr
+    assert f"{out} is in use by train.py (pid {os.getpid()} on" in errors[0]
+    assert sorted(os.listdir(out)) == before  # no ckpt.pt written
+    assert run_script(["fsdp.py", f"--out_dir={out}"]).returncode == 0
