@@ -444,6 +444,10 @@ class Run:
             raise UserError(f"{path} has no iter_num: it cannot be resumed (sample from it, or train anew)")
         best = ckpt.get("best_val_loss")  # nanoGPT writes a tensor
         iter_num, best_val_loss = int(ckpt["iter_num"]), float(best) if best is not None else float("inf")
+        if math.isnan(best_val_loss) or best_val_loss == -math.inf:  # no val loss beats it: best.pt would stay
+            self.log(f"note: {path} records best_val_loss={best_val_loss}, which no evaluation can beat; taken as "
+                     f"no best yet: the next evaluation writes best.pt")
+            best_val_loss = float("inf")
         try:
             if "scaler" in ckpt:
                 self.scaler.load_state_dict(ckpt["scaler"])

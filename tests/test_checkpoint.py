@@ -366,6 +366,13 @@ def test_a_failing_file_system_is_one_line_and_keeps_the_checkpoint(tmp_path, ch
     assert open(tmp_path / "out" / "ckpt.pt", "rb").read() == good
 
 
+def trained(tmp_path, char_dataset, **overrides):
+    cfg = TrainConfig(**{**TINY, "max_iters": 2, "eval_interval": 2, **overrides}, dataset=str(char_dataset),
+                      out_dir=str(tmp_path / "out"))
+    train(cfg, log=lambda *a: None)
+    return tmp_path / "out"
+
+
 def test_a_deleted_lock_file_is_no_longer_held_and_a_second_writer_gets_its_own(tmp_path):
     first = checkpoint.OutDirLock(str(tmp_path)).acquire()
     with pytest.raises(UserError, match="is in use by train.py"):
@@ -394,3 +401,18 @@ def test_a_run_whose_lock_file_was_deleted_stops_before_saving(tmp_path, char_da
         train(cfg, log=lambda *a: None)
     second[0].release()
     assert sorted(os.listdir(tmp_path / "out")) == [".lock", "log.jsonl"]  # no ckpt.pt, no best.pt
+
+
+@pytest.mark.parametrize("best", [float("nan"), float("-inf"), torch.tensor(float("nan"))],
+                         ids=["nan", "-inf", "nan-tensor"])
+def test_a_best_val_loss_no_evaluation_can_beat_does_not_stop_best_pt(tmp_path, char_dataset, best):
+    """A damaged best_val_loss is taken as no best yet (the weights are fine): the next evaluation writes best.pt."""
+    out = trained(tmp_path, char_dataset)
+    state = torch.load(out / "ckpt.pt", weights_only=True)
+    torch.save({**state, "best_val_loss": best}, out / "ckpt.pt")
+    lines = []
+    cfg, overrides = parse_args(TrainConfig, ["--init_from=resume", f"--out_dir={out}", "--max_iters=4"])
+    summary = train(cfg, overrides, log=lines.append)
+    assert any("no best yet" in line for line in lines), lines
+    best_pt = load_checkpoint(str(out / "best.pt"))
+    assert best_pt["iter_num"] == 4 and best_pt["best_val_loss"] == summary["best_val_loss"] == summary["val_loss"]
