@@ -225,6 +225,7 @@ def model_from_checkpoint(ckpt, path="checkpoint", **runtime):
     if not isinstance(ckpt["model"], dict) or not all(isinstance(v, torch.Tensor) for v in ckpt["model"].values()):
         raise UserError(f"{path}: 'model' is not a dict of tensors; the file is not a training checkpoint")
     state = clean_state_dict(ckpt["model"])
+    check_storage(state, path)
     if config.tie_weights and "lm_head.weight" not in state and "transformer.wte.weight" in state:
         state["lm_head.weight"] = state["transformer.wte.weight"]
     check_shapes(config, state, path)
@@ -238,6 +239,26 @@ def model_from_checkpoint(ckpt, path="checkpoint", **runtime):
         raise UserError(f"{path} holds non-finite weights ({bad[0]}): the run that wrote it diverged; "
                         f"use an earlier checkpoint (best.pt?) or train again")
     return model
+
+
+def check_storage(state, path):
+    """Every tensor's bytes are in the file: a tensor whose storage is smaller than its shape (a stride-0
+    view), or tensors sharing their bytes (other than a tied lm_head), would make loading allocate from
+    sizes the file merely claims."""
+    storages = {}
+    for name, t in state.items():
+        need, held = t.numel() * t.element_size(), t.untyped_storage().nbytes() - t.storage_offset() * t.element_size()
+        if held < need:
+            raise UserError(f"{path}: {name} has shape {tuple(t.shape)} ({need:,} bytes) but its storage holds "
+                            f"{max(held, 0):,} bytes; the file is damaged or made to exhaust memory")
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    head, wte = state.get("lm_head.weight"), state.get("transformer.wte.weight")
+    tied = head is not None and wte is not None and (head.data_ptr(), head.shape, head.stride()) == (
+        wte.data_ptr(), wte.shape, wte.stride())
+    claimed = sum(t.numel() * t.element_size() for name, t in state.items() if not (tied and name == "lm_head.weight"))
+    if claimed > sum(storages.values()):
+        raise UserError(f"{path}: its weights claim {claimed:,} bytes but hold {sum(storages.values()):,} (tensors "
+                        f"share their bytes); the file is damaged or made to exhaust memory")
 
 
 # a RoPE model's block_size is not visible in its weights; its rotation table grows with it
@@ -263,22 +284,23 @@ def config_from_model_args(model_args, path, runtime):
     return config
 
 
-def check_shapes(config, state, path):
+def check_shapes(config, state, path, claims="model_args"):
     """Every weight GPT(config) expects is in state with its shape, and nothing else is: compared with the
-    model built on the meta device (shapes only, no memory)."""
-    layers = {int(k.split(".")[2]) for k in state if k.startswith("transformer.h.") and k.split(".")[2].isdigit()}
-    if layers != set(range(config.n_layer)):
-        raise UserError(f"{path}: model_args claims n_layer={config.n_layer} but the weights hold "
-                        f"{len(layers)} blocks; the file is damaged or its model_args were edited")
+    model built on the meta device (shapes only, no memory). claims: what config was read from."""
+    layers = {int(k.split(".")[2]) for k in state
+              if k.startswith("transformer.h.") and re.fullmatch(r"[0-9]{1,9}", k.split(".")[2])}
+    if len(layers) != config.n_layer or max(layers, default=-1) != config.n_layer - 1:  # layers is range(n_layer)
+        raise UserError(f"{path}: {claims} claims n_layer={config.n_layer} but the weights hold "
+                        f"{len(layers)} blocks; the file is damaged or its {claims} were edited")
     with torch.device("meta"):
         expected = {name: tuple(t.shape) for name, t in GPT(config).state_dict().items()}
     missing = [k for k in expected if k not in state]
     extra = [k for k in state if k not in expected]
     wrong = [k for k in expected if k in state and tuple(state[k].shape) != expected[k]]
     if missing or extra or wrong:
-        what = (f"{wrong[0]} has shape {tuple(state[wrong[0]].shape)}, model_args make it {expected[wrong[0]]}"
+        what = (f"{wrong[0]} has shape {tuple(state[wrong[0]].shape)}, {claims} make it {expected[wrong[0]]}"
                 if wrong else f"missing {missing[0]}" if missing else f"unexpected {extra[0]}")
-        raise UserError(f"{path}: weights do not match its model_args ({what}; {len(missing)} missing, "
+        raise UserError(f"{path}: weights do not match its {claims} ({what}; {len(missing)} missing, "
                         f"{len(extra)} unexpected, {len(wrong)} of another shape)")
 
 
@@ -360,7 +382,13 @@ def read_sharded(directory, weights=True):
     check_shapes(config, {k: torch.empty(size, device="meta") for k, (size, _) in shapes.items()}, directory)
     if weights:
         from memory import check_fits
-        check_fits(sum(size.numel() * dtype.itemsize for size, dtype in shapes.values()), torch.device("cpu"),
+        claimed = sum(size.numel() * dtype.itemsize for size, dtype in shapes.values())
+        held = sum(e.stat().st_size for e in os.scandir(directory) if e.name.endswith(".distcp"))
+        if claimed > held:
+            raise UserError(f"{directory}: a shard is missing or damaged (the metadata claims {claimed:,} bytes of "
+                            f"weights, the shard files hold {held:,}); restore the directory from a backup or train "
+                            f"again")
+        check_fits(claimed, torch.device("cpu"),
                    f"reading the weights of {directory}", "free some memory")
         state = {k: torch.empty(size, dtype=dtype) for k, (size, dtype) in shapes.items()}
         dcp_load({"model": state}, directory)

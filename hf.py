@@ -36,18 +36,17 @@ def transformers_module():
 
 def from_hf(name_or_path, **runtime):
     """A GPT holding the weights of gpt2, gpt2-medium, gpt2-large, gpt2-xl or a local Hugging Face GPT-2
-    directory (safetensors only: a pickle can run code). runtime may set dropout and attn_impl."""
+    directory (safetensors only: a pickle can run code). runtime may set dropout and attn_impl.
+
+    A local directory's config.json is checked against the shapes its safetensors files hold (their
+    headers: nothing is loaded) before any model is built: its claimed sizes are not trusted."""
     transformers = transformers_module()
+    if os.path.isdir(name_or_path):
+        check_claims(name_or_path, config_from_hf(transformers.GPT2Config.from_pretrained(name_or_path),
+                                                  name_or_path, runtime))
     offline = not os.path.isdir(name_or_path) and not hub_reachable()  # then Hugging Face's cache, at once
     hf = transformers.GPT2LMHeadModel.from_pretrained(name_or_path, use_safetensors=True, local_files_only=offline)
-    c = hf.config
-    if c.activation_function not in FROM_HF_ACTIVATIONS:
-        raise ValueError(f"{name_or_path}: activation {c.activation_function!r} is not supported")
-    config = GPTConfig(block_size=c.n_positions, vocab_size=c.vocab_size, n_layer=c.n_layer, n_head=c.n_head,
-                       n_embd=c.n_embd, bias=True, norm_eps=c.layer_norm_epsilon,
-                       activation=FROM_HF_ACTIVATIONS[c.activation_function], mlp_hidden=c.n_inner,
-                       tie_weights=c.tie_word_embeddings, **runtime)
-    model = GPT(config)
+    model = GPT(config_from_hf(hf.config, name_or_path, runtime))
     theirs = hf.state_dict()
     with torch.no_grad():
         for name, p in model.state_dict().items():
@@ -69,6 +68,36 @@ def hub_reachable():
     except OSError:  # socket.gaierror: no such name, or no DNS at all
         return False
     return True
+
+
+def config_from_hf(c, name_or_path, runtime):
+    """Our GPTConfig of a transformers GPT2Config."""
+    if c.activation_function not in FROM_HF_ACTIVATIONS:
+        raise ValueError(f"{name_or_path}: activation {c.activation_function!r} is not supported")
+    return GPTConfig(block_size=c.n_positions, vocab_size=c.vocab_size, n_layer=c.n_layer, n_head=c.n_head,
+                     n_embd=c.n_embd, bias=True, norm_eps=c.layer_norm_epsilon,
+                     activation=FROM_HF_ACTIVATIONS[c.activation_function], mlp_hidden=c.n_inner,
+                     tie_weights=c.tie_word_embeddings, **runtime)
+
+
+def check_claims(directory, config):
+    """config (from directory's config.json) against the names and shapes in its safetensors headers."""
+    from safetensors import safe_open
+
+    from checkpoint import check_shapes
+    state = {}
+    for file in sorted(f for f in os.listdir(directory) if f.endswith(".safetensors")):
+        with safe_open(os.path.join(directory, file), "pt") as f:
+            for key in f.keys():
+                name = key if key.startswith(("transformer.", "lm_head.")) else "transformer." + key  # GPT2Model's
+                if not name.endswith((".attn.bias", ".attn.masked_bias")):  # older versions' mask buffers
+                    shape = f.get_slice(key).get_shape()
+                    state[name] = torch.empty(shape[::-1] if name.endswith(CONV1D) else shape, device="meta")
+    if not state:
+        return  # no safetensors file: from_pretrained says so
+    if config.tie_weights and "lm_head.weight" not in state and "transformer.wte.weight" in state:
+        state["lm_head.weight"] = state["transformer.wte.weight"]
+    check_shapes(config, state, directory, claims="config.json")
 
 
 def incompatibilities(config):

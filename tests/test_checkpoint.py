@@ -416,3 +416,58 @@ def test_a_best_val_loss_no_evaluation_can_beat_does_not_stop_best_pt(tmp_path, 
     assert any("no best yet" in line for line in lines), lines
     best_pt = load_checkpoint(str(out / "best.pt"))
     assert best_pt["iter_num"] == 4 and best_pt["best_val_loss"] == summary["best_val_loss"] == summary["val_loss"]
+
+
+def no_model_built_outside_meta(monkeypatch):
+    """GPT(config) may run only on the meta device (shapes, no memory): a real one fails the test."""
+    real = checkpoint.GPT
+
+    def guarded(config):
+        assert torch.get_default_device().type == "meta", "a model was built from unchecked sizes"
+        return real(config)
+    monkeypatch.setattr(checkpoint, "GPT", guarded)
+
+
+def test_weights_whose_storage_is_smaller_than_their_shape_are_refused_before_allocating(tmp_path, monkeypatch):
+    """torch.zeros(1).expand(...) saves one number: loading it into a model of its shape allocates it all."""
+    config = GPTConfig(block_size=16, vocab_size=64, n_layer=2, n_head=4, n_embd=32, bias=True)
+    state = {k: torch.zeros(1).expand(v.shape) for k, v in GPT(config).state_dict().items()}
+    path = tmp_path / "ckpt.pt"
+    torch.save({"model": state, "model_args": checkpoint.model_args(config)}, path)
+    assert os.path.getsize(path) < sum(v.numel() * 4 for v in state.values())
+    no_model_built_outside_meta(monkeypatch)
+    with pytest.raises(UserError, match=r"transformer.wte.weight has shape \(64, 32\) \(8,192 bytes\) but its "
+                                        r"storage holds 4 bytes"):
+        checkpoint.model_from_checkpoint(load_checkpoint(str(path)), str(path))
+
+
+def test_blocks_sharing_one_storage_are_refused_before_allocating(tmp_path, monkeypatch):
+    """Every block's weights the same tensors: the file holds one block, the model would allocate n_layer."""
+    config = GPTConfig(block_size=16, vocab_size=64, n_layer=4, n_head=4, n_embd=32, bias=True)
+    state = GPT(config).state_dict()
+    state = {k: state[k.replace(f".h.{k.split('.')[2]}.", ".h.0.")] if k.startswith("transformer.h.") else v
+             for k, v in state.items()}
+    path = tmp_path / "ckpt.pt"
+    torch.save({"model": state, "model_args": checkpoint.model_args(config)}, path)
+    no_model_built_outside_meta(monkeypatch)
+    with pytest.raises(UserError, match="tensors share their bytes"):
+        checkpoint.model_from_checkpoint(load_checkpoint(str(path)), str(path))
+    tied = GPTConfig(block_size=16, vocab_size=64, n_layer=2, n_head=4, n_embd=32, tie_weights=True)
+    torch.save({"model": GPT(tied).state_dict(), "model_args": checkpoint.model_args(tied)}, path)
+    monkeypatch.undo()
+    checkpoint.model_from_checkpoint(load_checkpoint(str(path)), str(path))  # lm_head is wte: one tensor, two names
+
+
+def test_a_billion_claimed_layers_are_refused_without_counting_to_a_billion(tmp_path, char_dataset):
+    """Refused in one line by sample.py, in a process allowed 3 GiB of address space."""
+    import resource
+    out = trained(tmp_path, char_dataset)
+    state = torch.load(out / "ckpt.pt", weights_only=True)
+    torch.save({**state, "model_args": {**state["model_args"], "n_layer": 10 ** 9}}, out / "ckpt.pt")
+
+    def limit_memory():
+        resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+    result = subprocess.run([sys.executable, "sample.py", f"--out_dir={out}"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120, preexec_fn=limit_memory)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert "claims n_layer=1000000000 but the weights hold 2 blocks" in result.stderr

@@ -335,3 +335,28 @@ def test_fsdp_py_refuses_an_out_dir_another_writer_holds(tmp_path, char_dataset)
     assert f"{out} is in use by train.py (pid {os.getpid()} on" in errors[0]
     assert sorted(os.listdir(out)) == before  # no ckpt.pt written
     assert run_script(["fsdp.py", f"--out_dir={out}"]).returncode == 0
+
+
+def test_sharded_sizes_claimed_beyond_the_shard_files_allocate_nothing(tmp_path, char_dataset, monkeypatch):
+    """meta.pt's model_args and .metadata's sizes agree on a model 32 times wider than the shards hold."""
+    import memory
+    from model import GPT, GPTConfig
+    out = tmp_path / "o"
+    one_process(tmp_path, "o", dataset=str(char_dataset), max_iters=2)
+    meta = torch.load(out / "ckpt.dcp" / "meta.pt", weights_only=True)
+    meta["model_args"].update(n_embd=1024, n_head=2)
+    torch.save(meta, out / "ckpt.dcp" / "meta.pt")
+    with torch.device("meta"):
+        shapes = {k: v.shape for k, v in GPT(GPTConfig(**meta["model_args"])).state_dict().items()}
+    metadata = pickle.loads((out / "ckpt.dcp" / ".metadata").read_bytes())  # trusted: this test wrote it
+    for key, entry in metadata.state_dict_metadata.items():
+        if key.startswith("model."):
+            entry.size = shapes[key[len("model."):]]
+    (out / "ckpt.dcp" / ".metadata").write_bytes(pickle.dumps(metadata))
+
+    def must_not_allocate(*args, **kwargs):
+        raise AssertionError("about to allocate from claimed sizes")
+    monkeypatch.setattr(memory, "check_fits", must_not_allocate)  # called just before the weights are allocated
+    with pytest.raises(UserError, match=r"a shard is missing or damaged \(the metadata claims [0-9,]+ bytes of "
+                                        r"weights, the shard files hold [0-9,]+\)"):
+        read_sharded(str(out / "ckpt.dcp"))

@@ -211,3 +211,29 @@ def test_a_hugging_face_directory_of_pickled_weights_is_refused(tmp_path):
     result = run_script(["sample.py", f"--init_from={tmp_path / 'pickled'}", "--num_samples=1", "--max_new_tokens=2"])
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "holds its weights as a pickle (pytorch_model.bin), which can run code" in result.stderr
+
+
+@pytest.mark.parametrize("claim", [dict(n_layer=2000, n_embd=8192), dict(n_embd=8192, n_head=4)],
+                         ids=["2000 layers", "8192 wide"])
+def test_a_config_json_claiming_more_than_its_weights_is_refused_before_building(hf_dir, tmp_path, monkeypatch, claim):
+    """config.json against the safetensors header: neither transformers nor we build a model of the claimed size."""
+    import json
+    import shutil
+
+    import hf
+    from checkpoint import load_pretrained
+    from configurator import UserError
+    claimed = tmp_path / "claimed"
+    shutil.copytree(hf_dir, claimed)
+    config = json.loads((claimed / "config.json").read_text())
+    (claimed / "config.json").write_text(json.dumps({**config, **claim}))
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("a model was built from config.json's claimed sizes")
+    monkeypatch.setattr(transformers.GPT2LMHeadModel, "from_pretrained", must_not_run)
+    monkeypatch.setattr(hf, "GPT", must_not_run)
+    expected = ("config.json claims n_layer=2000 but the weights hold 2 blocks" if "n_layer" in claim else
+                r"weights do not match its config.json \(transformer.wte.weight has shape \(300, 48\), config.json "
+                r"make it \(300, 8192\)")
+    with pytest.raises(UserError, match=expected):
+        load_pretrained(str(claimed))
