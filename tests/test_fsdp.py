@@ -337,6 +337,45 @@ def test_fsdp_py_refuses_an_out_dir_another_writer_holds(tmp_path, char_dataset)
     assert run_script(["fsdp.py", f"--out_dir={out}"]).returncode == 0
 
 
+def by_value(consolidated, source):
+    """{parameter name: (optimizer, index)}: each entry of the sharded source's optimizer state (keyed by name)
+    matched to the one entry of the single file's (keyed by index) holding the same tensors."""
+    parts = [(None, consolidated)] if "state" in consolidated else list(consolidated.items())
+    entries = {(part, i): s for part, opt in parts for i, s in opt["state"].items()}
+    match = {}
+    for name, s in source["state"].items():
+        same = [key for key, t in entries.items()
+                if t.keys() == s.keys() and all(torch.equal(torch.as_tensor(t[k]), torch.as_tensor(s[k])) for k in s)]
+        assert len(same) == 1, (name, same)
+        match[name] = same[0]
+    assert sorted(match.values(), key=str) == sorted(entries, key=str)  # one to one, nothing left over
+    groups = [{**g, "params": {(part, i) for i in g["params"]}} for part, opt in parts for g in opt["param_groups"]]
+    return match, groups
+
+
+@pytest.mark.parametrize("options", [dict(embedding_lr=0.02, value_embeds=1),
+                                     dict(optimizer="muon", embedding_lr=0.02)], ids=["adamw-embedding_lr-value_embeds", "muon-embedding_lr"])
+def test_fsdp_py_keeps_every_optimizer_value_and_group_and_its_file_resumes_exactly(tmp_path, char_dataset, options):
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    out = tmp_path / "cut"
+    torchrun(f"--dataset={char_dataset}", f"--out_dir={out}", "--max_iters=3",
+             *(f"--{k}={v}" for k, v in options.items()))
+    dcp_to_torch_save(str(out / "ckpt.dcp"), str(tmp_path / "source.pt"))  # DCP's own reading of every shard
+    source = torch.load(tmp_path / "source.pt", weights_only=True)["optimizer"]
+    assert run_script(["fsdp.py", f"--out_dir={out}"]).returncode == 0
+    consolidated = torch.load(out / "ckpt.pt", weights_only=True)["optimizer"]
+    match, groups = by_value(consolidated, source)
+    assert len(groups) == len(source["param_groups"]) == 3 + ("optimizer" in options)  # embeddings: their own group
+    for group in source["param_groups"]:
+        twin = [g for g in groups if g["params"] == {match[name] for name in group["params"]}]
+        assert len(twin) == 1 and {k: v for k, v in twin[0].items() if k != "params"} == \
+            {k: v for k, v in group.items() if k != "params"}, (group, twin)
+    shutil.rmtree(out / "ckpt.dcp")  # resume from the single file alone
+    one_process(tmp_path, "cut", init_from="resume", parallel="ddp", max_iters=5)
+    one_process(tmp_path, "straight", dataset=str(char_dataset), parallel="ddp", **options)
+    assert_same_run(tmp_path / "straight", out)
+
+
 def test_sharded_sizes_claimed_beyond_the_shard_files_allocate_nothing(tmp_path, char_dataset, monkeypatch):
     """meta.pt's model_args and .metadata's sizes agree on a model 32 times wider than the shards hold."""
     import memory
