@@ -110,13 +110,18 @@ class ConsolidateConfig:
     ckpt: str = "ckpt.pt"  # which checkpoint: ckpt.pt (latest) or best.pt; its sharded form is read
 
 
-def consolidate(path):
-    """The single-file checkpoint (nanoGPT's keys, optimizer keyed by index) of path's sharded form."""
-    from checkpoint import complete_sharded, load_checkpoint, load_sharded, model_from_checkpoint, sharded_path
-    from optim import configure_optimizers
+def check_exists(path):
+    from checkpoint import complete_sharded, sharded_path
     if complete_sharded(path) is None and not os.path.exists(path):
         raise UserError(f"no sharded checkpoint at {sharded_path(path)}; train one first (python train.py ... "
                         f"--parallel=fsdp --out_dir={os.path.dirname(path) or '.'})")
+
+
+def consolidate(path):
+    """The single-file checkpoint (nanoGPT's keys, optimizer keyed by index) of path's sharded form."""
+    from checkpoint import load_checkpoint, load_sharded, model_from_checkpoint
+    from optim import configure_optimizers
+    check_exists(path)
     ckpt = load_checkpoint(path)
     if "sharded" not in ckpt:
         raise UserError(f"{path} is already a single file (its sharded form is absent or older)")
@@ -137,6 +142,7 @@ def main(argv):
     path = os.path.join(cfg.out_dir, cfg.ckpt)
     if not os.path.isdir(cfg.out_dir):
         raise UserError(f"no checkpoint at {path}: {cfg.out_dir} is not a directory")
+    check_exists(path)  # before the lock, which writes .lock: a refusal leaves out_dir as it was
     # a writer: a run training there would save after us, or we after it, and the older state win
     lock = OutDirLock(cfg.out_dir, "fsdp.py", instead=None).acquire()
     try:
