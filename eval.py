@@ -1,0 +1,119 @@
+"""Score a checkpoint on lm-evaluation-harness tasks, in process (no server): the field's own numbers.
+
+    python tasks/prepare.py  # our next-line tasks, from the val splits
+    python eval.py --out_dir=out-tangshi --tasks=tangshi_next_line --include_path=tasks
+    python eval.py --out_dir=out-shakespeare-char --tasks=shakespeare_next_line --include_path=tasks --limit=100
+    python eval.py --out_dir=out --tasks=hellaswag,arc_easy  # a GPT-2 BPE model; lm-eval downloads the data
+
+The model is harness.NanoGPT (loglikelihood, loglikelihood_rolling, generate_until
+over out_dir/ckpt.pt with its own tokenizer). Prints lm-eval's table and writes its
+results JSON to --output_path (default out_dir/eval_results.json). docs/eval.md
+says what each task measures.
+"""
+import difflib
+import json
+import logging
+import os
+import sys
+from dataclasses import dataclass
+
+from configurator import UserError, parse_args, report_overrides, run_main
+from device import resolve_device
+
+
+@dataclass
+class EvalConfig:
+    out_dir: str = "out"  # where train.py wrote the checkpoint
+    ckpt: str = "ckpt.pt"  # ckpt.pt (latest) or best.pt (best val loss)
+    tasks: str = ""  # lm-eval task names, comma-separated: tangshi_next_line,hellaswag
+    include_path: str | None = None  # a folder of task YAMLs added to lm-eval's (ours: tasks)
+    limit: float | None = None  # at most this many examples per task (a fraction if below 1): for trying things
+    num_fewshot: int | None = None  # examples shown before each question; None: the task's own choice
+    batch_size: int = 16  # requests per forward
+    device: str = "auto"
+    output_path: str | None = None  # the results JSON; None: out_dir/eval_results.json
+
+    def __post_init__(self):
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {self.batch_size}")
+        if self.limit is not None and self.limit <= 0:
+            raise ValueError(f"limit must be positive (a count, or a fraction below 1), got {self.limit}")
+
+    @property
+    def task_list(self):
+        return [t.strip() for t in self.tasks.split(",") if t.strip()]
+
+
+def task_manager(include_path, names):
+    """lm-eval's TaskManager with include_path's tasks; every name checked, with the nearest as a hint."""
+    from lm_eval.tasks import TaskManager
+    if include_path is not None and not os.path.isdir(include_path):
+        raise UserError(f"--include_path={include_path} is not a folder of task YAMLs (ours: --include_path=tasks)")
+    if include_path is not None:  # lm-eval's own thousands of YAMLs are indexed only when a name needs them
+        manager = TaskManager(include_path=include_path, include_defaults=False)
+        if all(name in manager.all_tasks for name in names):
+            return manager
+    manager = TaskManager(include_path=include_path)
+    known = set(manager.all_tasks)
+    for name in names:
+        if name not in known:
+            near = difflib.get_close_matches(name, known, n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else (
+                "" if include_path else "; ours need --include_path=tasks")
+            raise UserError(f"unknown task {name!r}{hint}; lm-eval's list: python -m lm_eval ls tasks")
+    return manager
+
+
+def fetch_error(e):
+    """A UserError for a task whose data could not be fetched (offline, no such dataset), else None."""
+    chain = [e]
+    while chain[-1].__cause__ or chain[-1].__context__:
+        chain.append(chain[-1].__cause__ or chain[-1].__context__)
+    names = " ".join(f"{type(x).__module__}.{type(x).__name__}" for x in chain)
+    if not any(m in names for m in ("datasets.", "huggingface_hub.", "requests.", "ConnectionError")):
+        return None
+    detail = str(e).splitlines()[0] if str(e) else type(e).__name__
+    return UserError(f"a task's data could not be fetched from the Hugging Face Hub ({detail}); connect to the "
+                     f"network once (datasets caches it), or choose tasks with local data (--include_path=tasks)")
+
+
+def evaluate(lm, cfg, manager):
+    import lm_eval
+    limit = int(cfg.limit) if cfg.limit is not None and cfg.limit >= 1 else cfg.limit
+    try:
+        return lm_eval.simple_evaluate(model=lm, tasks=cfg.task_list, num_fewshot=cfg.num_fewshot, limit=limit,
+                                       task_manager=manager, log_samples=False)
+    except UserError:
+        raise
+    except Exception as e:
+        error = fetch_error(e)
+        if error is None:
+            raise
+        raise error from None
+
+
+def main(argv):
+    cfg, overrides = parse_args(EvalConfig, argv)
+    report_overrides(overrides, EvalConfig(), log=lambda line: print(line, file=sys.stderr))
+    if not cfg.task_list:
+        raise UserError("no tasks: name them with --tasks=a,b (e.g. --tasks=tangshi_next_line --include_path=tasks)")
+    output_path = cfg.output_path or os.path.join(cfg.out_dir, "eval_results.json")
+    logging.getLogger("lm_eval").setLevel(logging.WARNING)  # its per-task INFO lines drown the table
+    from lm_eval.utils import handle_non_serializable, make_table
+    from harness import NanoGPT
+    manager = task_manager(cfg.include_path, cfg.task_list)
+    lm = NanoGPT(out_dir=cfg.out_dir, ckpt=cfg.ckpt, device=resolve_device(cfg.device), batch_size=cfg.batch_size)
+    results = evaluate(lm, cfg, manager)
+    print(make_table(results))
+    if "groups" in results:
+        print(make_table(results, "groups"))
+    os.makedirs(os.path.dirname(output_path) or ".", exist_ok=True)
+    tmp = output_path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(results, f, indent=2, default=handle_non_serializable, ensure_ascii=False)
+    os.replace(tmp, output_path)
+    print(f"results written to {output_path}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,179 @@
+"""lm-evaluation-harness's model "nanogpt": a checkpoint of this repository scored in process, no server.
+
+    from harness import NanoGPT; lm_eval.simple_evaluate(NanoGPT(out_dir="out-tangshi"), tasks=[...])
+
+The three request types, with the semantics of lm-eval's Hugging Face model:
+loglikelihood sums the log-probabilities of the continuation's tokens given the
+context (context and continuation tokenized as lm-eval's TemplateLM does) and says
+whether greedy decoding would have written it; loglikelihood_rolling scores a
+whole text in windows of block_size tokens, each token predicted once, the first
+one after a prefix token; generate_until decodes with the KV cache (generate.py)
+until a stop string. Inputs longer than block_size keep their last block_size
+tokens. Requests are sorted by length (longest first) and run several to a forward.
+"""
+import zlib
+
+import torch
+import torch.nn.functional as F
+from lm_eval.api.model import TemplateLM
+from lm_eval.api.registry import register_model
+from lm_eval.models.utils import Collator, handle_stop_sequences, normalize_gen_kwargs
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+from batches import dataset_dir
+from checkpoint import load_checkpoint, model_from_checkpoint
+from configurator import UserError
+from generate import Continuation, stream
+from tokenizer import check_meta, read_meta, tokenizer_from_meta
+
+MAX_GEN_TOKS = 256  # lm-eval's default when a task names no max_gen_toks
+
+
+def load(out_dir, ckpt="ckpt.pt", device="cpu"):
+    """The model (eval mode, on device) and tokenizer of out_dir/ckpt."""
+    source = f"{out_dir}/{ckpt}"
+    checkpoint = load_checkpoint(source, map_location=device)
+    model = model_from_checkpoint(checkpoint, source, dropout=0.0)
+    if checkpoint.get("tokenizer") is not None:
+        meta = check_meta(checkpoint["tokenizer"], f"{source}: its tokenizer")
+    else:  # older and nanoGPT checkpoints: the dataset's metadata
+        dataset = (checkpoint.get("config") or {}).get("dataset")
+        meta = read_meta(dataset_dir(dataset)) if dataset else None
+    if meta is None and model.config.vocab_size < 50257:
+        raise UserError(f"{source} carries no tokenizer and its dataset's meta.json is not found; re-run the "
+                        f"dataset's prepare.py")
+    tokenizer = tokenizer_from_meta(meta)
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise UserError(f"{source} has a vocabulary of {model.config.vocab_size} tokens but its tokenizer has "
+                        f"{tokenizer.vocab_size}")
+    return model.eval().to(device), tokenizer
+
+
+@register_model("nanogpt")
+class NanoGPT(TemplateLM):
+    """A GPT of model.py and its tokenizer, as lm-eval's LM: give model and tokenizer, or out_dir."""
+
+    def __init__(self, model=None, tokenizer=None, out_dir=None, ckpt="ckpt.pt", device="cpu", batch_size=16):
+        super().__init__()
+        if model is None:
+            model, tokenizer = load(out_dir, ckpt, device)
+        self.model, self.tokenizer = model, tokenizer
+        self.batch_size = int(batch_size)
+        self._device = next(model.parameters()).device
+        self.block_size = model.config.block_size
+
+    @property
+    def eot_token_id(self):
+        return self.tokenizer.eot
+
+    @property
+    def prefix_token_id(self):
+        """What a text's first token is predicted after: end-of-text, or for character models (which
+        have none) a newline, as sample.py starts from one."""
+        if self.tokenizer.eot is not None:
+            return self.tokenizer.eot
+        if "\n" not in getattr(self.tokenizer, "stoi", {}):
+            raise UserError("the tokenizer has neither an end-of-text token nor a newline to begin a text with")
+        return self.tokenizer.stoi["\n"]
+
+    @property
+    def max_length(self):
+        return self.block_size
+
+    def tok_encode(self, string, add_special_tokens=None, **kwargs):
+        return self.tokenizer.encode(string)
+
+    def check_vocabulary(self, requests, texts):
+        """A character model encodes only the characters it was trained on: name the task and the others."""
+        stoi = getattr(self.tokenizer, "stoi", None)
+        if stoi is None:
+            return
+        for request in requests:
+            missing = sorted({c for text in texts(request) for c in text} - stoi.keys())
+            if missing:
+                shown = " ".join(repr(c) for c in missing[:20])
+                raise UserError(f"task {request.task_name}: its text has characters outside the model's vocabulary "
+                                f"of {len(stoi)} characters ({shown}{' ...' if len(missing) > 20 else ''}); "
+                                f"evaluate this model on tasks in its training data's language")
+
+    def loglikelihood(self, requests, disable_tqdm=False):
+        self.check_vocabulary(requests, lambda r: r.args)
+        return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
+
+    def loglikelihood_rolling(self, requests, disable_tqdm=False):
+        """Each text's log-likelihood: windows of block_size tokens, each token scored once."""
+        self.check_vocabulary(requests, lambda r: r.args[:1])
+        windows, owner = [], []
+        for i, request in enumerate(requests):
+            for context, continuation in map(make_disjoint_window, get_rolling_token_windows(
+                    token_list=self.tok_encode(request.args[0]), prefix_token=self.prefix_token_id,
+                    max_seq_len=self.block_size, context_len=1)):
+                windows.append((None, context, continuation))
+                owner.append(i)
+        totals = [0.0] * len(requests)
+        for i, (logprob, _) in zip(owner, self._loglikelihood_tokens(windows, disable_tqdm=True)):
+            totals[i] += logprob
+        return totals
+
+    @torch.no_grad()
+    def _loglikelihood_tokens(self, requests, disable_tqdm=False):
+        """(sum of the continuation's log-probs, whether each of its tokens is the argmax) per request."""
+        for _, context, continuation in requests:
+            if len(continuation) > self.block_size:
+                raise UserError(f"a continuation of {len(continuation)} tokens is longer than the model's "
+                                f"block_size ({self.block_size}); it cannot be scored")
+        order = Collator(requests, sort_fn=lambda r: (-len(r[1] + r[2]), tuple(r[1] + r[2])))
+        results = []
+        for chunk in order.get_batched(n=self.batch_size):
+            # the last block_size + 1 tokens: inputs are all but the last, targets all but the first
+            rows = [(c + t)[-(self.block_size + 1):] for _, c, t in chunk]
+            width = max(len(r) - 1 for r in rows)
+            x = torch.zeros(len(rows), width, dtype=torch.long, device=self._device)  # right padding: causal
+            for i, r in enumerate(rows):
+                x[i, :len(r) - 1] = torch.tensor(r[:-1])
+            logits, _ = self.model(x)
+            logprobs = F.log_softmax(logits.float(), dim=-1)  # (B, T, V)
+            for (_, _, cont), row, lp in zip(chunk, rows, logprobs):
+                n = len(row) - 1
+                lp = lp[n - len(cont):n]  # the positions that predict the continuation
+                target = torch.tensor(cont, device=lp.device)
+                picked = lp.gather(1, target[:, None]).sum()
+                results.append((picked.item(), bool((lp.argmax(-1) == target).all())))
+        return order.get_original(results)
+
+    def generate_until(self, requests, disable_tqdm=False):
+        """Decode each context until one of its stop strings, greedily or at the request's temperature."""
+        self.check_vocabulary(requests, lambda r: r.args[:1])
+        eos = self.tokenizer.decode([self.eot_token_id]) if self.eot_token_id is not None else None
+        groups = {}  # rows decoded together share their arguments and their context's length
+        for i, (context, gen_kwargs) in enumerate(r.args for r in requests):
+            ids = (self.tok_encode(context) or [self.prefix_token_id])[-self.block_size:]
+            kwargs = normalize_gen_kwargs(gen_kwargs, MAX_GEN_TOKS)
+            until = handle_stop_sequences(kwargs.pop("until", None), eos=eos)
+            key = (repr(sorted(kwargs.items())), repr(until), len(ids))
+            groups.setdefault(key, (kwargs, until, []))[2].append((i, context, ids))
+        out = [None] * len(requests)
+        for key in sorted(groups, key=lambda k: -k[2]):
+            kwargs, until, rows = groups[key]
+            for start in range(0, len(rows), self.batch_size):
+                batch = rows[start:start + self.batch_size]
+                for (i, _, _), text in zip(batch, self.decode_batch(batch, kwargs, until)):
+                    out[i] = text
+        return out
+
+    def decode_batch(self, batch, kwargs, until):
+        x = torch.tensor([ids for _, _, ids in batch], dtype=torch.long, device=self._device)
+        temperature = float(kwargs.get("temperature") or 0.0) if kwargs.get("do_sample") else 0.0
+        generators = None
+        if temperature > 0:  # each row's own seed: the same text whatever the batch
+            generators = [torch.Generator(device=self._device).manual_seed(zlib.crc32(c.encode())) for _, c, _ in batch]
+        texts = [Continuation(self.tokenizer, until) for _ in batch]
+        for tok in stream(self.model, x, int(kwargs["max_gen_toks"]), temperature, kwargs.get("top_k"),
+                          kwargs.get("top_p"), generator=generators):
+            for text, t in zip(texts, tok.tolist()):
+                text.add(t)
+            if all(text.done for text in texts):
+                break
+        for text in texts:
+            text.finish()
+        return [text.text for text in texts]

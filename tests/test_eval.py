@@ -1,0 +1,171 @@
+"""eval.py and harness.NanoGPT: lm-evaluation-harness's requests answered by a checkpoint, checked against
+a numpy log-softmax over the exact token ids and against generate.py's own greedy decoding."""
+import json
+
+import numpy as np
+import pytest
+import torch
+from lm_eval.api.instance import Instance
+
+from conftest import CORPUS, run_script
+from generate import generate
+from harness import NanoGPT, load
+
+TINY_TRAIN = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, batch_size=8, gradient_accumulation_steps=1,
+                  eval_iters=1, eval_interval=10, log_interval=10, learning_rate=1e-2, warmup_iters=2, min_lr=1e-3,
+                  max_iters=10, lr_decay_iters=10, device="cpu", compile=False)
+BLOCK = TINY_TRAIN["block_size"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A char-level checkpoint trained briefly on CORPUS (block_size 16), its model and tokenizer."""
+    from data.prepare import prepare
+    from train import TrainConfig, train
+    tmp = tmp_path_factory.mktemp("eval")
+    (tmp / "input.txt").write_text(CORPUS, encoding="utf-8")
+    prepare(str(tmp / "input.txt"), "char", str(tmp / "data"), 0.1, log=lambda *a: None)
+    torch.manual_seed(0)
+    train(TrainConfig(**TINY_TRAIN, out_dir=str(tmp / "out"), dataset=str(tmp / "data")), log=lambda *a, **k: None)
+    model, tokenizer = load(str(tmp / "out"))
+    return tmp / "out", model, tokenizer
+
+
+def request(kind, *args, task="tiny"):
+    return Instance(request_type=kind, doc={}, arguments=args, idx=0, metadata=(task, 0, 1))
+
+
+def log_softmax(model, ids):
+    """(len(ids), V) float64 log-probabilities of the token after each position: numpy's, not the harness's."""
+    with torch.no_grad():
+        logits = model(torch.tensor([ids]))[0][0].double().numpy()
+    shifted = logits - logits.max(-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+
+
+def reference_loglikelihood(model, context, continuation):
+    """Sum of the continuation's log-probs; whether each is the argmax. The input is the last BLOCK + 1 ids
+    without the last, so a long context loses its beginning."""
+    ids = (context + continuation)[-(BLOCK + 1):]
+    lp = log_softmax(model, ids[:-1])
+    first = len(ids) - len(continuation)  # the continuation's first id in ids
+    picked = [lp[j - 1, ids[j]] for j in range(first, len(ids))]
+    return sum(picked), all(lp[j - 1].argmax() == ids[j] for j in range(first, len(ids)))
+
+
+def greedy_text(model, tokenizer, prompt, n):
+    out = generate(model, torch.tensor([tokenizer.encode(prompt)]), n, temperature=0.0)
+    return tokenizer.decode(out[0, -n:].tolist())
+
+
+def test_loglikelihood_sums_the_continuations_logprobs_and_says_if_greedy(trained):
+    _, model, tok = trained
+    greedy = greedy_text(model, tok, "All:\nSpeak", 6)
+    pairs = [("All:\nSpeak", greedy),  # the model's own choice: greedy
+             ("All:\nSpeak", ("A" if greedy[0] != "A" else "B") + greedy[1:]),  # one token off: not greedy
+             ("First Citizen:\nBefore we proceed any further, hear me", " speak."),  # longer than the block
+             ("A", "ll:\nResolved"), ("Speak, speak.\n\n", "First")]  # "\n\nFirst" is scored
+    got = NanoGPT(model, tok, batch_size=2).loglikelihood([request("loglikelihood", c, t) for c, t in pairs])
+    for (context, continuation), (logprob, is_greedy) in zip(pairs, got):
+        moved = context[len(context.rstrip()):]  # lm-eval's rule: the context's trailing spaces are scored
+        want, want_greedy = reference_loglikelihood(model, tok.encode(context.rstrip()), tok.encode(moved + continuation))
+        assert logprob == pytest.approx(want, abs=1e-4), (context, continuation)
+        assert is_greedy == want_greedy, (context, continuation)
+    assert [g for _, g in got[:2]] == [True, False]
+
+
+def test_loglikelihood_rolling_scores_every_token_once_in_block_windows(trained):
+    """40 tokens, block 16: tokens 0-15 after the newline prefix, 16-31 after tokens 15-30, 32-39 after 23-38."""
+    _, model, tok = trained
+    text = CORPUS[3:43]
+    t = tok.encode(text)
+    prefix = tok.encode("\n")
+    first = log_softmax(model, prefix + t[:15])
+    second = log_softmax(model, t[15:31])
+    third = log_softmax(model, t[23:39])
+    want = (sum(first[j, t[j]] for j in range(16)) + sum(second[j - 16, t[j]] for j in range(16, 32))
+            + sum(third[j - 24, t[j]] for j in range(32, 40)))
+    lm = NanoGPT(model, tok, batch_size=2)
+    got = lm.loglikelihood_rolling([request("loglikelihood_rolling", text), request("loglikelihood_rolling", "A")])
+    assert got[0] == pytest.approx(want, abs=1e-4)
+    assert got[1] == pytest.approx(log_softmax(model, prefix)[0, tok.encode("A")[0]], abs=1e-5)
+
+
+def test_generate_until_is_greedy_text_cut_at_the_first_stop(trained):
+    _, model, tok = trained
+    prompts = ["First Citizen:\n", "All:\n", "All:\nSpeak", "Resolved. r", CORPUS[:40]]  # two of the same length
+    greedy = [greedy_text(model, tok, p[-BLOCK:], 12) for p in prompts]
+    stop = greedy[0][4:6]  # met by the first prompt, after four characters
+    args = {"until": [stop], "max_gen_toks": 12, "do_sample": False}
+    got = NanoGPT(model, tok, batch_size=4).generate_until([request("generate_until", p, args) for p in prompts])
+    assert got == [text[:text.find(stop)] if stop in text else text for text in greedy]
+    assert len(got[0]) <= 4
+
+
+def write_task(directory, name, docs, data_files=None):
+    """A multiple-choice task YAML over a local JSONL in directory."""
+    directory.mkdir(exist_ok=True)
+    path = directory / f"{name}.jsonl"
+    path.write_text("".join(json.dumps(d) + "\n" for d in docs), encoding="utf-8")
+    (directory / f"{name}.yaml").write_text(
+        f"task: {name}\ndataset_path: {data_files or 'json'}\n"
+        + (f"dataset_kwargs:\n  data_files:\n    test: {path}\n" if data_files is None else "")
+        + "test_split: test\noutput_type: multiple_choice\ndoc_to_text: '{{context}}'\n"
+          "doc_to_choice: '{{choices}}'\ndoc_to_target: label\ntarget_delimiter: ''\n"
+          "metric_list:\n  - metric: acc\n  - metric: acc_norm\n", encoding="utf-8")
+
+
+def known_answer_docs(model, tok):
+    """Each item's answer is the model's greedy next character, the others three other characters: the
+    greedy one has the highest log-probability of all, so acc is 1 whatever the training did."""
+    docs = []
+    for context in ["First Citizen:\n", "All:\n", "All:\nSpeak", "Resolved. r", "you are all"]:
+        answer = greedy_text(model, tok, context, 1)
+        others = [c for c in "vAp?" if c != answer][:3]
+        docs.append({"context": context, "label": 2, "choices": others[:2] + [answer] + others[2:]})
+    return docs
+
+
+def test_simple_evaluate_scores_a_known_answer_task(trained, tmp_path):
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+    _, model, tok = trained
+    docs = known_answer_docs(model, tok)
+    write_task(tmp_path / "tasks", "tiny_known", docs)
+    want = np.mean([np.argmax([reference_loglikelihood(model, tok.encode(d["context"]), tok.encode(c))[0]
+                               for c in d["choices"]]) == d["label"] for d in docs])
+    manager = TaskManager(include_path=str(tmp_path / "tasks"), include_defaults=False)
+    results = lm_eval.simple_evaluate(NanoGPT(model, tok, batch_size=3), tasks=["tiny_known"], task_manager=manager,
+                                      log_samples=False)
+    assert results["results"]["tiny_known"]["acc,none"] == want == 1.0
+
+
+def test_eval_script_prints_the_table_and_writes_the_results(trained, tmp_path):
+    out, model, tok = trained
+    write_task(tmp_path / "tasks", "tiny_known", known_answer_docs(model, tok))
+    result = run_script(["eval.py", f"--out_dir={out}", "--tasks=tiny_known", f"--include_path={tmp_path / 'tasks'}",
+                         "--device=cpu", f"--output_path={tmp_path / 'r.json'}", "--limit=3"])
+    assert result.returncode == 0, result.stderr
+    assert "|tiny_known|" in result.stdout.replace(" ", "") and "acc_norm" in result.stdout
+    saved = json.loads((tmp_path / "r.json").read_text())
+    assert saved["results"]["tiny_known"]["acc,none"] == 1.0 and saved["n-samples"]["tiny_known"]["effective"] == 3
+
+
+def test_eval_script_names_characters_outside_the_vocabulary_in_one_line(trained, tmp_path):
+    out, _, _ = trained
+    write_task(tmp_path / "tasks", "tiny_tang", [{"context": "床前明月光，", "label": 0, "choices": ["疑是地上霜。", "AAAAAA"]}])
+    result = run_script(["eval.py", f"--out_dir={out}", "--tasks=tiny_tang", f"--include_path={tmp_path / 'tasks'}",
+                         "--device=cpu", f"--output_path={tmp_path / 'r.json'}"])
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: task tiny_tang:") and all(repr(c) in line for c in "床前明月光疑是地上霜，。")
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_eval_script_offline_says_which_data_could_not_be_fetched(trained, tmp_path):
+    out, _, _ = trained
+    write_task(tmp_path / "tasks", "tiny_hub", [], data_files="nanogpt-tests/no-such-dataset")
+    result = run_script(["eval.py", f"--out_dir={out}", "--tasks=tiny_hub", f"--include_path={tmp_path / 'tasks'}",
+                         "--device=cpu"], env={"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"})
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "could not be fetched" in result.stderr and "nanogpt-tests/no-such-dataset" in result.stderr
