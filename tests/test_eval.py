@@ -12,8 +12,8 @@ from generate import generate
 from harness import NanoGPT, load
 
 TINY_TRAIN = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, batch_size=8, gradient_accumulation_steps=1,
-                  eval_iters=1, eval_interval=10, log_interval=10, learning_rate=1e-2, warmup_iters=2, min_lr=1e-3,
-                  max_iters=10, lr_decay_iters=10, device="cpu", compile=False)
+                  eval_iters=1, eval_interval=30, log_interval=30, learning_rate=1e-2, warmup_iters=2, min_lr=1e-3,
+                  max_iters=30, lr_decay_iters=30, device="cpu", compile=False)
 BLOCK = TINY_TRAIN["block_size"]
 
 
@@ -95,11 +95,12 @@ def test_generate_until_is_greedy_text_cut_at_the_first_stop(trained):
     _, model, tok = trained
     prompts = ["First Citizen:\n", "All:\n", "All:\nSpeak", "Resolved. r", CORPUS[:40]]  # two of the same length
     greedy = [greedy_text(model, tok, p[-BLOCK:], 12) for p in prompts]
-    stop = greedy[0][4:6]  # met by the first prompt, after four characters
-    args = {"until": [stop], "max_gen_toks": 12, "do_sample": False}
+    # a stop some text meets after a character or more, and another that none meets
+    stop = next(t[i] for t in greedy for i in range(1, 12) if t.find(t[i]) == i)
+    args = {"until": [stop, "Zz"], "max_gen_toks": 12, "do_sample": False}
     got = NanoGPT(model, tok, batch_size=4).generate_until([request("generate_until", p, args) for p in prompts])
-    assert got == [text[:text.find(stop)] if stop in text else text for text in greedy]
-    assert len(got[0]) <= 4
+    want = [text[:text.find(stop)] if stop in text else text for text in greedy]
+    assert got == want and any(0 < len(w) < 12 for w in want), (stop, greedy)
 
 
 def write_task(directory, name, docs, data_files=None):
@@ -169,3 +170,26 @@ def test_eval_script_offline_says_which_data_could_not_be_fetched(trained, tmp_p
                          "--device=cpu"], env={"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"})
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert "could not be fetched" in result.stderr and "nanogpt-tests/no-such-dataset" in result.stderr
+
+
+def poems(tag, n):
+    """n poems of title, author and four lines; line k of poem i is tag-marked and k + 5 characters long."""
+    return "".join(f"{tag}題{i}\n作者{i}\n" + "".join(f"{tag}{i:03d}" + "字" * k + "。\n" for k in range(4)) + "\n"
+                   for i in range(n))
+
+
+def test_next_line_items_come_from_the_val_split_with_distractors_of_the_answers_length(tmp_path):
+    from tasks.prepare import make_items, val_text
+    raw = tmp_path / "input.txt"
+    raw.write_text(poems("訓", 90) + poems("驗", 12), encoding="utf-8")  # the last poems are the last 10%
+    text = val_text("tangshi", str(raw))
+    items = make_items(text, 2, seed=1, max_items=100)
+    assert items == make_items(text, 2, seed=1, max_items=100) and 8 <= len(items) <= 11
+    for item in items:
+        answer = item["choices"][item["label"]]
+        title, author, *lines = item["context"].splitlines()
+        poem = int(title[2:])
+        assert answer == f"驗{poem:03d}" + "字" * len(lines) + "。"  # the true next line
+        assert {len(c) for c in item["choices"]} == {len(answer)} and len(set(item["choices"])) == 4
+        assert all(c.startswith("驗") and int(c[1:4]) != poem for c in item["choices"] if c != answer)
+    assert "訓" not in "".join(json.dumps(item, ensure_ascii=False) for item in items)
