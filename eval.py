@@ -3,7 +3,7 @@
     python tasks/prepare.py  # our next-line tasks, from the val splits
     python eval.py --out_dir=out-tangshi --tasks=tangshi_next_line --include_path=tasks
     python eval.py --out_dir=out-shakespeare-char --tasks=shakespeare_next_line --include_path=tasks --limit=100
-    python eval.py --out_dir=out --tasks=hellaswag,arc_easy  # a GPT-2 BPE model; lm-eval downloads the data
+    python eval.py --init_from=gpt2 --tasks=hellaswag,arc_easy  # GPT-2's weights; lm-eval downloads the data
 
 The model is harness.NanoGPT (loglikelihood, loglikelihood_rolling, generate_until
 over out_dir/ckpt.pt with its own tokenizer). Prints lm-eval's table and writes its
@@ -17,12 +17,14 @@ import os
 import sys
 from dataclasses import dataclass
 
+from checkpoint import is_pretrained
 from configurator import UserError, parse_args, report_overrides, run_main
 from device import resolve_device
 
 
 @dataclass
 class EvalConfig:
+    init_from: str = "resume"  # "resume" (out_dir's checkpoint) or GPT-2 weights: gpt2, ..., gpt2-xl, a local HF dir
     out_dir: str = "out"  # where train.py wrote the checkpoint
     ckpt: str = "ckpt.pt"  # ckpt.pt (latest) or best.pt (best val loss)
     tasks: str = ""  # lm-eval task names, comma-separated: tangshi_next_line,hellaswag
@@ -34,6 +36,9 @@ class EvalConfig:
     output_path: str | None = None  # the results JSON; None: out_dir/eval_results.json
 
     def __post_init__(self):
+        if self.init_from != "resume" and not is_pretrained(self.init_from):
+            raise ValueError(f"init_from must be resume, gpt2, gpt2-medium, gpt2-large, gpt2-xl or a local Hugging Face "
+                             f"GPT-2 directory, got {self.init_from!r}")
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {self.batch_size}")
         if self.limit is not None and self.limit <= 0:
@@ -97,12 +102,14 @@ def main(argv):
     report_overrides(overrides, EvalConfig(), log=lambda line: print(line, file=sys.stderr))
     if not cfg.task_list:
         raise UserError("no tasks: name them with --tasks=a,b (e.g. --tasks=tangshi_next_line --include_path=tasks)")
-    output_path = cfg.output_path or os.path.join(cfg.out_dir, "eval_results.json")
+    output_path = cfg.output_path or os.path.join(cfg.out_dir, "eval_results.json")  # init_from=gpt2: out/
     logging.getLogger("lm_eval").setLevel(logging.WARNING)  # its per-task INFO lines drown the table
+    logging.getLogger("huggingface_hub").setLevel(logging.ERROR)  # offline: the one line below says it
     from lm_eval.utils import handle_non_serializable, make_table
     from harness import NanoGPT
     manager = task_manager(cfg.include_path, cfg.task_list)
-    lm = NanoGPT(out_dir=cfg.out_dir, ckpt=cfg.ckpt, device=resolve_device(cfg.device), batch_size=cfg.batch_size)
+    lm = NanoGPT(out_dir=cfg.out_dir, ckpt=cfg.ckpt, device=resolve_device(cfg.device), batch_size=cfg.batch_size,
+                 init_from=cfg.init_from)
     results = evaluate(lm, cfg, manager)
     print(make_table(results))
     if "groups" in results:

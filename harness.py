@@ -21,16 +21,18 @@ from lm_eval.models.utils import Collator, handle_stop_sequences, normalize_gen_
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from batches import dataset_dir
-from checkpoint import load_checkpoint, model_from_checkpoint
+from checkpoint import is_pretrained, load_checkpoint, load_pretrained, model_from_checkpoint
 from configurator import UserError
 from generate import Continuation, stream
-from tokenizer import check_meta, read_meta, tokenizer_from_meta
+from tokenizer import BPETokenizer, check_meta, read_meta, tokenizer_from_meta
 
 MAX_GEN_TOKS = 256  # lm-eval's default when a task names no max_gen_toks
 
 
-def load(out_dir, ckpt="ckpt.pt", device="cpu"):
-    """The model (eval mode, on device) and tokenizer of out_dir/ckpt."""
+def load(out_dir, ckpt="ckpt.pt", device="cpu", init_from="resume"):
+    """The model (eval mode, on device) and tokenizer of out_dir/ckpt, or of GPT-2's weights (init_from)."""
+    if is_pretrained(init_from):
+        return load_pretrained(init_from, dropout=0.0).eval().to(device), BPETokenizer()
     source = f"{out_dir}/{ckpt}"
     checkpoint = load_checkpoint(source, map_location=device)
     model = model_from_checkpoint(checkpoint, source, dropout=0.0)
@@ -51,12 +53,14 @@ def load(out_dir, ckpt="ckpt.pt", device="cpu"):
 
 @register_model("nanogpt")
 class NanoGPT(TemplateLM):
-    """A GPT of model.py and its tokenizer, as lm-eval's LM: give model and tokenizer, or out_dir."""
+    """A GPT of model.py and its tokenizer, as lm-eval's LM: give model and tokenizer, or out_dir (or
+    init_from=gpt2...); lm_eval's own CLI passes these as --model nanogpt --model_args out_dir=DIR."""
 
-    def __init__(self, model=None, tokenizer=None, out_dir=None, ckpt="ckpt.pt", device="cpu", batch_size=16):
+    def __init__(self, model=None, tokenizer=None, out_dir="out", ckpt="ckpt.pt", device="cpu", batch_size=16,
+                 init_from="resume"):
         super().__init__()
         if model is None:
-            model, tokenizer = load(out_dir, ckpt, device)
+            model, tokenizer = load(out_dir, ckpt, device, init_from)
         self.model, self.tokenizer = model, tokenizer
         self.batch_size = int(batch_size)
         self._device = next(model.parameters()).device
