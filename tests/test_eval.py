@@ -193,3 +193,19 @@ def test_next_line_items_come_from_the_val_split_with_distractors_of_the_answers
         assert {len(c) for c in item["choices"]} == {len(answer)} and len(set(item["choices"])) == 4
         assert all(c.startswith("驗") and int(c[1:4]) != poem for c in item["choices"] if c != answer)
     assert "訓" not in "".join(json.dumps(item, ensure_ascii=False) for item in items)
+
+
+def test_ctrl_c_during_scoring_is_one_line_and_writes_no_results(trained, tmp_path, monkeypatch, capsys):
+    from configurator import run_main
+    from eval import main as eval_main
+    out, model, tok = trained
+    write_task(tmp_path / "tasks", "tiny_known", known_answer_docs(model, tok))
+
+    def interrupted(self, requests, disable_tqdm=False):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(NanoGPT, "_loglikelihood_tokens", interrupted)
+    with pytest.raises(SystemExit) as exit_:
+        run_main(eval_main, [f"--out_dir={out}", "--tasks=tiny_known", f"--include_path={tmp_path / 'tasks'}",
+                             "--device=cpu", f"--output_path={tmp_path / 'r.json'}"])
+    assert exit_.value.code == 130 and capsys.readouterr().err.strip().splitlines()[-1] == "interrupted"
+    assert list(tmp_path.glob("r.json*")) == []
