@@ -59,14 +59,17 @@ def task_manager(include_path, names):
         if all(name in manager.all_tasks for name in names):
             return manager
     manager = TaskManager(include_path=include_path)
-    known = set(manager.all_tasks)
+    check_names(names, set(manager.all_tasks), include_path)
+    return manager
+
+
+def check_names(names, known, include_path):
     for name in names:
         if name not in known:
             near = difflib.get_close_matches(name, known, n=1)
             hint = f" (did you mean {near[0]!r}?)" if near else (
                 "" if include_path else "; ours need --include_path=tasks")
             raise UserError(f"unknown task {name!r}{hint}; lm-eval's list: python -m lm_eval ls tasks")
-    return manager
 
 
 def fetch_error(e):
@@ -105,6 +108,8 @@ def main(argv):
     output_path = cfg.output_path or os.path.join(cfg.out_dir, "eval_results.json")  # init_from=gpt2: out/
     logging.getLogger("lm_eval").setLevel(logging.WARNING)  # its per-task INFO lines drown the table
     logging.getLogger("huggingface_hub").setLevel(logging.ERROR)  # offline: the one line below says it
+    # a note for task authors, logged each time a task with its own loader (ours) is built
+    logging.getLogger("lm_eval.api.task").addFilter(lambda record: "Custom kwargs" not in record.getMessage())
     from lm_eval.utils import handle_non_serializable, make_table
     from harness import NanoGPT
     manager = task_manager(cfg.include_path, cfg.task_list)

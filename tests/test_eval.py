@@ -209,3 +209,23 @@ def test_ctrl_c_during_scoring_is_one_line_and_writes_no_results(trained, tmp_pa
                              "--device=cpu", f"--output_path={tmp_path / 'r.json'}"])
     assert exit_.value.code == 130 and capsys.readouterr().err.strip().splitlines()[-1] == "interrupted"
     assert list(tmp_path.glob("r.json*")) == []
+
+
+def test_unknown_task_names_the_nearest_or_says_ours_need_the_include_path():
+    from configurator import UserError
+    from eval import check_names
+    with pytest.raises(UserError, match="unknown task 'tangshi_next_lin' \\(did you mean 'tangshi_next_line'\\?\\)"):
+        check_names(["hellaswag", "tangshi_next_lin"], {"hellaswag", "tangshi_next_line"}, "tasks")
+    with pytest.raises(UserError, match="unknown task 'shakespeare_next_line'; ours need --include_path=tasks"):
+        check_names(["shakespeare_next_line"], {"hellaswag"}, None)
+    check_names(["hellaswag"], {"hellaswag"}, None)
+
+
+def test_a_next_line_task_without_its_data_says_how_to_build_it(tmp_path, monkeypatch):
+    from configurator import UserError
+    import tasks.prepare
+    monkeypatch.setattr(tasks.prepare, "DATA", str(tmp_path))
+    with pytest.raises(UserError, match="tangshi_next_line.jsonl not found; run python tasks/prepare.py"):
+        tasks.prepare.load("tangshi_next_line", version=1.0)
+    tasks.prepare.write_jsonl([{"context": "a\n", "choices": ["b", "c"], "label": 1}], str(tmp_path / "x.jsonl"))
+    assert tasks.prepare.load("x", version=1.0)["test"][0] == {"context": "a\n", "choices": ["b", "c"], "label": 1}
