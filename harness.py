@@ -54,7 +54,8 @@ def load(out_dir, ckpt="ckpt.pt", device="cpu", init_from="resume"):
 @register_model("nanogpt")
 class NanoGPT(TemplateLM):
     """A GPT of model.py and its tokenizer, as lm-eval's LM: give model and tokenizer, or out_dir (or
-    init_from=gpt2...); lm_eval's own CLI passes these as --model nanogpt --model_args out_dir=DIR."""
+    init_from=gpt2...); by name, simple_evaluate(model="nanogpt", model_args={"out_dir": DIR}) once this
+    module is imported."""
 
     def __init__(self, model=None, tokenizer=None, out_dir="out", ckpt="ckpt.pt", device="cpu", batch_size=16,
                  init_from="resume"):

@@ -130,14 +130,14 @@ def known_answer_docs(model, tok):
 def test_simple_evaluate_scores_a_known_answer_task(trained, tmp_path):
     import lm_eval
     from lm_eval.tasks import TaskManager
-    _, model, tok = trained
+    out, model, tok = trained
     docs = known_answer_docs(model, tok)
     write_task(tmp_path / "tasks", "tiny_known", docs)
     want = np.mean([np.argmax([reference_loglikelihood(model, tok.encode(d["context"]), tok.encode(c))[0]
                                for c in d["choices"]]) == d["label"] for d in docs])
     manager = TaskManager(include_path=str(tmp_path / "tasks"), include_defaults=False)
-    results = lm_eval.simple_evaluate(NanoGPT(model, tok, batch_size=3), tasks=["tiny_known"], task_manager=manager,
-                                      log_samples=False)
+    results = lm_eval.simple_evaluate("nanogpt", model_args={"out_dir": str(out)}, device="cpu", batch_size=3,
+                                      tasks=["tiny_known"], task_manager=manager, log_samples=False)  # by its name
     assert results["results"]["tiny_known"]["acc,none"] == want == 1.0
 
 
