@@ -93,13 +93,16 @@ class NanoGPT(TemplateLM):
         stoi = getattr(self.tokenizer, "stoi", None)
         if stoi is None:
             return
+        missing = {}  # task -> characters
         for request in requests:
-            missing = sorted({c for text in texts(request) for c in text} - stoi.keys())
-            if missing:
-                shown = " ".join(repr(c) for c in missing[:20])
-                raise UserError(f"task {request.task_name}: its text has characters outside the model's vocabulary "
-                                f"of {len(stoi)} characters ({shown}{' ...' if len(missing) > 20 else ''}); "
-                                f"evaluate this model on tasks in its training data's language")
+            chars = {c for text in texts(request) for c in text}.difference(stoi)
+            if chars:
+                missing.setdefault(request.task_name, set()).update(chars)
+        for task, chars in missing.items():  # the first: one line
+            shown = " ".join(repr(c) for c in sorted(chars)[:20])
+            raise UserError(f"task {task}: its text has {len(chars)} characters outside the model's vocabulary "
+                            f"of {len(stoi)} ({shown}{' ...' if len(chars) > 20 else ''}); "
+                            f"evaluate this model on tasks in its training data's language")
 
     def loglikelihood(self, requests, disable_tqdm=False):
         self.check_vocabulary(requests, lambda r: r.args)

@@ -154,12 +154,14 @@ def test_eval_script_prints_the_table_and_writes_the_results(trained, tmp_path):
 
 def test_eval_script_names_characters_outside_the_vocabulary_in_one_line(trained, tmp_path):
     out, _, _ = trained
-    write_task(tmp_path / "tasks", "tiny_tang", [{"context": "床前明月光，", "label": 0, "choices": ["疑是地上霜。", "AAAAAA"]}])
+    write_task(tmp_path / "tasks", "tiny_tang", [{"context": "床前明月光，", "label": 0, "choices": ["疑是地上霜。", "AAAAAA"]},
+                                                 {"context": "A", "label": 0, "choices": ["舉頭望明月", "B"]}])
     result = run_script(["eval.py", f"--out_dir={out}", "--tasks=tiny_tang", f"--include_path={tmp_path / 'tasks'}",
                          "--device=cpu", f"--output_path={tmp_path / 'r.json'}"])
     assert result.returncode == 2 and "Traceback" not in result.stderr
     line = result.stderr.strip().splitlines()[-1]
-    assert line.startswith("error: task tiny_tang:") and all(repr(c) in line for c in "床前明月光疑是地上霜，。")
+    assert line.startswith("error: task tiny_tang: its text has 15 characters") and all(
+        repr(c) in line for c in "床前明月光疑是地上霜，。舉頭望")  # every item's
     assert not (tmp_path / "r.json").exists()
 
 
