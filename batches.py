@@ -125,9 +125,10 @@ def estimate_loss(model, batches, cfg, ctx, rank=0, world=1, token_bytes=None, c
                 logits, loss = model(x, y)
             total[0] += loss.double() * x.size(0)
             total[1] += x.size(0)
-            if split == "val" and token_bytes is not None:
-                total[2] += F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1), reduction="sum")
-                total[3] += token_bytes[y].sum()
+            if split == "val" and token_bytes is not None:  # targets of -1 (a chat dataset's context) count nothing
+                total[2] += F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1), reduction="sum",
+                                            ignore_index=-1)
+                total[3] += token_bytes[y.clamp(min=0)][y >= 0].sum()
         if collective and len(range(rank, seen, world)) < math.ceil(seen / world):
             with ctx:
                 model(x, y)
@@ -139,3 +140,79 @@ def estimate_loss(model, batches, cfg, ctx, rank=0, world=1, token_bytes=None, c
             out["val_bpb"] = total[2] / (math.log(2) * total[3]) if total[3] else None
     model.train()
     return out
+
+
+class ChatBatches:
+    """Batches of whole conversations from a chat dataset (data/chat/prepare.py): row i of x is one
+    conversation from its first token, padded to the batch's longest; y is x shifted by one, -1 (no
+    loss) wherever the mask says the token is context, and on the padding.
+
+    Stateless like Batches: the conversations of a batch are a function of (seed, key) alone.
+    """
+
+    def __init__(self, data_dir, block_size, batch_size, device, seed, meta=None, vocab_size=None, log=print):
+        dtype = np.dtype((meta or {}).get("dtype", "uint16"))
+        self.vocab_size, self.block_size, self.batch_size, self.device, self.seed = (vocab_size, block_size,
+                                                                                     batch_size, device, seed)
+        self.data, self.mask, self.starts, self.paths = {}, {}, {}, {}
+        for split in ("train", "val"):
+            path = self.paths[split] = os.path.join(data_dir, f"{split}.bin")
+            files = [path, os.path.join(data_dir, f"{split}_mask.bin"), os.path.join(data_dir, f"{split}_index.bin")]
+            missing = [f for f in files if not os.path.exists(f)]
+            if missing:
+                raise UserError(f"{missing[0]} not found; re-run python data/chat/prepare.py for {data_dir}")
+            data, mask = np.memmap(files[0], dtype=dtype, mode="r"), np.memmap(files[1], dtype=np.uint8, mode="r")
+            index = np.fromfile(files[2], dtype=np.int64)
+            if (len(data) != len(mask) or len(index) < 2 or index[0] != 0 or index[-1] != len(data)
+                    or np.any(np.diff(index) < 2)):
+                raise UserError(f"{data_dir}: {split}.bin, {split}_mask.bin and {split}_index.bin disagree; re-run "
+                                f"python data/chat/prepare.py")
+            lengths = np.diff(index)
+            fits = lengths <= block_size + 1
+            if not fits.all():
+                log(f"note: {(~fits).sum():,} of {len(lengths):,} {split} conversations are longer than block_size + 1 "
+                    f"({block_size + 1} tokens) and are left out")
+            if not fits.any():
+                raise UserError(f"{path}: every conversation is longer than block_size + 1 ({block_size + 1}); use a "
+                                f"larger --block_size")
+            self.data[split], self.mask[split] = data, mask
+            self.starts[split] = np.stack([index[:-1], lengths], axis=1)[fits]  # (n, 2): start, length
+
+    def get(self, split, key):
+        rng = np.random.default_rng([self.seed, *key])
+        return self.batch(split, rng.integers(0, len(self.starts[split]), self.batch_size))
+
+    def check_windows(self, split, n):
+        """n fixed conversations are at most the split's."""
+        if n > len(self.starts[split]):
+            raise UserError(f"eval_windows ({n:,}) is more than the {len(self.starts[split]):,} conversations of "
+                            f"{self.paths[split]}; use --eval_windows={len(self.starts[split])} or fewer")
+
+    def windows(self, split, n):
+        """Batches of n conversations spread evenly over the split (each at most once)."""
+        count = len(self.starts[split])
+        picks = np.unique(np.linspace(0, count - 1, min(n, count)).round().astype(np.int64))
+        for i in range(0, len(picks), self.batch_size):
+            yield self.batch(split, picks[i:i + self.batch_size])
+
+    def batch(self, split, picks):
+        rows = self.starts[split][picks]
+        width = int(rows[:, 1].max())
+        tokens = np.zeros((len(rows), width), dtype=np.int64)
+        targets = np.full((len(rows), width), -1, dtype=np.int64)
+        for r, (start, length) in enumerate(rows):
+            ids = self.data[split][start:start + length].astype(np.int64)
+            tokens[r, :length] = ids
+            targets[r, :length] = np.where(self.mask[split][start:start + length] == 1, ids, -1)
+        if self.vocab_size is not None and tokens.max() >= self.vocab_size:
+            raise UserError(f"{self.paths[split]} holds token id {tokens.max()}, beyond the model's vocabulary of "
+                            f"{self.vocab_size}; re-run python data/chat/prepare.py with the model's base dataset")
+        x, y = torch.from_numpy(tokens[:, :-1]), torch.from_numpy(targets[:, 1:])
+        return x.to(self.device), y.to(self.device)
+
+
+def make_batches(data_dir, block_size, batch_size, device, seed, meta=None, log=print):
+    """Batches of a dataset: windows of text, or whole conversations for a chat dataset."""
+    if meta and meta.get("chat"):
+        return ChatBatches(data_dir, block_size, batch_size, device, seed, meta, log=log)
+    return Batches(data_dir, block_size, batch_size, device, seed, meta)

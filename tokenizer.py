@@ -146,6 +146,8 @@ def check_special_tokens(special_tokens, n, path):
 def token_byte_lengths(tokenizer, vocab_size):
     """UTF-8 bytes of each token id below vocab_size (0 for special tokens and padding): the
     denominator of bits per byte."""
+    if isinstance(tokenizer, ChatTokenizer):  # role tokens are no text
+        return token_byte_lengths(tokenizer.base, tokenizer.base.vocab_size) + [0] * (vocab_size - tokenizer.base.vocab_size)
     if isinstance(tokenizer, CharTokenizer):
         lengths = [len(c.encode("utf-8")) for c in tokenizer.chars]
     else:
@@ -177,7 +179,10 @@ def tokenizer_kind(meta):
 
 
 def tokenizer_from_meta(meta):
-    """The tokenizer a dataset's metadata describes (as read_meta returns it); GPT-2 BPE when there is none."""
+    """The tokenizer a dataset's metadata describes (as read_meta returns it); GPT-2 BPE when there is none.
+    A chat dataset's (role tokens in "chat") is its base tokenizer with them appended."""
+    if meta and meta.get("chat"):
+        return ChatTokenizer(tokenizer_from_meta(base_meta(meta)), tuple(meta["chat"]))
     kind = tokenizer_kind(meta)
     if kind == "gpt2":
         return BPETokenizer()
@@ -257,6 +262,10 @@ def check_meta(meta, path):
     vocab = meta.get("vocab_size")
     if vocab is not None and (not isinstance(vocab, int) or isinstance(vocab, bool) or vocab < 1):
         raise bad(f"vocab_size is {vocab!r}, expected a whole number >= 1")
+    chat = meta.get("chat") or []
+    if chat and (not isinstance(chat, list) or tuple(chat) != CHAT_TOKENS[:len(chat)] or len(chat) != len(CHAT_TOKENS)
+                 or not isinstance(vocab, int) or vocab <= len(chat)):
+        raise bad(f"chat is {chat!r}, expected {list(CHAT_TOKENS)} with a vocab_size beyond them")
     if meta.get("dtype", "uint16") not in ("uint16", "uint32"):
         raise bad(f"dtype is {meta.get('dtype')!r}, expected 'uint16' or 'uint32'")
     if "chars" in meta:
@@ -264,8 +273,8 @@ def check_meta(meta, path):
         if (not isinstance(chars, list) or not all(isinstance(c, str) and len(c) == 1 for c in chars)
                 or len(set(chars)) != len(chars) or not chars):
             raise bad("chars is not a list of distinct single characters")
-        if vocab is not None and vocab != len(chars):
-            raise bad(f"vocab_size ({vocab}) differs from the {len(chars)} chars")
+        if vocab is not None and vocab != len(chars) + len(chat):
+            raise bad(f"vocab_size ({vocab}) differs from the {len(chars)} chars" + (f" and {len(chat)} role tokens" if chat else ""))
     elif "itos" in meta:
         itos = meta["itos"]
         if (not isinstance(itos, dict) or set(itos) != set(range(len(itos))) or not itos
@@ -281,7 +290,7 @@ def write_meta(dataset_dir, meta, suffix=""):
     suffix appended (a file written aside); returns the names without it."""
     with open(os.path.join(dataset_dir, "meta.json" + suffix), "w", encoding="utf-8") as f:
         json.dump(meta, f, ensure_ascii=False)
-    if meta["tokenizer"] != "char":
+    if meta["tokenizer"] != "char" or "chat" in meta:  # nanoGPT's layout has no role tokens
         return ["meta.json"]
     chars = meta["chars"]
     legacy = {"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": {c: i for i, c in enumerate(chars)}}
@@ -305,3 +314,81 @@ def load_plain_pickle(data, path):
     if not isinstance(obj, dict):
         raise UserError(f"{path} holds a {type(obj).__name__}, expected a dict; re-run the dataset's prepare.py")
     return obj
+
+
+# --- chat: a base tokenizer with role tokens -----------------------------------------------------------
+
+ROLES = ("system", "user", "assistant")
+# the role tokens a chat dataset appends after its base vocabulary, in this order; END closes every turn
+CHAT_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
+
+
+class ChatTokenizer:
+    """A base tokenizer (characters, a trained BPE or GPT-2's) with CHAT_TOKENS appended as ids
+    base.vocab_size, base.vocab_size + 1, ...
+
+    Text never encodes to a role token, even text that spells one: only render() places them, so a
+    user's message cannot forge a turn.
+    """
+
+    def __init__(self, base, tokens=CHAT_TOKENS):
+        self.base, self.kind = base, base.kind
+        self.ids = {name: base.vocab_size + i for i, name in enumerate(tokens)}
+        self.names = {i: name for name, i in self.ids.items()}
+        self.vocab_size = base.vocab_size + len(tokens)
+        self.end = self.ids["<|end|>"]
+        self.eot = self.end
+
+    def encode(self, text):
+        return self.base.encode(text)
+
+    def decode(self, ids):
+        """Text of ids, role tokens written as their names."""
+        out, run = [], []
+        for i in ids:
+            if i in self.names:
+                out += [self.base.decode(run), self.names[i]]
+                run = []
+            else:
+                run.append(i)
+        return "".join(out) + self.base.decode(run)
+
+    def token_bytes(self, token):
+        if token in self.names:
+            return self.names[token].encode()
+        return self.base.token_bytes(token) if hasattr(self.base, "token_bytes") else self.base.decode([token]).encode()
+
+    def decoder(self):
+        return StreamDecoder(self.token_bytes)
+
+    def render(self, messages, reply=True):
+        """(ids, mask) of a conversation: each message as <|role|> text <|end|>; mask 1 marks the tokens
+        the loss sees (the assistant's words and its <|end|>). reply: end with <|assistant|>, the prompt
+        a model answers."""
+        ids, mask = [], []
+        for message in messages:
+            role, content = message["role"], message["content"]
+            text = self.encode(content)
+            learn = int(role == "assistant")
+            ids += [self.ids[f"<|{role}|>"], *text, self.end]
+            mask += [0, *[learn] * len(text), learn]
+        if reply:
+            ids.append(self.ids["<|assistant|>"])
+            mask.append(0)
+        return ids, mask
+
+
+def chat_meta(meta_of_base):
+    """A chat dataset's metadata: its base dataset's, with the role tokens after the base vocabulary."""
+    base = tokenizer_from_meta(meta_of_base)
+    meta = {k: v for k, v in meta_of_base.items() if k != "ranks_text"}
+    return {**meta, "chat": list(CHAT_TOKENS), "vocab_size": base.vocab_size + len(CHAT_TOKENS)}
+
+
+def base_meta(meta):
+    """The metadata of a chat dataset's base tokenizer (meta itself where it has no role tokens)."""
+    if not meta or "chat" not in meta:
+        return meta
+    base = {k: v for k, v in meta.items() if k != "chat"}
+    base["vocab_size"] = meta["vocab_size"] - len(meta["chat"])
+    return base

@@ -32,10 +32,11 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from batches import ROOT, TRAINING, Batches, dataset_dir, estimate_loss
-from checkpoint import (RUNTIME_FIELDS, OutDirLock, config_from_model_args, discard, interrupted_save,
-                        is_pretrained, latest_form, load_checkpoint, load_pretrained, load_sharded, model_args,
-                        model_from_checkpoint, rng_state, save_checkpoint, save_sharded, set_rng_state, sharded_path)
+from batches import ROOT, TRAINING, dataset_dir, estimate_loss, make_batches
+from checkpoint import (RUNTIME_FIELDS, OutDirLock, config_from_model_args, discard, finetune_source,
+                        interrupted_save, is_pretrained, latest_form, load_checkpoint, load_pretrained, load_sharded,
+                        model_args, model_from_checkpoint, rng_state, save_checkpoint, save_sharded, set_rng_state,
+                        sharded_path)
 from configurator import UserError, convert, parse_args, report_overrides, run_main
 from device import autocast, cpu_matmul_flops, peak_flops_for, resolve_device, resolve_dtype, should_compile
 from fsdp import checkpoint_activations, first_non_finite, held_bytes, load_optimizer_state, no_gradient_sync, shard
@@ -45,7 +46,7 @@ from metrics import Clock, Metrics
 from model import GPT, GPTConfig
 from optim import configure_optimizers, lr_scale
 from stopping import Interrupted, StopFlag
-from tokenizer import read_meta, token_byte_lengths, tokenizer_from_meta, tokenizer_kind
+from tokenizer import base_meta, read_meta, token_byte_lengths, tokenizer_from_meta, tokenizer_kind
 
 # the model's fields that fix what its weights mean: a resumed run keeps the checkpoint's
 SHAPE_FIELDS = tuple(f.name for f in fields(GPTConfig) if f.name not in RUNTIME_FIELDS)
@@ -69,7 +70,7 @@ class TrainConfig(GPTConfig):
     eval_only: bool = False  # evaluate once and exit
     always_save_checkpoint: bool = True  # False: at evals, write ckpt.pt only when val loss improves
     keep_best: bool = True  # also keep best.pt, the checkpoint with the best val loss
-    init_from: str = "scratch"  # "scratch", "resume" (out_dir/ckpt.pt), or GPT-2 weights: gpt2, gpt2-medium, ..., a local HF dir
+    init_from: str = "scratch"  # "scratch", "resume" (out_dir/ckpt.pt), a checkpoint to fine-tune (its out_dir or file), or GPT-2 weights: gpt2, ..., a local HF dir
     wandb_log: bool = False  # also log to Weights & Biases (pip install wandb)
     wandb_project: str = "owt"
     wandb_run_name: str = "gpt2"
@@ -116,9 +117,11 @@ class TrainConfig(GPTConfig):
 
     def __post_init__(self):
         super().__post_init__()  # the model's fields
-        if self.init_from not in ("scratch", "resume") and not is_pretrained(self.init_from):
-            raise ValueError(f"init_from must be scratch, resume, gpt2, gpt2-medium, gpt2-large, gpt2-xl or a local "
-                             f"Hugging Face GPT-2 directory, got {self.init_from!r}")
+        if (self.init_from not in ("scratch", "resume") and not is_pretrained(self.init_from)
+                and finetune_source(self.init_from) is None):
+            raise ValueError(f"init_from must be scratch, resume, a checkpoint to fine-tune (an out_dir holding "
+                             f"ckpt.pt, or the file), gpt2, gpt2-medium, gpt2-large, gpt2-xl or a local Hugging Face "
+                             f"GPT-2 directory, got {self.init_from!r}")
         if self.optimizer not in ("adamw", "muon"):
             raise ValueError(f"optimizer must be adamw or muon, got {self.optimizer!r}")
         if self.parallel not in ("ddp", "fsdp"):
@@ -185,6 +188,34 @@ def check_vocab(model_vocab, meta, data_dir, path):
     if vocab is not None and (vocab > model_vocab or (char and vocab != model_vocab)):
         raise UserError(f"{path} was trained on a vocabulary of {model_vocab} tokens but {data_dir} has {vocab}; "
                         f"resume with the dataset it was trained on (--dataset)")
+
+
+def check_same_tokenizer(trained, meta, source, data_dir, log):
+    """A fine-tuning dataset must tokenize as the checkpoint's did (a chat dataset: its base tokenizer)."""
+    if trained is None or meta is None:
+        log(f"note: {source if trained is None else data_dir} names no tokenizer; assuming the two agree")
+        return
+    def signature(m):
+        m = base_meta(m)
+        return (tokenizer_kind(m), m.get("chars") or m.get("itos"), m.get("pattern"), m.get("ranks_text"))
+    if signature(trained) != signature(meta):
+        raise UserError(f"{data_dir}'s tokenizer is not the one {source} was trained with; prepare the fine-tuning "
+                        f"data on the model's own dataset (python data/chat/prepare.py --base THAT_DATASET ...)")
+
+
+def grow_vocab(ckpt, vocab_size):
+    """Grow the checkpoint's token embeddings (wte, the head, value embeddings) to vocab_size rows, in place;
+    each new row is the mean of the old ones, so new tokens start as an average token. Returns (old, new) or None."""
+    old = ckpt["model_args"].get("vocab_size", GPTConfig().vocab_size)
+    if vocab_size <= old:
+        return None
+    for name, weight in list(ckpt["model"].items()):
+        is_table = name.endswith(("wte.weight", "lm_head.weight")) or ".ve." in name
+        if is_table and weight.dim() == 2 and weight.size(0) == old:
+            mean = weight.float().mean(0, keepdim=True).to(weight.dtype)
+            ckpt["model"][name] = torch.cat([weight, mean.expand(vocab_size - old, -1)])
+    ckpt["model_args"] = {**ckpt["model_args"], "vocab_size": vocab_size}
+    return old, vocab_size
 
 
 def setup_distributed(cfg):
@@ -305,11 +336,13 @@ class Run:
         dtype = resolve_dtype(cfg.dtype, device)
         data_dir = dataset_dir(cfg.dataset)
         self.tokenizer_meta = meta = read_meta(data_dir)  # saved in each checkpoint: sampling needs no dataset
-        self.batches = Batches(data_dir, cfg.block_size, cfg.batch_size, device, cfg.seed, meta)
+        self.batches = make_batches(data_dir, cfg.block_size, cfg.batch_size, device, cfg.seed, meta, log)
         self.batches.check_windows("val", cfg.eval_windows)
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-        self.raw_model, cfg = self.build_model(cfg, ckpt, meta, data_dir)
+        self.raw_model, cfg = self.build_model(cfg, ckpt, meta, data_dir, overrides)
         self.cfg = cfg
+        if cfg.block_size != self.batches.block_size:  # a fine-tuned checkpoint's context decided it
+            self.batches = make_batches(data_dir, cfg.block_size, cfg.batch_size, device, cfg.seed, meta, log)
         self.batches.vocab_size = self.raw_model.config.vocab_size  # a token id beyond it is an error
         torch.manual_seed(cfg.seed + rank)  # distinct dropout masks per rank
         self.raw_model.to(device)
@@ -381,7 +414,7 @@ class Run:
         shard(self.raw_model, self.device, dtype, compile_blocks=compile)
         return True
 
-    def build_model(self, cfg, ckpt, meta, data_dir):
+    def build_model(self, cfg, ckpt, meta, data_dir, overrides=()):
         """The model: from the checkpoint, from GPT-2's weights, or new; and cfg with the shape it has."""
         if ckpt is not None and "sharded" in ckpt:  # its weights are loaded into the model, sharded or not, by restore
             config = config_from_model_args(ckpt["model_args"], ckpt["sharded"],
@@ -394,6 +427,9 @@ class Run:
             check_vocab(model.config.vocab_size, meta, data_dir, self.ckpt_path)
             self.check_memory(model.config, cfg.batch_size, held=(ckpt, model.state_dict()))
             return model, cfg
+        source = finetune_source(cfg.init_from)
+        if source is not None:
+            return self.finetune_model(cfg, source, meta, data_dir, "block_size" in overrides)
         if cfg.init_from != "scratch":
             model = load_pretrained(cfg.init_from, dropout=cfg.dropout, attn_impl=cfg.attn_impl)
             check_vocab(model.config.vocab_size, meta, data_dir, cfg.init_from)
@@ -419,6 +455,27 @@ class Run:
                    f"training {param_count(config) / 1e6:,.1f}M parameters on micro-batches of {batch_size} x "
                    f"{config.block_size} tokens", "lower batch_size (raise gradient_accumulation_steps to keep the "
                    "batch), block_size, n_layer or n_embd")
+
+    def finetune_model(self, cfg, source, meta, data_dir, block_size_given):
+        """A trained checkpoint's model to fine-tune from iter 0, its embeddings and head grown by the role tokens a
+        chat dataset adds; and cfg with the shape it has."""
+        ckpt = load_checkpoint(source)
+        check_same_tokenizer(ckpt.get("tokenizer"), meta, source, data_dir, self.log)
+        vocab = (meta or {}).get("vocab_size", 0)
+        grown = grow_vocab(ckpt, vocab)
+        if grown:
+            self.log(f"from {source}: vocabulary {grown[0]:,} -> {grown[1]:,} (new rows start at the mean embedding)")
+        model = model_from_checkpoint(ckpt, source, attn_impl=cfg.attn_impl, dropout=cfg.dropout)
+        check_vocab(model.config.vocab_size, meta, data_dir, source)
+        if not block_size_given:  # the checkpoint's context, unless a config or the command line says otherwise
+            cfg = replace(cfg, block_size=model.config.block_size)
+        if cfg.block_size > model.config.block_size:
+            raise UserError(f"block_size ({cfg.block_size}) is longer than {source}'s context "
+                            f"({model.config.block_size}); use --block_size={model.config.block_size} or less")
+        model.crop_block_size(cfg.block_size)
+        self.check_memory(model.config, cfg.batch_size, held=model.state_dict())
+        shape = {k: getattr(model.config, k) for k in SHAPE_FIELDS}  # the weights decide the model's shape
+        return model, replace(cfg, **shape)
 
     def restore(self, ckpt):
         """Optimizer, scaler and RNG state from the checkpoint (and a sharded one's weights); returns

@@ -8,8 +8,8 @@ log_interval = 25  # each log line syncs
 always_save_checkpoint = False  # keep ckpt.pt at the best val loss
 
 gradient_accumulation_steps = 1
-batch_size = 12
-block_size = 64  # 64 characters: four to eight lines of a poem
+batch_size = 6  # x 128: the 768 tokens per iter of 12 x 64
+block_size = 128  # 128 characters: a whole 律詩 with its title, and room for a request when fine-tuned
 
 n_layer = 4
 n_head = 4

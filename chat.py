@@ -1,0 +1,165 @@
+"""Talk to a fine-tuned model: a conversation in the terminal, each answer streamed as it is written.
+
+    python chat.py --out_dir=out-tangshi-sft
+    python chat.py --out_dir=out-tangshi-sft -p "藏頭詩：春江花月"      # one answer, then exit
+    python chat.py --out_dir=out-tangshi-sft --system="..." --temperature=0
+
+The checkpoint must have been fine-tuned on a chat dataset (data/chat/prepare.py): its tokenizer
+carries the role tokens of the template. Type /reset to start over, /quit (or Ctrl-D) to leave;
+Ctrl-C stops an answer, not the session. Simplified characters are written in the traditional ones
+of the training text where the vocabulary has them (OpenCC, where installed).
+"""
+import os
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from checkpoint import load_checkpoint, model_from_checkpoint
+from configurator import UserError, parse_args, report_overrides, run_main
+from device import autocast, resolve_device, resolve_dtype
+from generate import Continuation, check_sampling, stream
+from tokenizer import CharTokenizer, ChatTokenizer, tokenizer_from_meta
+
+
+@dataclass
+class ChatConfig:
+    out_dir: str = "out-tangshi-sft"  # where train.py wrote the fine-tuned checkpoint
+    ckpt: str = "ckpt.pt"  # ckpt.pt (latest) or best.pt
+    system: str = ""  # a system message that opens every conversation
+    prompt: str = ""  # -p: answer this one message and exit
+    max_new_tokens: int = 500  # an answer's length at most
+    temperature: float = 0.8  # 0 is greedy
+    top_k: int | None = 200
+    top_p: float | None = None
+    seed: int = 1337
+    device: str = "auto"
+    dtype: str = "auto"
+
+    def __post_init__(self):
+        check_sampling(self.max_new_tokens, self.temperature, self.top_k, self.top_p)
+        if not 0 <= self.seed < 1 << 64:
+            raise ValueError(f"seed must be in [0, 2^64), got {self.seed}")
+
+
+def load_chat_model(out_dir, ckpt_name, device):
+    """The model and its chat tokenizer; a one-line refusal for a checkpoint without a chat template."""
+    path = os.path.join(out_dir, ckpt_name)
+    ckpt = load_checkpoint(path, map_location=device)
+    model = model_from_checkpoint(ckpt, path, dropout=0.0)
+    meta = ckpt.get("tokenizer")
+    tokenizer = tokenizer_from_meta(meta) if meta is not None else None
+    if not isinstance(tokenizer, ChatTokenizer):
+        raise UserError(f"{path} has no chat template (it was not fine-tuned on conversations); sample from it with "
+                        f"python sample.py --out_dir={out_dir}, or fine-tune it: see docs/chat.md")
+    return model.to(device).eval(), tokenizer
+
+
+class Converter:
+    """Simplified characters to the training text's traditional ones, where the vocabulary has them."""
+
+    def __init__(self, tokenizer):
+        self.vocab = set(tokenizer.base.chars) if isinstance(tokenizer.base, CharTokenizer) else None
+        self.opencc = None
+        if self.vocab is not None:
+            try:
+                import opencc
+                self.opencc = opencc.OpenCC("s2t")
+            except ImportError:
+                pass
+
+    def __call__(self, text):
+        if self.vocab is None or self.opencc is None:
+            return text
+        converted = self.opencc.convert(text)
+        if len(converted) != len(text):  # a phrase conversion changed the length: per character instead
+            converted = "".join(self.opencc.convert(c) for c in text)
+        return "".join(t if t in self.vocab or c not in self.vocab else c for c, t in zip(text, converted))
+
+
+class Session:
+    """A conversation: its messages, and the model that answers them."""
+
+    def __init__(self, model, tokenizer, cfg, device):
+        self.model, self.tokenizer, self.cfg, self.device = model, tokenizer, cfg, device
+        self.convert = Converter(tokenizer)
+        self.generator = torch.Generator(device=device).manual_seed(cfg.seed)
+        self.reset()
+
+    def reset(self):
+        self.messages = [{"role": "system", "content": self.cfg.system}] if self.cfg.system else []
+
+    def prompt_ids(self):
+        """The conversation so far and <|assistant|>; the oldest turns (never the system message) are left
+        out until it fits the context with room for an answer."""
+        room = self.model.config.block_size // 2
+        first = 1 if self.cfg.system else 0
+        while True:
+            ids, _ = self.tokenizer.render(self.messages)
+            if len(ids) <= room or len(self.messages) - first <= 1:
+                return ids
+            del self.messages[first:first + 2]  # one user message and its answer
+            print("(the oldest turn no longer fits the context and was left out)", file=sys.stderr)
+
+    def answer(self, text, out=sys.stdout):
+        """Stream the answer to text; returns it. Ctrl-C stops the answer, keeping what was written."""
+        self.messages.append({"role": "user", "content": self.convert(text)})
+        ids = self.prompt_ids()
+        x = torch.tensor([ids], dtype=torch.long, device=self.device)
+        reply = Continuation(self.tokenizer, stop_ids=[[self.tokenizer.end]])
+        cfg = self.cfg
+        try:
+            with autocast(self.device, resolve_dtype(cfg.dtype, self.device)):
+                for tok in stream(self.model, x, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p,
+                                  [self.generator]):
+                    out.write(reply.add(tok.item()))
+                    out.flush()
+                    if reply.done:
+                        break
+        except KeyboardInterrupt:
+            out.write(" [stopped]")
+        out.write(reply.finish() + "\n")
+        out.flush()
+        self.messages.append({"role": "assistant", "content": reply.text})
+        return reply.text
+
+
+def repl(session):
+    print("chat: /reset starts over, /quit (or Ctrl-D) leaves; Ctrl-C stops an answer", file=sys.stderr)
+    while True:
+        try:
+            text = input("> ")
+        except (EOFError, KeyboardInterrupt):
+            print(file=sys.stderr)
+            return
+        if text.strip() in ("/quit", "/exit"):
+            return
+        if text.strip() == "/reset":
+            session.reset()
+            print("(a new conversation)", file=sys.stderr)
+            continue
+        if text.strip():
+            try:
+                session.answer(text)
+            except UserError as e:  # a character the model cannot write: this message only
+                session.messages.pop()
+                print(f"error: {e}", file=sys.stderr)
+
+
+def main(argv):
+    argv = ["--prompt=" + argv[i + 1] if a == "-p" and i + 1 < len(argv) else a for i, a in enumerate(argv)
+            if not (i > 0 and argv[i - 1] == "-p")]
+    cfg, overrides = parse_args(ChatConfig, argv)
+    report_overrides({k: v for k, v in overrides.items() if k != "prompt"}, ChatConfig(),
+                     log=lambda line: print(line, file=sys.stderr))
+    device = resolve_device(cfg.device)
+    model, tokenizer = load_chat_model(cfg.out_dir, cfg.ckpt, device)
+    session = Session(model, tokenizer, cfg, device)
+    if cfg.prompt:
+        session.answer(cfg.prompt)
+    else:
+        repl(session)
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,189 @@
+"""Conversations into a chat dataset: token ids, and a mask of what the fine-tuning loss sees.
+
+    python data/chat/prepare.py --input FILE.jsonl --base DATASET [--out data/NAME] [--block_size 1024]
+
+FILE.jsonl is OpenAI's fine-tuning format, one conversation per line:
+    {"messages": [{"role": "system", "content": "..."}, {"role": "user", "content": "..."},
+                  {"role": "assistant", "content": "..."}]}
+(an assistant message with "weight": 0 is context, not a target). The tokenizer is DATASET's (char,
+a trained BPE or GPT-2's; DATASET is a name under data/ or a directory) with four role tokens
+appended; DATASET itself is not touched. Writes, for train (the first 1 - val_fraction of the
+conversations) and val: NAME/train.bin (ids, each conversation rendered by the chat template),
+train_mask.bin (uint8, 1 where the loss sees the token: the assistant's words and its <|end|>),
+train_index.bin (int64, where each conversation starts, then the total), and meta.json.
+Bad lines are skipped and reported with their line numbers.
+"""
+import argparse
+import json
+import os
+import shutil
+import sys
+
+import numpy as np
+from tqdm import tqdm
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+from configurator import UserError, run_main  # noqa: E402
+from tokenizer import ROLES, chat_meta, read_meta, tokenizer_from_meta  # noqa: E402
+
+SHOWN = 5  # bad lines reported one by one; the rest are counted
+MAX_LINE_BYTES = 1 << 24  # a line longer than this is not a conversation of any context
+
+
+def base_dir(base):
+    """data/<base> (beside this repository or under the working directory), or base itself if a directory."""
+    for path in (base, os.path.join("data", base), os.path.join(ROOT, "data", base)):
+        if os.path.isfile(os.path.join(path, "meta.json")) or os.path.isfile(os.path.join(path, "meta.pkl")):
+            return path
+    raise UserError(f"base dataset {base} has no meta.json; prepare it first (python data/{base}/prepare.py, or "
+                    f"python data/prepare.py --input FILE --out data/{base})")
+
+
+def messages_of(line):
+    """The conversation's messages, checked; a ValueError saying what is wrong otherwise."""
+    try:
+        record = json.loads(line)
+    except (ValueError, RecursionError) as e:
+        raise ValueError(f"not JSON ({str(e).splitlines()[0][:80]})") from None
+    messages = record.get("messages") if isinstance(record, dict) else None
+    if not isinstance(messages, list) or not messages:
+        raise ValueError('not a {"messages": [...]} object')
+    for m in messages:
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            role = m.get("role") if isinstance(m, dict) else m
+            raise ValueError(f"unknown role {role!r}; expected one of {', '.join(ROLES)}")
+        if not isinstance(m.get("content"), str) or not m["content"]:
+            raise ValueError(f"a {m['role']} message with empty or non-text content")
+        if m.get("weight", 1) not in (0, 1):
+            raise ValueError(f"weight is {m['weight']!r}; OpenAI's format allows 0 or 1")
+    if not any(m["role"] == "assistant" and m.get("weight", 1) for m in messages):
+        raise ValueError("no assistant message to learn from")
+    return messages
+
+
+def encode_conversation(tokenizer, messages, block_size):
+    """(ids, mask) of a conversation, or a ValueError (characters the vocabulary lacks, longer than the context)."""
+    try:
+        ids, mask = tokenizer.render(messages, reply=False)
+    except UserError as e:
+        raise ValueError(str(e).split(";")[0]) from None
+    for i, m in enumerate(messages):  # weight 0: the assistant's message is context
+        if m["role"] == "assistant" and not m.get("weight", 1):
+            mask = unmask_turn(ids, mask, tokenizer, i)
+    if len(ids) > block_size + 1:
+        raise ValueError(f"{len(ids)} tokens, longer than the context (block_size {block_size} + 1)")
+    return ids, mask
+
+
+def unmask_turn(ids, mask, tokenizer, turn):
+    """mask with the turn-th message's tokens (from its role token to its <|end|>) set to 0."""
+    starts = [i for i, t in enumerate(ids) if t in tokenizer.names and t != tokenizer.end]
+    end = starts[turn + 1] if turn + 1 < len(starts) else len(ids)
+    return mask[:starts[turn]] + [0] * (end - starts[turn]) + mask[end:]
+
+
+def read_conversations(path, tokenizer, block_size, log):
+    """[(ids, mask)] of the file's good lines; bad ones are reported and skipped."""
+    good, bad = [], []
+    with open(path, "rb") as f, tqdm(total=os.path.getsize(path), unit="B", unit_scale=True, desc="encode",
+                                     disable=None) as bar:
+        for number, raw in enumerate(f, start=1):
+            bar.update(len(raw))
+            try:
+                if len(raw) > MAX_LINE_BYTES:
+                    raise ValueError(f"{len(raw):,} bytes on one line")
+                line = raw.decode("utf-8")
+                if line.strip():
+                    good.append(encode_conversation(tokenizer, messages_of(line), block_size))
+            except UnicodeDecodeError as e:
+                bad.append(f"{path}:{number}: not UTF-8 (bad byte at offset {e.start})")
+            except ValueError as e:
+                bad.append(f"{path}:{number}: {e}")
+    for line in bad[:SHOWN]:
+        log(f"skipped {line}")
+    if len(bad) > SHOWN:
+        log(f"skipped {len(bad) - SHOWN:,} more bad lines")
+    if not good:
+        raise UserError(f"{path} has no usable conversation ({len(bad):,} bad lines); see the lines above and "
+                        f"OpenAI's fine-tuning format: {{\"messages\": [{{\"role\": \"user\", \"content\": ...}}, ...]}}")
+    return good, len(bad)
+
+
+def write_split(conversations, out_dir, split, dtype):
+    """split.bin, split_mask.bin and split_index.bin of these conversations, in out_dir."""
+    ids = np.fromiter((t for c, _ in conversations for t in c), dtype=dtype)
+    mask = np.fromiter((m for _, ms in conversations for m in ms), dtype=np.uint8)
+    index = np.cumsum([0] + [len(c) for c, _ in conversations], dtype=np.int64)
+    ids.tofile(os.path.join(out_dir, f"{split}.bin"))
+    mask.tofile(os.path.join(out_dir, f"{split}_mask.bin"))
+    index.tofile(os.path.join(out_dir, f"{split}_index.bin"))
+    return {"conversations": len(conversations), "tokens": len(ids), "targets": int(mask.sum())}
+
+
+def prepare_chat(input_path, base, out_dir, block_size=1024, val_fraction=0.1, log=print):
+    """A chat dataset in out_dir from input_path's conversations and base's tokenizer; returns its counts.
+    out_dir is replaced only once everything is written."""
+    if not os.path.isfile(input_path):
+        raise UserError(f"--input {input_path} not found; give a JSONL file of {{\"messages\": [...]}} lines")
+    if not 0 < val_fraction < 1:
+        raise UserError(f"--val_fraction must be between 0 and 1, got {val_fraction}")
+    if block_size < 2:
+        raise UserError(f"--block_size must be at least 2, got {block_size}")
+    source = base_dir(base)
+    meta = chat_meta(read_meta(source))
+    tokenizer = tokenizer_from_meta({**meta, "ranks_text": read_meta(source).get("ranks_text")})
+    meta["dtype"] = "uint16" if meta["vocab_size"] <= 1 << 16 else "uint32"
+    meta["base"] = os.path.basename(os.path.normpath(source))
+    conversations, skipped = read_conversations(input_path, tokenizer, block_size, log)
+    n_val = max(1, round(len(conversations) * val_fraction))
+    if n_val >= len(conversations):
+        raise UserError(f"{input_path} has {len(conversations)} usable conversation(s): too few for a train and a "
+                        f"val split; give more")
+    tmp = os.path.join(os.path.dirname(os.path.abspath(out_dir)), f".{os.path.basename(os.path.normpath(out_dir))}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    counts = {"train": write_split(conversations[:-n_val], tmp, "train", np.dtype(meta["dtype"])),
+              "val": write_split(conversations[-n_val:], tmp, "val", np.dtype(meta["dtype"])), "skipped": skipped}
+    if meta.get("ranks"):  # a trained BPE's merges live beside meta.json
+        shutil.copyfile(os.path.join(source, meta["ranks"]), os.path.join(tmp, meta["ranks"]))
+    with open(os.path.join(tmp, "meta.json"), "w", encoding="utf-8") as f:
+        json.dump(meta, f, ensure_ascii=False)
+    replace_dir(tmp, out_dir)
+    log(f"vocab size: {meta['vocab_size']:,} ({tokenizer.base.vocab_size:,} of {meta['base']} and "
+        f"{len(meta['chat'])} role tokens)")
+    for split in ("train", "val"):
+        c = counts[split]
+        log(f"{split} has {c['conversations']:,} conversations, {c['tokens']:,} tokens, {c['targets']:,} of them "
+            f"targets ({c['targets'] / c['tokens']:.0%})")
+    return counts
+
+
+def replace_dir(tmp, out_dir):
+    """Move the finished tmp directory to out_dir, the previous out_dir (if any) only removed after."""
+    old = tmp[:-len(".tmp")] + ".old"
+    shutil.rmtree(old, ignore_errors=True)
+    if os.path.exists(out_dir):
+        if os.path.isfile(out_dir):
+            raise UserError(f"--out {out_dir} is a file; choose a directory")
+        os.replace(out_dir, old)
+    os.replace(tmp, out_dir)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def main(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--input", required=True, help="conversations in OpenAI's fine-tuning JSONL")
+    parser.add_argument("--base", required=True, help="the dataset whose tokenizer the model was pretrained with")
+    parser.add_argument("--out", help="output directory (default: data/<input's name>)")
+    parser.add_argument("--block_size", type=int, default=1024, help="the context: longer conversations are skipped")
+    parser.add_argument("--val_fraction", type=float, default=0.1)
+    args = parser.parse_args(argv)
+    out = args.out or os.path.join(ROOT, "data", os.path.splitext(os.path.basename(args.input))[0])
+    prepare_chat(args.input, args.base, out, args.block_size, args.val_fraction)
+    print(f"done; fine-tune a model trained on {args.base} with: python train.py --init_from=<its out_dir> "
+          f"--dataset={out} --out_dir=out-{os.path.basename(os.path.normpath(out))}")
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,61 @@
+"""Conversations from the Tang poems, for instruction tuning: the dataset config/tangshi_sft.py trains on.
+
+    python data/tangshi/prepare.py --input PATH   # first: the poems as a dataset
+    python data/tangshi/chat.py                    # then: data/tangshi_chat
+
+Reads the prepared dataset's train split only (held-out poems stay held out, for
+data/tangshi/evaluate.py), and makes two conversations of each poem of a regular form
+(4 or 8 句 of 5 or 7 characters):
+    user "藏頭詩：春江花月"     assistant: a poem whose i-th 句 begins with the i-th character
+    user "七言絕句：<title>"    assistant: the poem
+They are shuffled, written as OpenAI's fine-tuning JSONL (data/tangshi/chat.jsonl), and
+prepared by data/chat/prepare.py into data/tangshi_chat with the poems' tokenizer and role tokens.
+"""
+import argparse
+import json
+import os
+import random
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+from configurator import UserError, run_main  # noqa: E402
+from data.chat.prepare import prepare_chat  # noqa: E402
+from data.tangshi.poems import conversations, parse_poems  # noqa: E402
+from tokenizer import read_meta, tokenizer_from_meta  # noqa: E402
+
+BLOCK_SIZE = 128  # config/tangshi_sft.py's context: a 七言律詩 and its request fit
+
+
+def split_text(dataset, split):
+    """The text of a prepared dataset's split, decoded with its own tokenizer."""
+    path = os.path.join(dataset, f"{split}.bin")
+    meta = read_meta(dataset)
+    if meta is None or not os.path.exists(path):
+        raise UserError(f"{path} not found; prepare the poems first: python data/tangshi/prepare.py")
+    ids = np.fromfile(path, dtype=np.dtype(meta.get("dtype", "uint16")))
+    return tokenizer_from_meta(meta).decode(ids.tolist())
+
+
+def main(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dataset", default=HERE, help="the prepared Tang dataset (char, bpe or gpt2)")
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(HERE), "tangshi_chat"))
+    parser.add_argument("--seed", type=int, default=1337, help="the shuffle of the conversations")
+    args = parser.parse_args(argv)
+    poems = parse_poems(split_text(args.dataset, "train"))
+    chats = conversations(poems)
+    random.Random(args.seed).shuffle(chats)
+    print(f"{len(poems):,} train poems, {len(chats):,} conversations")
+    jsonl = os.path.join(args.dataset, "chat.jsonl")
+    with open(jsonl + ".tmp", "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(c, ensure_ascii=False) + "\n" for c in chats)
+    os.replace(jsonl + ".tmp", jsonl)
+    prepare_chat(jsonl, args.dataset, args.out, block_size=BLOCK_SIZE)
+    print(f"done; fine-tune on it with: python train.py config/tangshi_sft.py")
+
+
+if __name__ == "__main__":
+    run_main(main)

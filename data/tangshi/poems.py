@@ -1,0 +1,62 @@
+"""Tang poems as the corpus writes them, and the tasks made of them: what data/tangshi/chat.py writes and
+data/tangshi/evaluate.py checks.
+
+A poem is a title line, an author line and its lines; a blank line ends it. A 句 (clause) is the text
+between the marks ，。？！； and line ends: the corpus writes two per line. A 絕句 has four 句, a 律詩 eight,
+each of five (五言) or seven (七言) characters.
+"""
+import re
+
+CLAUSE_MARKS = "，。？！；"
+FORMS = {(4, 5): "五言絕句", (4, 7): "七言絕句", (8, 5): "五言律詩", (8, 7): "七言律詩"}
+ACROSTIC = "藏頭詩："
+
+
+def parse_poems(text):
+    """[(title, author, lines)] of the corpus text; pieces without a body are left out."""
+    poems = []
+    for block in text.split("\n\n"):
+        lines = [line for line in block.split("\n") if line.strip()]
+        if len(lines) >= 3:
+            poems.append((lines[0], lines[1], lines[2:]))
+    return poems
+
+
+def clauses(text):
+    """The 句 of a poem's text, in order."""
+    return [c for c in re.split(f"[{CLAUSE_MARKS}\n]", text) if c.strip()]
+
+
+def form(lines):
+    """The poem's form name (五言絕句, ..., 七言律詩), or None where its 句 are not 4 or 8 of one length 5 or 7."""
+    parts = clauses("\n".join(lines))
+    lengths = {len(c) for c in parts}
+    return FORMS.get((len(parts), lengths.pop())) if len(lengths) == 1 else None
+
+
+def conversations(poems):
+    """Chat conversations (OpenAI's format) of the poems whose form is regular: an acrostic of each, and the
+    poem for its form and title."""
+    out = []
+    for title, _author, lines in poems:
+        name = form(lines)
+        if name is None:
+            continue
+        body = "\n".join(lines)
+        key = "".join(c[0] for c in clauses(body))
+        out.append(chat(ACROSTIC + key, body))
+        out.append(chat(f"{name}：{title}", body))
+    return out
+
+
+def chat(user, assistant):
+    return {"messages": [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]}
+
+
+def score_acrostic(key, answer):
+    """How an answer meets an acrostic: hits (句 that begin with their requested character, of len(key)),
+    one_length (every 句 of one length, 5 or 7) and whole (as many 句 as characters requested)."""
+    parts = clauses(answer)
+    lengths = {len(c) for c in parts}
+    return {"hits": sum(1 for i, ch in enumerate(key) if i < len(parts) and parts[i].startswith(ch)),
+            "one_length": len(lengths) == 1 and lengths <= {5, 7}, "whole": len(parts) == len(key)}
