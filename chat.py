@@ -91,8 +91,9 @@ class Session:
 
     def prompt_ids(self):
         """The conversation so far and <|assistant|>; the oldest turns (never the system message) are left
-        out until it fits the context with room for an answer."""
-        room = self.model.config.block_size // 2
+        out until it fits the context with room for an answer (max_new_tokens, or half the context)."""
+        block = self.model.config.block_size
+        room = block - min(self.cfg.max_new_tokens, block // 2)
         first = 1 if self.cfg.system else 0
         while True:
             ids, _ = self.tokenizer.render(self.messages)

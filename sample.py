@@ -126,7 +126,7 @@ def check_decodes(tokenizer, vocab_size, source, hint=""):
     """Refuse a tokenizer that cannot decode every id below the model's vocab_size (all of which it can emit),
     or that has ids the model has not. A BPE decodes the ids past its own as nothing, for GPT-2's 50,257
     tokens padded to 50,304 in nanoGPT's models; a char tokenizer has no padding, as train.py demands."""
-    short = isinstance(tokenizer, CharTokenizer) and tokenizer.vocab_size < vocab_size
+    short = isinstance(getattr(tokenizer, "base", tokenizer), CharTokenizer) and tokenizer.vocab_size < vocab_size
     if short or tokenizer.vocab_size > vocab_size:
         raise UserError(f"{source} has a vocabulary of {vocab_size} tokens but its tokenizer has "
                         f"{tokenizer.vocab_size}; sample with the tokenizer (dataset) it was trained on{hint}")

@@ -10,8 +10,9 @@ Open http://127.0.0.1:8000/ for the playground, or use any OpenAI client:
     client.completions.create(model="out-shakespeare-char-cpu", prompt="ROMEO:", max_tokens=50, temperature=0)
 
 Endpoints: GET /v1/models; POST /v1/completions (prompt, max_tokens, temperature, top_p, top_k, stop,
-seed, n, stream, logprobs, as OpenAI's legacy completions); POST /v1/attention (this server's own:
-each head's attention weights over a text). A request joins the running batch at the next step and
+seed, n, stream, logprobs, as OpenAI's legacy completions); POST /v1/chat/completions (messages and the
+same settings, as OpenAI's chat API; for a model fine-tuned on conversations, docs/chat.md); POST
+/v1/attention (this server's own: each head's attention weights over a text). A request joins the running batch at the next step and
 leaves it when it ends; the same seed gives the same text whatever else is being served.
 logprobs are the model's own (temperature 1, before top-k and top-p), so greedy text has them too.
 Only requests addressed to this server's own names, with JSON bodies as application/json, and with
@@ -53,6 +54,7 @@ from device import autocast, resolve_device, resolve_dtype
 from generate import MAX_STOPS, Continuation, check_sampling, check_stops
 from memory import check_fits, kv_cache_bytes
 from sample import load, sample_seed
+from tokenizer import ROLES, ChatTokenizer
 from trace import Recorder
 
 PAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "playground.html")
@@ -65,6 +67,9 @@ OFF = {"echo": (False,), "best_of": (1,), "frequency_penalty": (0, 0.0), "presen
        "logit_bias": ({},), "suffix": ("",)}
 PARAMS = {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "n", "stream",
           "stream_options", "logprobs", "user", *OFF}
+CHAT_OFF = {k: OFF[k] for k in ("frequency_penalty", "presence_penalty", "logit_bias")}
+CHAT_PARAMS = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "stop",
+               "seed", "n", "stream", "stream_options", "logprobs", "top_logprobs", "user", *CHAT_OFF}
 
 
 @dataclass
@@ -105,7 +110,8 @@ class BadRequest(Exception):
 async def unknown_route(request, e):
     """A path or method this server does not serve, as OpenAI's error object (404, 405)."""
     return error_response(BadRequest(f"{request.method} {request.url.path} is not served here ({e.detail}); this "
-                                     f"server serves GET /v1/models, POST /v1/completions, POST /v1/attention and "
+                                     f"server serves GET /v1/models, POST /v1/completions, POST /v1/chat/completions, "
+                                     f"POST /v1/attention and "
                                      f"the playground at /", status=e.status_code))
 
 
@@ -193,23 +199,22 @@ class CompletionRequest:
     logprobs: int | None
 
 
-def parse_completion(body, model_name):
-    """The request's settings, checked; a BadRequest names the first wrong one."""
-    for name in sorted(set(body) - PARAMS):
-        close = difflib.get_close_matches(name, PARAMS, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else f"; this server takes {', '.join(sorted(PARAMS))}"
+def check_names(body, model_name, params, off):
+    """Every argument is one this endpoint takes (those in off only at their "off" value), for this model."""
+    for name in sorted(set(body) - params):
+        close = difflib.get_close_matches(name, params, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else f"; this server takes {', '.join(sorted(params))}"
         raise BadRequest(f"unrecognized request argument: {name}{hint}", name)
-    for name, off in OFF.items():
-        if body.get(name) is not None and body[name] not in off:
+    for name, values in off.items():
+        if body.get(name) is not None and body[name] not in values:
             raise BadRequest(f"{name} is not supported by this server; leave it out", name)
     model = typed(body, "model", str, model_name, "a string")
     if model != model_name:
         raise BadRequest(f"model {model!r} is not served here; this server serves {model_name!r}", "model", 404,
                          code="model_not_found")
-    prompts = body.get("prompt", "")
-    prompts = [prompts] if isinstance(prompts, str) else prompts
-    if not (isinstance(prompts, list) and prompts and all(isinstance(p, str) for p in prompts)):
-        raise BadRequest("prompt must be a string or a non-empty list of strings", "prompt")
+
+
+def parse_stops(body):
     stops = typed(body, "stop", (str, list), [], "a string or a list of strings")
     stops = [stops] if isinstance(stops, str) else stops
     if not all(isinstance(s, str) and s for s in stops):
@@ -218,8 +223,18 @@ def parse_completion(body, model_name):
         check_stops(stops)
     except ValueError as e:
         raise BadRequest(str(e), "stop") from None
+    return stops
+
+
+def parse_completion(body, model_name):
+    """The request's settings, checked; a BadRequest names the first wrong one."""
+    check_names(body, model_name, PARAMS, OFF)
+    prompts = body.get("prompt", "")
+    prompts = [prompts] if isinstance(prompts, str) else prompts
+    if not (isinstance(prompts, list) and prompts and all(isinstance(p, str) for p in prompts)):
+        raise BadRequest("prompt must be a string or a non-empty list of strings", "prompt")
     req = CompletionRequest(
-        prompts=prompts, stops=stops,
+        prompts=prompts, stops=parse_stops(body),
         max_tokens=typed(body, "max_tokens", int, 16, "an integer"),
         temperature=number(body, "temperature", 1.0),
         top_k=typed(body, "top_k", int, None, "an integer"),
@@ -232,6 +247,46 @@ def parse_completion(body, model_name):
         logprobs=typed(body, "logprobs", int, None, "an integer"))
     check_settings(req)
     return req
+
+
+def parse_chat(body, model_name, max_tokens):
+    """A chat request's settings, as a CompletionRequest whose one prompt is its messages."""
+    check_names(body, model_name, CHAT_PARAMS, CHAT_OFF)
+    top = typed(body, "top_logprobs", int, 0, "an integer")
+    req = CompletionRequest(
+        prompts=[parse_messages(body.get("messages"))], stops=parse_stops(body),
+        max_tokens=typed(body, "max_completion_tokens", int, None, "an integer")
+        or typed(body, "max_tokens", int, max_tokens, "an integer"),
+        temperature=number(body, "temperature", 1.0),
+        top_k=typed(body, "top_k", int, None, "an integer"),
+        top_p=number(body, "top_p", None),
+        seed=typed(body, "seed", int, None, "an integer"),
+        n=typed(body, "n", int, 1, "an integer"),
+        stream=typed(body, "stream", bool, False, "true or false"),
+        include_usage=typed(typed(body, "stream_options", dict, {}, "an object"), "include_usage", bool, False,
+                            "true or false"),
+        logprobs=top if typed(body, "logprobs", bool, False, "true or false") else None)
+    check_settings(req)
+    return req
+
+
+def parse_messages(messages):
+    """[{"role", "content"}] of a chat request; content as a string, or OpenAI's list of text parts."""
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("messages must be a non-empty list of {\"role\": ..., \"content\": ...}", "messages")
+    out = []
+    for i, m in enumerate(messages):
+        role = m.get("role") if isinstance(m, dict) else None
+        if role not in ROLES:
+            raise BadRequest(f"messages[{i}].role is {json.dumps(role)[:40]}; this model knows {', '.join(ROLES)}",
+                             "messages")
+        content = m.get("content")
+        if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+            content = "".join(str(p.get("text", "")) for p in content)
+        if not isinstance(content, str):
+            raise BadRequest(f"messages[{i}].content must be text (a string, or a list of text parts)", "messages")
+        out.append({"role": role, "content": content})
+    return out
 
 
 def check_settings(req):
@@ -263,9 +318,9 @@ class Choice:
     piece goes to post(piece), from the engine's thread.
     """
 
-    def __init__(self, index, tokenizer, stops, prompt_chars, logprobs, token_text, post):
+    def __init__(self, index, tokenizer, stops, prompt_chars, logprobs, token_text, post, stop_ids=()):
         self.index, self.post, self.token_text, self.logprobs = index, post, token_text, logprobs
-        self.text = Continuation(tokenizer, stops)
+        self.text = Continuation(tokenizer, stops, stop_ids)
         self.decoder = tokenizer.decoder()  # each token's own text, for logprobs
         self.entries, self.chars, self.prompt_chars, self.tokens = [], 0, prompt_chars, 0
 
@@ -342,6 +397,7 @@ class Service:
         routes = [Route("/", lambda request: HTMLResponse(self.page)),
                   Route("/v1/models", self.models),
                   Route("/v1/completions", self.completions, methods=["POST"]),
+                  Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
                   Route("/v1/attention", self.attention, methods=["POST"])]
         return Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(Guard, self.api_key, self.host)],
                          exception_handlers={BadRequest: lambda request, e: error_response(e),
@@ -372,22 +428,41 @@ class Service:
 
     async def completions(self, request):
         req = parse_completion(await read_json(request), self.name)
+        prompt_ids = [self.encode(p) for p in req.prompts]
+        head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+                "model": self.name}
+        return await self.answer(request, req, prompt_ids, [len(p) for p in req.prompts], head, (), COMPLETION)
+
+    async def chat_completions(self, request):
+        if not isinstance(self.tokenizer, ChatTokenizer):
+            raise BadRequest(f"{self.name} has no chat template (it was not fine-tuned on conversations: "
+                             f"docs/chat.md); use /v1/completions", "model")
+        req = parse_chat(await read_json(request), self.name, min(self.max_tokens, self.model.config.block_size))
+        try:
+            ids = self.tokenizer.render(req.prompts[0])[0]
+        except UserError as e:
+            raise BadRequest(str(e), "messages") from None
+        head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+                "model": self.name}
+        return await self.answer(request, req, [ids], [0], head, [[self.tokenizer.end]], CHAT)
+
+    async def answer(self, request, req, prompt_ids, prompt_chars, head, stop_ids, shape):
+        """Decode each prompt n times in the engine's batch; the response, whole or streamed, in shape's format."""
         if req.max_tokens > self.max_tokens:
             raise BadRequest(f"max_tokens is {req.max_tokens}, beyond this server's limit of {self.max_tokens} (its "
                              f"--max_tokens); ask for fewer", "max_tokens")
-        prompt_ids = [self.encode(p) for p in req.prompts]
-        if len(req.prompts) * req.n > self.engine.max_queue:
-            raise BadRequest(f"{len(req.prompts)} prompts x n={req.n} is more sequences than the server queues "
+        if len(prompt_ids) * req.n > self.engine.max_queue:
+            raise BadRequest(f"{len(prompt_ids)} prompts x n={req.n} is more sequences than the server queues "
                              f"({self.engine.max_queue}); send fewer at once", "n")
         loop, queue = asyncio.get_running_loop(), asyncio.Queue()
 
         def post(piece):  # called on the engine's thread
             loop.call_soon_threadsafe(queue.put_nowait, piece)
         seqs = []
-        for p, (prompt, ids) in enumerate(zip(req.prompts, prompt_ids)):
+        for p, (chars, ids) in enumerate(zip(prompt_chars, prompt_ids)):
             for i in range(req.n):
-                sink = Choice(p * req.n + i, self.tokenizer, req.stops, len(prompt), req.logprobs is not None,
-                              self.token_text, post)
+                sink = Choice(p * req.n + i, self.tokenizer, req.stops, chars, req.logprobs is not None,
+                              self.token_text, post, stop_ids)
                 generator = torch.Generator(device=self.device).manual_seed(sample_seed(req.seed, i))
                 seqs.append(Sequence(ids, req.max_tokens, sink, req.temperature, req.top_k, req.top_p, generator,
                                      req.logprobs))
@@ -396,12 +471,11 @@ class Service:
         except QueueFull as e:
             raise BadRequest(f"the server is busy: {e}", status=429, kind="server_busy") from None
         usage = {"prompt_tokens": sum(map(len, prompt_ids)), "completion_tokens": 0, "total_tokens": 0}
-        head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-                "model": self.name}
         pieces = arrivals(request, queue, seqs)
         if req.stream:
-            return StreamingResponse(events(pieces, head, usage, req.include_usage), media_type="text/event-stream")
-        return JSONResponse(await collect(pieces, head, usage, len(seqs)))
+            return StreamingResponse(events(pieces, head, usage, req.include_usage, shape),
+                                     media_type="text/event-stream")
+        return JSONResponse(await collect(pieces, head, usage, len(seqs), shape))
 
     async def attention(self, request):
         body = await read_json(request)
@@ -474,34 +548,88 @@ async def arrivals(request, queue, seqs):
             seq.cancel()
 
 
-async def events(pieces, head, usage, include_usage):
+class Completion:
+    """The legacy completions API's choices: text, and logprobs as four parallel lists."""
+    chunk_object = "text_completion"
+
+    @staticmethod
+    def delta(piece, first):
+        return {k: piece[k] for k in ("text", "index", "logprobs", "finish_reason")}
+
+    @staticmethod
+    def empty(index):
+        return {"text": "", "index": index, "logprobs": None, "finish_reason": None}
+
+    @staticmethod
+    def extend(choice, piece):
+        choice["text"] += piece["text"]
+        if piece["logprobs"] is not None:
+            lp = choice["logprobs"] = choice["logprobs"] or {k: [] for k in piece["logprobs"]}
+            for k, values in piece["logprobs"].items():
+                lp[k] += values
+
+
+class Chat:
+    """The chat API's choices: the assistant's message (a delta of it when streamed), logprobs per token."""
+    chunk_object = "chat.completion.chunk"
+
+    @staticmethod
+    def logprobs(legacy):
+        if legacy is None:
+            return None
+        return {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode()),
+                             "top_logprobs": [{"token": k, "logprob": v, "bytes": list(k.encode())}
+                                              for k, v in top.items()]}
+                            for t, lp, top in zip(legacy["tokens"], legacy["token_logprobs"], legacy["top_logprobs"])]}
+
+    @classmethod
+    def delta(cls, piece, first):
+        delta = {"role": "assistant", "content": piece["text"]} if first else {"content": piece["text"]}
+        return {"index": piece["index"], "delta": delta, "logprobs": cls.logprobs(piece["logprobs"]),
+                "finish_reason": piece["finish_reason"]}
+
+    @staticmethod
+    def empty(index):
+        return {"index": index, "message": {"role": "assistant", "content": ""}, "logprobs": None,
+                "finish_reason": None}
+
+    @classmethod
+    def extend(cls, choice, piece):
+        choice["message"]["content"] += piece["text"]
+        if piece["logprobs"] is not None:
+            lp = choice["logprobs"] = choice["logprobs"] or {"content": []}
+            lp["content"] += cls.logprobs(piece["logprobs"])["content"]
+
+
+COMPLETION, CHAT = Completion(), Chat()
+
+
+async def events(pieces, head, usage, include_usage, shape=COMPLETION):
     """Server-sent events in OpenAI's chunk format, ending with data: [DONE]."""
+    head, started = {**head, "object": shape.chunk_object}, set()
     async for piece in pieces:
         if piece["error"] is not None:
             yield sse({"error": {"message": piece["error"], "type": "server_error", "param": None, "code": None}})
             return
         count(usage, piece)
-        chunk = {**head, "choices": [{k: piece[k] for k in ("text", "index", "logprobs", "finish_reason")}]}
+        chunk = {**head, "choices": [shape.delta(piece, piece["index"] not in started)]}
+        started.add(piece["index"])
         yield sse({**chunk, "usage": None} if include_usage else chunk)
     if include_usage:
         yield sse({**head, "choices": [], "usage": usage})
     yield "data: [DONE]\n\n"
 
 
-async def collect(pieces, head, usage, n):
+async def collect(pieces, head, usage, n, shape=COMPLETION):
     """The whole response: each choice's pieces joined."""
-    choices = [{"text": "", "index": i, "logprobs": None, "finish_reason": None} for i in range(n)]
+    choices = [shape.empty(i) for i in range(n)]
     async for piece in pieces:
         if piece["error"] is not None:
             raise BadRequest(f"generation failed: {piece['error']}", status=500, kind="server_error")
         count(usage, piece)
         choice = choices[piece["index"]]
-        choice["text"] += piece["text"]
+        shape.extend(choice, piece)
         choice["finish_reason"] = piece["finish_reason"]
-        if piece["logprobs"] is not None:
-            lp = choice["logprobs"] = choice["logprobs"] or {k: [] for k in piece["logprobs"]}
-            for k, values in piece["logprobs"].items():
-                lp[k] += values
     return {**head, "choices": choices, "usage": usage}
 
 

@@ -214,19 +214,149 @@ def test_finetune_resumes_exactly(tmp_path, base, chats):
         assert torch.equal(value, b["model"][key]), key
 
 
-def test_sft_learns_the_task_and_chat_answers_it(tmp_path, base, chats):
-    """Pretrain a little, fine-tune on 'say xy' -> 'xyxy.', then chat.py -p answers a request it was taught."""
-    train(TrainConfig(**TINY, out_dir=str(tmp_path / "pre"), dataset=str(base), max_iters=20, lr_decay_iters=20,
+@pytest.fixture(scope="module")
+def sft(tmp_path_factory):
+    """A model pretrained a little on the letters, then fine-tuned on 'say xy' -> 'xyxy.': its out_dir."""
+    from data.prepare import prepare
+    root = tmp_path_factory.mktemp("sft")
+    (root / "base.txt").write_text(BASE_TEXT)
+    prepare(str(root / "base.txt"), "char", str(root / "base"), log=quiet)
+    letters = "abcdefgh"
+    write_jsonl(root / "chats.jsonl", [conversation(f"say {a}{b}", f"{a}{b}{a}{b}.") for a in letters for b in letters])
+    prepare_chat(str(root / "chats.jsonl"), str(root / "base"), str(root / "chat"), block_size=32, log=quiet)
+    train(TrainConfig(**TINY, out_dir=str(root / "pre"), dataset=str(root / "base"), max_iters=20, lr_decay_iters=20,
                       eval_interval=20), log=quiet)
-    cfg, overrides = parse_args(TrainConfig, [f"--init_from={tmp_path / 'pre'}", f"--dataset={chats}", "--device=cpu",
-                                              f"--out_dir={tmp_path / 'sft'}", "--max_iters=250", "--eval_interval=250",
+    cfg, overrides = parse_args(TrainConfig, [f"--init_from={root / 'pre'}", f"--dataset={root / 'chat'}", "--device=cpu",
+                                              f"--out_dir={root / 'out-sft'}", "--max_iters=250", "--eval_interval=250",
                                               "--eval_iters=4", "--batch_size=16", "--gradient_accumulation_steps=1",
                                               "--learning_rate=1e-2", "--warmup_iters=10", "--lr_decay_iters=250"])
     summary = train(cfg, overrides, log=quiet)
-    assert summary["val_loss"] < 0.3 * math.log(len(set(BASE_TEXT)) + 4)
-    result = run_script(["chat.py", f"--out_dir={tmp_path / 'sft'}", "--temperature=0", "-p", "say cg"])
+    assert summary["val_loss"] < 0.3 * math.log(len(set(BASE_TEXT)) + 4)  # the answers, learned
+    return root / "out-sft"
+
+
+def test_chat_py_answers_a_request_it_was_taught(sft):
+    result = run_script(["chat.py", f"--out_dir={sft}", "--temperature=0", "-p", "say cg"])
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "cgcg."
+
+
+def test_chat_py_answers_each_message_and_starts_over(sft):
+    import subprocess
+    import sys
+    from conftest import ROOT
+    result = subprocess.run([sys.executable, "chat.py", f"--out_dir={sft}", "--temperature=0"], cwd=ROOT, text=True,
+                            input="say ab\n/reset\nsay he\n/quit\n", capture_output=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    answers = [a.strip() for a in result.stdout.split("> ") if a.strip()]
+    assert answers == ["abab.", "hehe."], result.stdout
+    assert "(a new conversation)" in result.stderr
+
+
+def test_a_session_sends_the_whole_conversation_and_reset_forgets_it(sft):
+    import io
+    from chat import ChatConfig, Session, load_chat_model
+    model, tokenizer = load_chat_model(str(sft), "ckpt.pt", torch.device("cpu"))
+    session = Session(model, tokenizer, ChatConfig(temperature=0.0, max_new_tokens=6), torch.device("cpu"))
+    assert session.answer("say ab", out=io.StringIO()) == "abab."
+    session.messages.append({"role": "user", "content": "say cd"})
+    expected = tokenizer.render([{"role": "user", "content": "say ab"}, {"role": "assistant", "content": "abab."},
+                                 {"role": "user", "content": "say cd"}])[0]
+    assert session.prompt_ids() == expected
+    session.reset()
+    assert session.messages == []
+    with_system = Session(model, tokenizer, ChatConfig(system="be a pest"), torch.device("cpu"))
+    with_system.messages.append({"role": "user", "content": "say cd"})
+    assert with_system.prompt_ids()[:3] == [tokenizer.ids["<|system|>"], *tokenizer.encode("be")]
+    with_system.reset()
+    assert with_system.messages == [{"role": "system", "content": "be a pest"}]
+
+
+@pytest.fixture(scope="module")
+def chat_server(sft):
+    openai = pytest.importorskip("openai")
+    from serve import Service, ServeConfig, running
+    service = Service.load(ServeConfig(out_dir=str(sft), device="cpu", max_batch=3, max_queue=8))
+    with running(service.app()) as url:
+        yield openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60), service
+
+
+def reference_reply(service, messages, max_tokens=20):
+    """What the model writes greedily after the template's prompt, decoded without the cache, up to <|end|>."""
+    from generate import generate
+    ids = service.tokenizer.render(messages)[0]
+    out = generate(service.model, torch.tensor([ids]), max_tokens, temperature=0.0, use_cache=False)[0, len(ids):]
+    out = out.tolist()
+    return service.tokenizer.decode(out[:out.index(service.tokenizer.end)] if service.tokenizer.end in out else out)
+
+
+def test_the_openai_client_chats_with_the_fine_tuned_model(chat_server):
+    client, service = chat_server
+    messages = [{"role": "user", "content": "say fa"}]
+    reply = client.chat.completions.create(model=service.name, messages=messages, temperature=0, max_tokens=20)
+    choice = reply.choices[0]
+    assert choice.message.role == "assistant" and choice.message.content == "fafa." == reference_reply(service, messages)
+    assert choice.finish_reason == "stop"  # it wrote <|end|>
+    prompt = len(service.tokenizer.render(messages)[0])
+    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (prompt, len("fafa.") + 1)
+    assert reply.object == "chat.completion" and reply.id.startswith("chatcmpl-")
+
+
+def test_streamed_chat_deltas_make_the_same_message(chat_server):
+    client, service = chat_server
+    messages = [{"role": "user", "content": "say dh"}]
+    chunks = list(client.chat.completions.create(model=service.name, messages=messages, temperature=0, stream=True,
+                                                 max_tokens=20))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "dhdh."
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+
+
+def test_chat_logprobs_are_the_models_own(chat_server):
+    client, service = chat_server
+    messages = [{"role": "user", "content": "say bb"}]
+    reply = client.chat.completions.create(model=service.name, messages=messages, temperature=0, logprobs=True,
+                                           top_logprobs=2, max_tokens=20)
+    content = reply.choices[0].logprobs.content
+    assert "".join(t.token for t in content) == reply.choices[0].message.content == "bbbb."
+    ids = service.tokenizer.render(messages)[0] + service.tokenizer.encode("bbbb.")
+    with torch.no_grad():
+        logits, _ = service.model(torch.tensor([ids]))
+    logp = torch.log_softmax(logits[0].double(), -1)
+    start = len(service.tokenizer.render(messages)[0]) - 1
+    for k, entry in enumerate(content):
+        assert entry.logprob == pytest.approx(logp[start + k, ids[start + k + 1]].item(), abs=1e-4)
+        assert len(entry.top_logprobs) == 2 and entry.top_logprobs[0].token == entry.token  # greedy: the top one
+
+
+def test_n_samples_with_a_seed_repeat_and_a_system_message_is_taken(chat_server):
+    client, service = chat_server
+    messages = [{"role": "system", "content": "be a pest"}, {"role": "user", "content": "say ge"}]
+    args = dict(model=service.name, messages=messages, temperature=1.0, n=2, seed=7, max_tokens=12)
+    first, second = (client.chat.completions.create(**args) for _ in range(2))
+    assert [c.message.content for c in first.choices] == [c.message.content for c in second.choices]
+    assert len(first.choices) == 2 and [c.index for c in first.choices] == [0, 1]
+
+
+def test_chat_errors_are_openais(chat_server):
+    import openai
+    client, service = chat_server
+    with pytest.raises(openai.BadRequestError, match="messages\\[0\\].role"):
+        client.chat.completions.create(model=service.name, messages=[{"role": "tool", "content": "x"}])
+    with pytest.raises(openai.BadRequestError, match="outside the vocabulary"):
+        client.chat.completions.create(model=service.name, messages=[{"role": "user", "content": "say ZZ"}])
+
+
+def test_a_model_without_a_template_refuses_chat(tmp_path, base):
+    openai = pytest.importorskip("openai")
+    from serve import Service, ServeConfig, running
+    train(TrainConfig(**TINY, out_dir=str(tmp_path / "pre"), dataset=str(base), max_iters=1, lr_decay_iters=1,
+                      eval_interval=1), log=quiet)
+    service = Service.load(ServeConfig(out_dir=str(tmp_path / "pre"), device="cpu", max_batch=1, max_queue=1))
+    with running(service.app()) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+        with pytest.raises(openai.BadRequestError, match="has no chat template"):
+            client.chat.completions.create(model=service.name, messages=[{"role": "user", "content": "say ab"}])
 
 
 def test_chat_refuses_a_checkpoint_without_a_template(tmp_path, base):
