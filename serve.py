@@ -424,7 +424,7 @@ class Service:
     async def models(self, request):
         return JSONResponse({"object": "list", "data": [
             {"id": self.name, "object": "model", "created": 0, "owned_by": "nanogpt",
-             "block_size": self.model.config.block_size}]})
+             "block_size": self.model.config.block_size, "chat": isinstance(self.tokenizer, ChatTokenizer)}]})
 
     async def completions(self, request):
         req = parse_completion(await read_json(request), self.name)

@@ -278,6 +278,7 @@ def chat_server(sft):
     from serve import Service, ServeConfig, running
     service = Service.load(ServeConfig(out_dir=str(sft), device="cpu", max_batch=3, max_queue=8))
     with running(service.app()) as url:
+        service.url = url
         yield openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60), service
 
 
@@ -375,3 +376,31 @@ def test_simplified_input_becomes_the_vocabulary_traditional_characters():
     assert convert("藏头诗：春江花月") == "藏頭詩：春江花月"
     assert convert("床") == "牀"  # OpenCC's traditional form, where the vocabulary has it
     assert Converter(ChatTokenizer(CharTokenizer("床")))("床") == "床"  # else the user's own, where it has that
+
+
+def test_the_playground_chats_in_chromium(chat_server):
+    from test_serve import chromium_page
+    _, service = chat_server
+    with chromium_page(service.url + "/") as page:
+        page.wait_for_function("document.querySelector('#model').textContent.length > 0")
+        assert page.is_visible("#mode") and page.input_value("#mode") == "chat"
+        assert page.inner_text("#generate") == "Send"
+        page.fill("#temperature", "0")
+        for message, answer in (("say cg", "cgcg."), ("say ab", "abab.")):
+            page.fill("#prompt", message)
+            page.click("#generate")
+            page.wait_for_function("!document.querySelector('#generate').disabled && "
+                                   "document.querySelector('#status').textContent")
+            assert "ended its answer" in page.inner_text("#status")
+            assert page.locator("#output .turn.assistant").last.inner_text() == answer
+            # the conversation the next message is sent with: the model was taught single requests, so start over
+            assert json.loads(page.evaluate("JSON.stringify(messages)")) == [
+                {"role": "user", "content": message}, {"role": "assistant", "content": answer}]
+            tokens = page.locator("#output .turn.assistant").last.locator(".tok")
+            assert "".join(tokens.all_text_contents()) == answer
+            tokens.first.hover()
+            assert page.locator("#tip").is_visible()
+            page.click("#reset")
+            assert page.locator("#output .turn").count() == 0 and page.evaluate("messages.length") == 0
+        page.select_option("#mode", "complete")
+        assert page.inner_text("#generate") == "Generate"
