@@ -35,17 +35,17 @@ def form(lines):
 
 
 def conversations(poems):
-    """Chat conversations (OpenAI's format) of the poems whose form is regular: an acrostic of each, and the
-    poem for its form and title."""
+    """Chat conversations (OpenAI's format) of the poems whose form is regular: the poem for its form and
+    title, and as an acrostic; a 律詩's two halves (two lines each, four 句) are acrostics of four too."""
     out = []
     for title, _author, lines in poems:
         name = form(lines)
         if name is None:
             continue
-        body = "\n".join(lines)
-        key = "".join(c[0] for c in clauses(body))
-        out.append(chat(ACROSTIC + key, body))
-        out.append(chat(f"{name}：{title}", body))
+        out.append(chat(f"{name}：{title}", "\n".join(lines)))
+        for part in ([lines] + ([lines[:len(lines) // 2], lines[len(lines) // 2:]] if len(lines) == 4 else [])):
+            body = "\n".join(part)
+            out.append(chat(ACROSTIC + "".join(c[0] for c in clauses(body)), body))
     return out
 
 
