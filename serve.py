@@ -9,12 +9,15 @@ Open http://127.0.0.1:8000/ for the playground, or use any OpenAI client:
     client = OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="none")
     client.completions.create(model="out-shakespeare-char-cpu", prompt="ROMEO:", max_tokens=50, temperature=0)
 
-Endpoints: GET /v1/models; POST /v1/completions (prompt, max_tokens, temperature, top_p, top_k, stop,
-seed, n, stream, logprobs, as OpenAI's legacy completions); POST /v1/chat/completions (messages and the
-same settings, as OpenAI's chat API; for a model fine-tuned on conversations, docs/chat.md); POST
-/v1/attention (this server's own: each head's attention weights over a text). A request joins the running batch at the next step and
+Endpoints: GET /v1/models; POST /v1/completions (prompt as text or token ids, max_tokens, temperature,
+top_p, top_k, stop, seed, n, stream, logprobs, echo, as OpenAI's legacy completions); POST
+/v1/chat/completions (messages and the same settings, as OpenAI's chat API; for a model fine-tuned on
+conversations, docs/chat.md); POST /v1/attention (this server's own: each head's attention weights over
+a text); GET /tokenizer_info, POST /tokenize, POST /detokenize (as vLLM's, which lm-evaluation-harness's
+local-completions model reads: docs/serving.md). A request joins the running batch at the next step and
 leaves it when it ends; the same seed gives the same text whatever else is being served.
-logprobs are the model's own (temperature 1, before top-k and top-p), so greedy text has them too.
+logprobs are the model's own (temperature 1, before top-k and top-p), so greedy text has them too;
+with echo the prompt's tokens have theirs, each given the tokens before it (prompt_logprobs).
 Only requests addressed to this server's own names, with JSON bodies as application/json, and with
 --api_key=KEY only those carrying Authorization: Bearer KEY, are served (Guard; docs/serving.md).
 """
@@ -60,13 +63,14 @@ from trace import Recorder
 PAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "playground.html")
 MAX_BODY_BYTES = 1 << 20  # a request's JSON; a longer prompt would not fit any block_size anyway
 MAX_LOGPROBS = 20  # alternatives per token (OpenAI's limit is 5)
+LOGITS_MAX_VALUES = 1 << 25  # logits one forward of prompt_logprobs holds (windows x block_size x vocabulary)
 ATTENTION_MAX_VALUES = 1 << 22  # weights one /v1/attention answer holds (layers x heads x tokens^2): about 30 MB
 DISCONNECT_POLL_S = 0.25  # while a request waits for tokens, how often it checks that its client is still there
 # OpenAI's parameters this server takes only at the value that means "off"
-OFF = {"echo": (False,), "best_of": (1,), "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0),
+OFF = {"best_of": (1,), "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0),
        "logit_bias": ({},), "suffix": ("",)}
 PARAMS = {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "n", "stream",
-          "stream_options", "logprobs", "user", *OFF}
+          "stream_options", "logprobs", "echo", "user", *OFF}
 CHAT_OFF = {k: OFF[k] for k in ("frequency_penalty", "presence_penalty", "logit_bias")}
 CHAT_PARAMS = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "stop",
                "seed", "n", "stream", "stream_options", "logprobs", "top_logprobs", "user", *CHAT_OFF}
@@ -111,8 +115,8 @@ async def unknown_route(request, e):
     """A path or method this server does not serve, as OpenAI's error object (404, 405)."""
     return error_response(BadRequest(f"{request.method} {request.url.path} is not served here ({e.detail}); this "
                                      f"server serves GET /v1/models, POST /v1/completions, POST /v1/chat/completions, "
-                                     f"POST /v1/attention and "
-                                     f"the playground at /", status=e.status_code))
+                                     f"POST /v1/attention, GET /tokenizer_info, POST /tokenize, POST /detokenize "
+                                     f"and the playground at /", status=e.status_code))
 
 
 def error_response(e):
@@ -186,7 +190,7 @@ def number(body, name, default):
 
 @dataclass
 class CompletionRequest:
-    prompts: list  # of str
+    prompts: list  # of str, or of lists of token ids
     max_tokens: int
     temperature: float
     top_k: int | None
@@ -197,6 +201,7 @@ class CompletionRequest:
     stream: bool
     include_usage: bool
     logprobs: int | None
+    echo: bool = False  # the prompt comes first in the text (and its tokens in logprobs)
 
 
 def check_names(body, model_name, params, off):
@@ -230,9 +235,9 @@ def parse_completion(body, model_name):
     """The request's settings, checked; a BadRequest names the first wrong one."""
     check_names(body, model_name, PARAMS, OFF)
     prompts = body.get("prompt", "")
-    prompts = [prompts] if isinstance(prompts, str) else prompts
-    if not (isinstance(prompts, list) and prompts and all(isinstance(p, str) for p in prompts)):
-        raise BadRequest("prompt must be a string or a non-empty list of strings", "prompt")
+    prompts = [prompts] if isinstance(prompts, str) or is_ids(prompts) else prompts
+    if not (isinstance(prompts, list) and prompts and all(isinstance(p, str) or is_ids(p) for p in prompts)):
+        raise BadRequest("prompt must be a string, a list of token ids, or a non-empty list of either", "prompt")
     req = CompletionRequest(
         prompts=prompts, stops=parse_stops(body),
         max_tokens=typed(body, "max_tokens", int, 16, "an integer"),
@@ -244,9 +249,15 @@ def parse_completion(body, model_name):
         stream=typed(body, "stream", bool, False, "true or false"),
         include_usage=typed(typed(body, "stream_options", dict, {}, "an object"), "include_usage", bool, False,
                             "true or false"),
-        logprobs=typed(body, "logprobs", int, None, "an integer"))
+        logprobs=typed(body, "logprobs", int, None, "an integer"),
+        echo=typed(body, "echo", bool, False, "true or false"))
     check_settings(req)
     return req
+
+
+def is_ids(value):
+    """A list of token ids (ints, not bools): a prompt already tokenized."""
+    return isinstance(value, list) and all(type(i) is int for i in value)
 
 
 def parse_chat(body, model_name, max_tokens):
@@ -290,8 +301,8 @@ def parse_messages(messages):
 
 
 def check_settings(req):
-    if req.max_tokens < 1:
-        raise BadRequest(f"max_tokens must be at least 1, got {req.max_tokens}", "max_tokens")
+    if req.max_tokens < 1 - req.echo:  # with echo, 0 asks for the prompt's logprobs alone
+        raise BadRequest(f"max_tokens must be at least 1 (0 with echo), got {req.max_tokens}", "max_tokens")
     if req.top_p == 1:
         req.top_p = None  # OpenAI's default: no nucleus
     try:
@@ -398,7 +409,10 @@ class Service:
                   Route("/v1/models", self.models),
                   Route("/v1/completions", self.completions, methods=["POST"]),
                   Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
-                  Route("/v1/attention", self.attention, methods=["POST"])]
+                  Route("/v1/attention", self.attention, methods=["POST"]),
+                  Route("/tokenizer_info", self.tokenizer_info),
+                  Route("/tokenize", self.tokenize, methods=["POST"]),
+                  Route("/detokenize", self.detokenize, methods=["POST"])]
         return Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(Guard, self.api_key, self.host)],
                          exception_handlers={BadRequest: lambda request, e: error_response(e),
                                              HTTPException: unknown_route})
@@ -421,6 +435,21 @@ class Service:
             raise BadRequest("the prompt is empty; give some text to continue", "prompt")
         return ids
 
+    def prompt_ids(self, prompt):
+        """A prompt's token ids: a text encoded, or ids given, each checked against the vocabulary."""
+        if isinstance(prompt, str):
+            return self.encode(prompt)
+        if not prompt:
+            raise BadRequest("a prompt is an empty list of token ids; give at least one token", "prompt")
+        return self.check_ids(prompt, "prompt")
+
+    def check_ids(self, ids, param):
+        vocab = min(self.tokenizer.vocab_size, self.model.config.vocab_size)  # ids the model reads and text shows
+        bad = next((i for i in ids if not 0 <= i < vocab), None)
+        if bad is not None:
+            raise BadRequest(f"{param} has token id {bad}, outside the vocabulary [0, {vocab})", param)
+        return ids
+
     async def models(self, request):
         return JSONResponse({"object": "list", "data": [
             {"id": self.name, "object": "model", "created": 0, "owned_by": "nanogpt",
@@ -428,10 +457,17 @@ class Service:
 
     async def completions(self, request):
         req = parse_completion(await read_json(request), self.name)
-        prompt_ids = [self.encode(p) for p in req.prompts]
+        prompt_ids = [self.prompt_ids(p) for p in req.prompts]
+        texts = [p if isinstance(p, str) else self.tokenizer.decode(ids) for p, ids in zip(req.prompts, prompt_ids)]
         head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                 "model": self.name}
-        return await self.answer(request, req, prompt_ids, [len(p) for p in req.prompts], head, (), COMPLETION)
+        echoes = None
+        if req.echo:
+            logprobs = [None] * len(texts)
+            if req.logprobs is not None:
+                logprobs = await asyncio.to_thread(self.prompt_logprobs, prompt_ids, req.logprobs)
+            echoes = list(zip(texts, logprobs))
+        return await self.answer(request, req, prompt_ids, [len(t) for t in texts], head, (), COMPLETION, echoes)
 
     async def chat_completions(self, request):
         if not isinstance(self.tokenizer, ChatTokenizer):
@@ -446,8 +482,9 @@ class Service:
                 "model": self.name}
         return await self.answer(request, req, [ids], [0], head, [[self.tokenizer.end]], CHAT)
 
-    async def answer(self, request, req, prompt_ids, prompt_chars, head, stop_ids, shape):
-        """Decode each prompt n times in the engine's batch; the response, whole or streamed, in shape's format."""
+    async def answer(self, request, req, prompt_ids, prompt_chars, head, stop_ids, shape, echoes=None):
+        """Decode each prompt n times in the engine's batch; the response, whole or streamed, in shape's format.
+        echoes: each prompt's (text, logprobs), the first piece of its choices."""
         if req.max_tokens > self.max_tokens:
             raise BadRequest(f"max_tokens is {req.max_tokens}, beyond this server's limit of {self.max_tokens} (its "
                              f"--max_tokens); ask for fewer", "max_tokens")
@@ -466,16 +503,95 @@ class Service:
                 generator = torch.Generator(device=self.device).manual_seed(sample_seed(req.seed, i))
                 seqs.append(Sequence(ids, req.max_tokens, sink, req.temperature, req.top_k, req.top_p, generator,
                                      req.logprobs))
+        if req.max_tokens == 0:  # echo alone: nothing to decode
+            seqs = []
         try:
             self.engine.submit(seqs)
         except QueueFull as e:
             raise BadRequest(f"the server is busy: {e}", status=429, kind="server_busy") from None
         usage = {"prompt_tokens": sum(map(len, prompt_ids)), "completion_tokens": 0, "total_tokens": 0}
         pieces = arrivals(request, queue, seqs)
+        if echoes is not None:
+            done = "length" if req.max_tokens == 0 else None
+            first = [{"index": p * req.n + i, "text": text, "logprobs": logprobs, "finish_reason": done, "error": None,
+                      "tokens": 0} for p, (text, logprobs) in enumerate(echoes) for i in range(req.n)]
+            pieces = chained(first, pieces)
         if req.stream:
             return StreamingResponse(events(pieces, head, usage, req.include_usage, shape),
                                      media_type="text/event-stream")
-        return JSONResponse(await collect(pieces, head, usage, len(seqs), shape))
+        return JSONResponse(await collect(pieces, head, usage, len(prompt_ids) * req.n, shape))
+
+    def prompt_logprobs(self, prompts, k):
+        """Each prompt's echo logprobs (OpenAI's legacy format): its tokens, each one's log-probability
+        given the tokens before it (the first has none) and the top k there, and their text offsets.
+
+        The targets (tokens 1..L-1) are cut into windows of block_size counted back from the last one,
+        each scored by one forward over the block_size tokens before it (fewer in the first window): the
+        last block_size tokens get what a scorer that keeps the last block_size tokens of the context
+        gives them. Windows run several to a forward, under the engine's lock between its steps."""
+        block, vocab = self.model.config.block_size, self.model.config.vocab_size
+        windows = [(p, max(1, end - block), end) for p, ids in enumerate(prompts)
+                   for end in range(len(ids), 1, -block)]  # (prompt, first target, end of targets)
+        scores = [[(None, None)] + [None] * (len(ids) - 1) for ids in prompts]
+        rows = max(1, LOGITS_MAX_VALUES // (block * vocab))
+        for g in range(0, len(windows), rows):
+            group = windows[g:g + rows]
+            x = torch.zeros(len(group), max(end - start for _, start, end in group), dtype=torch.long)
+            for row, (p, start, end) in enumerate(group):  # right padding: a causal model ignores it
+                x[row, :end - start] = torch.tensor(prompts[p][start - 1:end - 1])
+            with self.engine.lock, torch.no_grad(), autocast(self.device, self.dtype):
+                logits, _ = self.model(x.to(self.device))
+            logp = torch.log_softmax(logits.float(), dim=-1)  # (rows, T, V)
+            best = torch.topk(logp, min(k, logp.size(-1)), dim=-1)
+            for row, (p, start, end) in enumerate(group):
+                target = torch.tensor(prompts[p][start:end], device=logp.device)
+                picked = logp[row, :end - start].gather(1, target[:, None])[:, 0].tolist()
+                top = zip(best.indices[row, :end - start].tolist(), best.values[row, :end - start].tolist())
+                scores[p][start:end] = [(lp, {self.token_text(i): v for i, v in zip(*t)})
+                                        for lp, t in zip(picked, top)]
+        return [self.echo_logprobs(ids, s) for ids, s in zip(prompts, scores)]
+
+    def echo_logprobs(self, ids, scores):
+        decoder, offset, tokens, offsets = self.tokenizer.decoder(), 0, [], []
+        for i in ids:
+            tokens.append(decoder.feed(i))
+            offsets.append(offset)
+            offset += len(tokens[-1])
+        return {"tokens": tokens, "token_logprobs": [lp for lp, _ in scores],
+                "top_logprobs": [top for _, top in scores], "text_offset": offsets}
+
+    async def tokenizer_info(self, request):
+        """As vLLM's: what lm-eval's RemoteTokenizer reads (eos_token, and a chat model's chat_template)."""
+        eot = self.tokenizer.eot
+        eos = self.token_text(eot) if eot is not None else None
+        stoi = getattr(self.tokenizer, "stoi", {})
+        info = {"tokenizer_class": self.tokenizer.kind, "eos_token": eos,
+                "bos_token": eos if eos is not None else ("\n" if "\n" in stoi else None),
+                "pad_token": None, "model_max_length": self.model.config.block_size}
+        if isinstance(self.tokenizer, ChatTokenizer):
+            info["chat_template"] = chat_template(self.tokenizer)
+        return JSONResponse(info)
+
+    async def tokenize(self, request):
+        body = await read_json(request)
+        check_names(body, self.name, {"model", "prompt", "add_special_tokens"}, {})
+        typed(body, "add_special_tokens", bool, False, "true or false")  # none are added either way
+        prompt = typed(body, "prompt", str, None, "a string")
+        if prompt is None:
+            raise BadRequest("prompt is required: the text to tokenize", "prompt")
+        try:
+            ids = self.tokenizer.encode(prompt)
+        except UserError as e:
+            raise BadRequest(str(e), "prompt") from None
+        return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": self.model.config.block_size})
+
+    async def detokenize(self, request):
+        body = await read_json(request)
+        check_names(body, self.name, {"model", "tokens"}, {})
+        ids = body.get("tokens")
+        if not is_ids(ids):
+            raise BadRequest("tokens must be a list of token ids", "tokens")
+        return JSONResponse({"prompt": self.tokenizer.decode(self.check_ids(ids, "tokens"))})
 
     async def attention(self, request):
         body = await read_json(request)
@@ -523,6 +639,20 @@ async def read_json(request):
     if not isinstance(value, dict):
         raise BadRequest(f"the body is a JSON {type(value).__name__}; send a JSON object")
     return value
+
+
+def chat_template(tokenizer):
+    """A Jinja template that writes messages as ChatTokenizer.render places them, role tokens as their names."""
+    end = tokenizer.names[tokenizer.end]
+    return ("{% for message in messages %}<|{{ message['role'] }}|>{{ message['content'] }}" + end +
+            "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+async def chained(first, pieces):
+    for piece in first:
+        yield piece
+    async for piece in pieces:
+        yield piece
 
 
 async def arrivals(request, queue, seqs):

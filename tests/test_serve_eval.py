@@ -1,0 +1,200 @@
+"""serve.py for lm-evaluation-harness: token-id prompts, echo with the prompt's logprobs, the tokenizer
+endpoints, and the real lm_eval CLI (local-completions) run against the real server."""
+import asyncio
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import CORPUS, run_script
+from tokenizer import BPETokenizer, CharTokenizer, ChatTokenizer
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("starlette")
+
+from serve import Service, chat_template  # noqa: E402
+from test_serve import CHARS, alone, out_dir, server  # noqa: E402,F401  (the same tiny checkpoint and server)
+
+
+def numpy_log_softmax(model, inputs):
+    """The model's own forward over inputs (one row), log-softmax in float64 numpy: (T, V)."""
+    with torch.no_grad():
+        logits = model(torch.tensor([inputs]))[0][0].double().numpy()
+    shifted = logits - logits.max(-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+
+
+def reference_echo(model, ids, block):
+    """Each token's log-probability given the tokens before it, in windows of block targets counted back from
+    the last token (docs/serving.md); None for the first. Also the argmax at each position."""
+    out, best = [None] * len(ids), [None] * len(ids)
+    end = len(ids)
+    while end > 1:
+        start = max(1, end - block)
+        lp = numpy_log_softmax(model, ids[start - 1:end - 1])
+        for t in range(start, end):
+            out[t], best[t] = lp[t - start, ids[t]], int(lp[t - start].argmax())
+        end = start
+    return out, best
+
+
+def complete(url, **body):
+    r = httpx.post(url + "/v1/completions", json={"model": "out-tiny", **body}, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def check_echo(choice, service, ids, text, generated):
+    """choice's echo: the prompt's text first, its tokens' logprobs as the reference, then `generated` more."""
+    lp = choice["logprobs"]
+    want, best = reference_echo(service.model, ids, service.model.config.block_size)
+    assert choice["text"].startswith(text) and len(lp["tokens"]) == len(ids) + generated
+    assert lp["tokens"][:len(ids)] == [CHARS[i] for i in ids]
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    np.testing.assert_allclose(lp["token_logprobs"][1:len(ids)], want[1:], rtol=1e-5, atol=1e-4)
+    assert [max(top, key=top.get) for top in lp["top_logprobs"][1:len(ids)]] == [CHARS[i] for i in best[1:]]
+    assert lp["text_offset"] == [len("".join(lp["tokens"][:i])) for i in range(len(lp["tokens"]))]
+    assert "".join(lp["tokens"]) == choice["text"]
+
+
+def test_echo_gives_the_prompts_logprobs_as_the_models_forward(server):
+    """A token-id prompt and a text prompt in one request, as lm-eval sends them (echo, logprobs 1, one
+    token): the prompt's tokens first, the first with no logprob, each later one the model's own."""
+    url, service = server
+    text = "First Citizen:\nYou are all"
+    ids = service.tokenizer.encode("All:\nSpeak, speak.")
+    r = complete(url, prompt=[ids, ids], max_tokens=1, temperature=0, logprobs=1, echo=True, seed=1234)
+    check_echo(r["choices"][0], service, ids, "All:\nSpeak, speak.", 1)
+    assert r["choices"][1] == {**r["choices"][0], "index": 1}
+    r = complete(url, prompt=text, max_tokens=3, temperature=0, logprobs=2, echo=True)
+    (choice,) = r["choices"]
+    check_echo(choice, service, service.tokenizer.encode(text), text, 3)
+    assert choice["text"] == text + alone(service, text, 3)
+    assert r["usage"] == {"prompt_tokens": len(text), "completion_tokens": 3, "total_tokens": len(text) + 3}
+
+
+def test_echo_of_a_prompt_past_block_size_ends_its_last_window_at_the_last_token(server):
+    """150 tokens, block_size 64: the last 64 tokens are scored from the 64 before each window's end, as a
+    scorer that keeps the last block_size tokens of the context; the others by earlier windows."""
+    url, service = server
+    ids = service.tokenizer.encode(CORPUS[:150])
+    r = complete(url, prompt=ids, max_tokens=0, logprobs=1, echo=True)
+    check_echo(r["choices"][0], service, ids, CORPUS[:150], 0)
+    last = numpy_log_softmax(service.model, ids[-65:-1])[np.arange(64), ids[-64:]]
+    np.testing.assert_allclose(r["choices"][0]["logprobs"]["token_logprobs"][-64:], last, rtol=1e-5, atol=1e-4)
+
+
+def test_echo_with_max_tokens_0_is_the_prompt_alone(server):
+    url, service = server
+    r = complete(url, prompt=["All:", "Speak"], max_tokens=0, echo=True, n=2)
+    assert [(c["index"], c["text"], c["logprobs"], c["finish_reason"]) for c in r["choices"]] == [
+        (0, "All:", None, "length"), (1, "All:", None, "length"), (2, "Speak", None, "length"),
+        (3, "Speak", None, "length")]
+    assert r["usage"] == {"prompt_tokens": 9, "completion_tokens": 0, "total_tokens": 9}
+    with httpx.stream("POST", url + "/v1/completions", json={"prompt": "All:", "max_tokens": 0, "echo": True,
+                                                             "logprobs": 0, "stream": True}) as s:
+        events = s.read().decode().split("\n\n")
+    (chunk,) = [json.loads(e[len("data: "):]) for e in events[:-2]]
+    assert chunk["choices"][0]["text"] == "All:" and chunk["choices"][0]["logprobs"]["text_offset"] == [0, 1, 2, 3]
+    assert events[-2:] == ["data: [DONE]", ""]
+
+
+def test_tokenize_and_detokenize_round_trip_as_vllms(server):
+    url, service = server
+    info = httpx.get(url + "/tokenizer_info").json()
+    assert info == {"tokenizer_class": "char", "eos_token": None, "bos_token": "\n", "pad_token": None,
+                    "model_max_length": 64}
+    r = httpx.post(url + "/tokenize", json={"prompt": "All:\nSpeak", "add_special_tokens": False}).json()
+    assert r == {"tokens": [CHARS.index(c) for c in "All:\nSpeak"], "count": 10, "max_model_len": 64}
+    assert httpx.post(url + "/detokenize", json={"tokens": r["tokens"]}).json() == {"prompt": "All:\nSpeak"}
+    bad = httpx.post(url + "/detokenize", json={"tokens": [1, 99]})
+    assert bad.status_code == 400 and "token id 99, outside the vocabulary [0, 34)" in bad.json()["error"]["message"]
+    bad = httpx.post(url + "/tokenize", json={"prompt": "ü"})
+    assert bad.status_code == 400 and "outside the vocabulary" in bad.json()["error"]["message"]
+    assert "POST /tokenize" in httpx.get(url + "/v2/nothing").json()["error"]["message"]
+
+
+def test_tokenizer_info_names_end_of_text_and_a_chat_models_template(server):
+    """GPT-2's BPE ends texts with <|endoftext|>; a chat model's template writes what render() places."""
+    import jinja2
+    model = server[1].model
+
+    def info(tokenizer):
+        return asyncio.run(Service(model, tokenizer, "m", "cpu", torch.float32).tokenizer_info(None)).body
+    assert json.loads(info(BPETokenizer()))["eos_token"] == "<|endoftext|>"
+    chat = ChatTokenizer(CharTokenizer(CHARS))
+    got = json.loads(info(chat))
+    assert got["eos_token"] == "<|end|>" and got["chat_template"] == chat_template(chat)
+    messages = [{"role": "system", "content": "Speak."}, {"role": "user", "content": "All:"},
+                {"role": "assistant", "content": "hear me"}, {"role": "user", "content": "You"}]
+    template = jinja2.Environment().from_string(got["chat_template"])
+    assert template.render(messages=messages, add_generation_prompt=True) == chat.decode(chat.render(messages)[0])
+    assert template.render(messages=messages) == chat.decode(chat.render(messages, reply=False)[0])
+
+
+# --- the lm_eval CLI ----------------------------------------------------------------------------------
+
+MC_DOCS = [{"context": "First Citizen:\n", "choices": ["Before", "You are", "All:"], "label": 0},
+           {"context": "All:\nSpeak, ", "choices": ["speak.", "hear", "resolved"], "label": 1},
+           {"context": CORPUS[:90], "choices": [CORPUS[90:100], "speak, speak", "famish?"], "label": 0}]
+
+
+def write_tasks(directory, gen_docs, until):
+    """tiny_mc (MC_DOCS) and tiny_gen (gen_docs, sampled at temperature 2 until `until`), over local JSONL."""
+    directory.mkdir()
+    for name, docs, kind in (("tiny_mc", MC_DOCS, "multiple_choice"), ("tiny_gen", gen_docs, "generate_until")):
+        (directory / f"{name}.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+        (directory / f"{name}.yaml").write_text(
+            f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {directory / name}.jsonl\n"
+            f"test_split: test\noutput_type: {kind}\ndoc_to_text: '{{{{context}}}}'\n" + (
+                "doc_to_choice: '{{choices}}'\ndoc_to_target: label\ntarget_delimiter: ''\n"
+                "metric_list:\n  - metric: acc\n" if kind == "multiple_choice" else
+                f"doc_to_target: '{{{{answer}}}}'\ngeneration_kwargs:\n  until: [{json.dumps(until)}]\n"
+                "  max_gen_toks: 12\n  temperature: 2.0\nmetric_list:\n  - metric: exact_match\n"))
+
+
+def loglikelihood(model, tok, context, continuation, block):
+    """The continuation's summed log-probability, the context left-truncated to block_size; the context's
+    trailing whitespace moved to the continuation, as lm-eval's TemplateLM splits a pair."""
+    moved = len(context) - len(context.rstrip())
+    context, continuation = tok.encode(context[:len(context) - moved]), tok.encode(context[len(context) - moved:]
+                                                                                  + continuation)
+    ids = (context + continuation)[-(block + 1):]
+    lp = numpy_log_softmax(model, ids[:-1])
+    return float(sum(lp[len(ids) - 1 - len(continuation) + i, t] for i, t in enumerate(continuation)))
+
+
+def test_lm_eval_cli_scores_a_multiple_choice_and_a_generate_until_task(server, tmp_path):
+    """python -m lm_eval --model local-completions with base_url and model only: acc and each choice's
+    log-likelihood equal a forward of the model (and harness.NanoGPT, eval.py's model); exact_match
+    counts the greedy text, cut at the stop."""
+    url, service = server
+    model, tok, block = service.model, service.tokenizer, service.model.config.block_size
+    prompts, until = ("All:\n", "You are all "), "S"
+    texts = [alone(service, p, 12, temperature=2.0, seed=1234).split(until)[0] for p in prompts]  # lm-eval's seed
+    write_tasks(tmp_path / "tasks", [{"context": prompts[0], "answer": texts[0]},
+                                     {"context": prompts[1], "answer": texts[1] + "x"}], until)
+    run = run_script(["-m", "lm_eval", "--model", "local-completions", "--model_args",
+                      f"base_url={url}/v1/completions,model=out-tiny", "--tasks", "tiny_mc,tiny_gen",
+                      "--include_path", str(tmp_path / "tasks"), "--output_path", str(tmp_path / "out"),
+                      "--log_samples"], env={"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "Auto-detected remote tokenizer support" in run.stderr  # our /tokenizer_info and /tokenize, not HF's
+    (results,) = tmp_path.glob("out/*/results_*.json")
+    scores = json.loads(results.read_text())["results"]
+    (samples,) = tmp_path.glob("out/*/samples_tiny_mc_*.jsonl")
+    got = {s["doc_id"]: [float(r[0][0]) for r in s["resps"]] for s in map(json.loads, samples.read_text().splitlines())}
+    want = [[loglikelihood(model, tok, d["context"], c, block) for c in d["choices"]]
+            for d in MC_DOCS]
+    for i, lls in enumerate(want):
+        np.testing.assert_allclose(got[i], lls, rtol=1e-5, atol=1e-4)
+    assert scores["tiny_mc"]["acc,none"] == np.mean([np.argmax(w) == d["label"] for w, d in zip(want, MC_DOCS)])
+    (samples,) = tmp_path.glob("out/*/samples_tiny_gen_*.jsonl")
+    assert [s["resps"] for s in map(json.loads, samples.read_text().splitlines())] == [[[t]] for t in texts]
+    assert scores["tiny_gen"]["exact_match,none"] == 0.5 and all(0 < len(t) < 12 for t in texts)
+    from harness import NanoGPT
+    from lm_eval.api.instance import Instance
+    requests = [Instance("loglikelihood", d, (d["context"], c), i) for d in MC_DOCS for i, c in enumerate(d["choices"])]
+    harness = [ll for ll, _ in NanoGPT(model, tok).loglikelihood(requests)]
+    np.testing.assert_allclose(harness, [g for i in range(len(MC_DOCS)) for g in got[i]], rtol=1e-5, atol=1e-4)
