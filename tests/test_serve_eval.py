@@ -140,9 +140,18 @@ MC_DOCS = [{"context": "First Citizen:\n", "choices": ["Before", "You are", "All
            {"context": CORPUS[:90], "choices": [CORPUS[90:100], "speak, speak", "famish?"], "label": 0}]
 
 
+ROLL_DOCS = [{"text": "All:\nSpeak, speak."}, {"text": "First Citizen:\nYou are all resolved"}]
+
+
 def write_tasks(directory, gen_docs, until):
-    """tiny_mc (MC_DOCS) and tiny_gen (gen_docs, sampled at temperature 2 until `until`), over local JSONL."""
+    """tiny_mc (MC_DOCS), tiny_gen (gen_docs, sampled at temperature 2 until `until`) and tiny_roll
+    (ROLL_DOCS' perplexity), over local JSONL."""
     directory.mkdir()
+    (directory / "tiny_roll.jsonl").write_text("".join(json.dumps(d) + "\n" for d in ROLL_DOCS))
+    (directory / "tiny_roll.yaml").write_text(
+        f"task: tiny_roll\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {directory}/tiny_roll.jsonl\n"
+        "test_split: test\noutput_type: loglikelihood_rolling\ndoc_to_text: ''\ndoc_to_target: '{{text}}'\n"
+        "metric_list:\n  - metric: word_perplexity\n")
     for name, docs, kind in (("tiny_mc", MC_DOCS, "multiple_choice"), ("tiny_gen", gen_docs, "generate_until")):
         (directory / f"{name}.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
         (directory / f"{name}.yaml").write_text(
@@ -168,7 +177,7 @@ def loglikelihood(model, tok, context, continuation, block):
 def test_lm_eval_cli_scores_a_multiple_choice_and_a_generate_until_task(server, tmp_path):
     """python -m lm_eval --model local-completions with base_url and model only: acc and each choice's
     log-likelihood equal a forward of the model (and harness.NanoGPT, eval.py's model); exact_match
-    counts the greedy text, cut at the stop."""
+    counts the text sampled for lm-eval's seed, cut at the stop."""
     url, service = server
     model, tok, block = service.model, service.tokenizer, service.model.config.block_size
     prompts, until = ("All:\n", "You are all "), "S"
@@ -184,9 +193,8 @@ def test_lm_eval_cli_scores_a_multiple_choice_and_a_generate_until_task(server, 
     (results,) = tmp_path.glob("out/*/results_*.json")
     scores = json.loads(results.read_text())["results"]
     (samples,) = tmp_path.glob("out/*/samples_tiny_mc_*.jsonl")
-    got = {s["doc_id"]: [float(r[0][0]) for r in s["resps"]] for s in map(json.loads, samples.read_text().splitlines())}
-    want = [[loglikelihood(model, tok, d["context"], c, block) for c in d["choices"]]
-            for d in MC_DOCS]
+    got = {s["doc_id"]: [float(r[0][0]) for r in s["resps"]] for s in map(json.loads, samples.open())}
+    want = [[loglikelihood(model, tok, d["context"], c, block) for c in d["choices"]] for d in MC_DOCS]
     for i, lls in enumerate(want):
         np.testing.assert_allclose(got[i], lls, rtol=1e-5, atol=1e-4)
     assert scores["tiny_mc"]["acc,none"] == np.mean([np.argmax(w) == d["label"] for w, d in zip(want, MC_DOCS)])
@@ -198,3 +206,24 @@ def test_lm_eval_cli_scores_a_multiple_choice_and_a_generate_until_task(server, 
     requests = [Instance("loglikelihood", d, (d["context"], c), i) for d in MC_DOCS for i, c in enumerate(d["choices"])]
     harness = [ll for ll, _ in NanoGPT(model, tok).loglikelihood(requests)]
     np.testing.assert_allclose(harness, [g for i in range(len(MC_DOCS)) for g in got[i]], rtol=1e-5, atol=1e-4)
+
+
+def test_lm_eval_cli_scores_perplexity_with_the_newline_as_prefix_token(server, tmp_path):
+    """A loglikelihood_rolling task: each text's log-likelihood after the prefix token is harness.NanoGPT's
+    (texts within block_size; past it lm-eval windows them at its own max_length). A char model's prefix,
+    the newline, is id 0, which lm-eval takes for none (bos_token_id or eos_token_id): the run names it."""
+    from harness import NanoGPT
+    from lm_eval.api.instance import Instance
+    url, service = server
+    assert service.tokenizer.stoi["\n"] == 0
+    write_tasks(tmp_path / "tasks", [], "S")
+    run = run_script(["-m", "lm_eval", "--model", "local-completions", "--model_args",
+                      f"base_url={url}/v1/completions,model=out-tiny,custom_prefix_token_id=0", "--tasks",
+                      "tiny_roll", "--include_path", str(tmp_path / "tasks"), "--output_path", str(tmp_path / "out"),
+                      "--log_samples"], env={"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    (samples,) = tmp_path.glob("out/*/samples_tiny_roll_*.jsonl")
+    got = [float(s["resps"][0][0]) for s in map(json.loads, samples.read_text().splitlines())]
+    want = NanoGPT(service.model, service.tokenizer).loglikelihood_rolling(
+        [Instance("loglikelihood_rolling", d, (d["text"],), 0) for d in ROLL_DOCS])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
