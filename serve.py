@@ -461,13 +461,14 @@ class Service:
         texts = [p if isinstance(p, str) else self.tokenizer.decode(ids) for p, ids in zip(req.prompts, prompt_ids)]
         head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                 "model": self.name}
-        echoes = None
-        if req.echo:
+
+        async def echoes():
             logprobs = [None] * len(texts)
             if req.logprobs is not None:
                 logprobs = await asyncio.to_thread(self.prompt_logprobs, prompt_ids, req.logprobs)
-            echoes = list(zip(texts, logprobs))
-        return await self.answer(request, req, prompt_ids, [len(t) for t in texts], head, (), COMPLETION, echoes)
+            return list(zip(texts, logprobs))
+        return await self.answer(request, req, prompt_ids, [len(t) for t in texts], head, (), COMPLETION,
+                                 echoes if req.echo else None)
 
     async def chat_completions(self, request):
         if not isinstance(self.tokenizer, ChatTokenizer):
@@ -484,13 +485,19 @@ class Service:
 
     async def answer(self, request, req, prompt_ids, prompt_chars, head, stop_ids, shape, echoes=None):
         """Decode each prompt n times in the engine's batch; the response, whole or streamed, in shape's format.
-        echoes: each prompt's (text, logprobs), the first piece of its choices."""
+        echoes: None, or an async function giving each prompt's (text, logprobs), the first piece of its
+        choices (called once the request is known to fit)."""
         if req.max_tokens > self.max_tokens:
             raise BadRequest(f"max_tokens is {req.max_tokens}, beyond this server's limit of {self.max_tokens} (its "
                              f"--max_tokens); ask for fewer", "max_tokens")
         if len(prompt_ids) * req.n > self.engine.max_queue:
             raise BadRequest(f"{len(prompt_ids)} prompts x n={req.n} is more sequences than the server queues "
                              f"({self.engine.max_queue}); send fewer at once", "n")
+        first = []
+        if echoes is not None:
+            done = "length" if req.max_tokens == 0 else None
+            first = [{"index": p * req.n + i, "text": text, "logprobs": logprobs, "finish_reason": done, "error": None,
+                      "tokens": 0} for p, (text, logprobs) in enumerate(await echoes()) for i in range(req.n)]
         loop, queue = asyncio.get_running_loop(), asyncio.Queue()
 
         def post(piece):  # called on the engine's thread
@@ -510,12 +517,7 @@ class Service:
         except QueueFull as e:
             raise BadRequest(f"the server is busy: {e}", status=429, kind="server_busy") from None
         usage = {"prompt_tokens": sum(map(len, prompt_ids)), "completion_tokens": 0, "total_tokens": 0}
-        pieces = arrivals(request, queue, seqs)
-        if echoes is not None:
-            done = "length" if req.max_tokens == 0 else None
-            first = [{"index": p * req.n + i, "text": text, "logprobs": logprobs, "finish_reason": done, "error": None,
-                      "tokens": 0} for p, (text, logprobs) in enumerate(echoes) for i in range(req.n)]
-            pieces = chained(first, pieces)
+        pieces = chained(first, arrivals(request, queue, seqs))
         if req.stream:
             return StreamingResponse(events(pieces, head, usage, req.include_usage, shape),
                                      media_type="text/event-stream")
@@ -552,11 +554,13 @@ class Service:
         return [self.echo_logprobs(ids, s) for ids, s in zip(prompts, scores)]
 
     def echo_logprobs(self, ids, scores):
+        """The legacy logprobs of a prompt's tokens: each token's text and its offset in the prompt's."""
         decoder, offset, tokens, offsets = self.tokenizer.decoder(), 0, [], []
         for i in ids:
             tokens.append(decoder.feed(i))
             offsets.append(offset)
             offset += len(tokens[-1])
+        tokens[-1] += decoder.flush()  # a character the last tokens left unfinished
         return {"tokens": tokens, "token_logprobs": [lp for lp, _ in scores],
                 "top_logprobs": [top for _, top in scores], "text_offset": offsets}
 
@@ -649,6 +653,7 @@ def chat_template(tokenizer):
 
 
 async def chained(first, pieces):
+    """The pieces in first, then those of the async iterator pieces."""
     for piece in first:
         yield piece
     async for piece in pieces:

@@ -240,7 +240,7 @@ def test_bad_requests_get_openai_errors(client, args, status, param, match):
     assert client.completions.create(model="out-tiny", prompt="All:", max_tokens=3).choices[0].text  # still serving
 
 
-@pytest.mark.parametrize("method, path, status", [("POST", "/v1/chat/completions", 404), ("GET", "/v1/completions", 405)])
+@pytest.mark.parametrize("method, path, status", [("POST", "/v1/embeddings", 404), ("GET", "/v1/completions", 405)])
 def test_routes_not_served_get_openai_errors_that_list_the_served_ones(server, method, path, status):
     r = httpx.request(method, server[0] + path)
     assert r.status_code == status and "POST /v1/completions" in r.json()["error"]["message"]
