@@ -28,7 +28,7 @@ import torch
 from batches import dataset_dir
 from configurator import UserError, parse_args, run_main
 from device import autocast, resolve_device, resolve_dtype, should_compile
-from generate import packed_weights, window_start
+from generate import generate, packed_weights, window_start
 from kernels import onednn_available, packed_product
 from metrics import read_log
 from model import GPT
@@ -165,12 +165,12 @@ def decode_tok_s(model, device, batch, new_tokens, use_cache=True, repeats=1, **
     timed runs after a warm-up. sampling: generate's temperature (default 0, greedy) and top_k."""
     idx = torch.zeros(batch, 1, dtype=torch.long, device=device)
     sampling = {"temperature": 0, **sampling}
-    model.generate(idx, 8, use_cache=use_cache, **sampling)  # warm-up
+    generate(model, idx, 8, use_cache=use_cache, **sampling)  # warm-up
     rates = []
     for _ in range(repeats):
         sync(device)
         t0 = time.perf_counter()
-        model.generate(idx, new_tokens, use_cache=use_cache, **sampling)
+        generate(model, idx, new_tokens, use_cache=use_cache, **sampling)
         sync(device)
         rates.append(batch * new_tokens / (time.perf_counter() - t0))
     return statistics.median(rates)
@@ -211,10 +211,10 @@ def against_nanogpt(cfg, model, device):
     rates = {"nanogpt": [], "ours": []}
     with torch.no_grad():
         for _ in range(cfg.gen_repeats):
-            for name, m in (("nanogpt", theirs), ("ours", model)):
+            for name, run in (("nanogpt", theirs.generate), ("ours", lambda *a, **k: generate(model, *a, **k))):
                 sync(device)
                 t0 = time.perf_counter()
-                m.generate(idx, cfg.new_tokens, **NANOGPT_SAMPLING)
+                run(idx, cfg.new_tokens, **NANOGPT_SAMPLING)
                 sync(device)
                 rates[name].append(cfg.new_tokens / (time.perf_counter() - t0))
     return statistics.median(rates["nanogpt"]), statistics.median(rates["ours"])

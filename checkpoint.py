@@ -504,26 +504,6 @@ def is_pretrained(init_from):
     return init_from in GPT2_NAMES or os.path.isfile(os.path.join(init_from, "config.json"))
 
 
-def load_pretrained(name_or_path, **runtime):
-    """GPT-2's weights (hf.from_hf), with their failures as one-line UserErrors."""
-    if os.path.isdir(name_or_path) and not os.path.exists(os.path.join(name_or_path, "model.safetensors")):
-        pickles = [f for f in os.listdir(name_or_path) if f.endswith((".bin", ".pt", ".pth", ".ckpt"))]
-        if pickles:
-            raise UserError(f"{name_or_path} holds its weights as a pickle ({pickles[0]}), which can run code when "
-                            f"loaded; only model.safetensors is read: convert it where you trust the file "
-                            f"(transformers: model.save_pretrained(dir, safe_serialization=True))")
-    try:
-        from hf import from_hf
-        return from_hf(name_or_path, **runtime)
-    except ImportError as e:
-        raise UserError(str(e)) from None
-    except (OSError, ValueError) as e:
-        first = str(e).strip().splitlines()[0].rstrip(".") if str(e).strip() else type(e).__name__
-        raise UserError(f"cannot load GPT-2 weights {name_or_path!r}: {first}; offline, pass a local copy (a "
-                        f"directory holding config.json and model.safetensors) as --init_from=DIR, or set "
-                        f"HF_HUB_OFFLINE=1 to read Hugging Face's cache") from None
-
-
 class OutDirLock:
     """An exclusive lock on out_dir for a writer's lifetime (train.py, fsdp.py): a second writer is refused
     in one line naming the holder. The lock dies with its process (flock), so a killed run leaves none

@@ -21,7 +21,8 @@ from lm_eval.models.utils import Collator, handle_stop_sequences, normalize_gen_
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from batches import dataset_dir
-from checkpoint import is_pretrained, load_checkpoint, load_pretrained, model_from_checkpoint
+from checkpoint import is_pretrained, load_checkpoint, model_from_checkpoint
+from hf import load_pretrained
 from configurator import UserError
 from generate import Continuation, stream
 from tokenizer import BPETokenizer, check_meta, read_meta, tokenizer_from_meta

@@ -11,6 +11,8 @@ from urllib.parse import urlparse
 
 import torch
 
+from checkpoint import check_shapes
+from configurator import UserError
 from model import GPT, GPTConfig
 
 # ours (nn.Linear, (out, in)) <-> Hugging Face's Conv1D ((in, out)): the same matrix, transposed
@@ -70,6 +72,34 @@ def hub_reachable():
     return True
 
 
+def load_pretrained(name_or_path, **runtime):
+    """GPT-2's weights (from_hf), with their failures as one-line UserErrors."""
+    if os.path.isdir(name_or_path) and not os.path.exists(os.path.join(name_or_path, "model.safetensors")):
+        pickles = [f for f in os.listdir(name_or_path) if f.endswith((".bin", ".pt", ".pth", ".ckpt"))]
+        if pickles:
+            raise UserError(f"{name_or_path} holds its weights as a pickle ({pickles[0]}), which can run code when "
+                            f"loaded; only model.safetensors is read: convert it where you trust the file "
+                            f"(transformers: model.save_pretrained(dir, safe_serialization=True))")
+    try:
+        return from_hf(name_or_path, **runtime)
+    except ImportError as e:
+        raise UserError(str(e)) from None
+    except (OSError, ValueError) as e:
+        first = str(e).strip().splitlines()[0].rstrip(".") if str(e).strip() else type(e).__name__
+        raise UserError(f"cannot load GPT-2 weights {name_or_path!r}: {first}; offline, pass a local copy (a "
+                        f"directory holding config.json and model.safetensors) as --init_from=DIR, or set "
+                        f"HF_HUB_OFFLINE=1 to read Hugging Face's cache") from None
+
+
+def from_pretrained(name_or_path, override_args=None):
+    """nanoGPT's GPT.from_pretrained: GPT-2's weights (gpt2, ..., gpt2-xl, or a local Hugging Face
+    directory); override_args may set dropout and attn_impl."""
+    override_args = override_args or {}
+    if set(override_args) - {"dropout", "attn_impl"}:
+        raise ValueError(f"only dropout and attn_impl can be overridden, got {sorted(override_args)}")
+    return from_hf(name_or_path, **override_args)
+
+
 def config_from_hf(c, name_or_path, runtime):
     """Our GPTConfig of a transformers GPT2Config."""
     if c.activation_function not in FROM_HF_ACTIVATIONS:
@@ -83,8 +113,6 @@ def config_from_hf(c, name_or_path, runtime):
 def check_claims(directory, config):
     """config (from directory's config.json) against the names and shapes in its safetensors headers."""
     from safetensors import safe_open
-
-    from checkpoint import check_shapes
     state = {}
     for file in sorted(f for f in os.listdir(directory) if f.endswith(".safetensors")):
         with safe_open(os.path.join(directory, file), "pt") as f:

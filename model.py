@@ -386,27 +386,25 @@ class GPT(nn.Module):
         else:
             self.rope = self.rope[:block_size]
 
-    @classmethod
-    def from_pretrained(cls, name_or_path, override_args=None):
-        """GPT-2's weights (gpt2, gpt2-medium, gpt2-large, gpt2-xl, or a local Hugging Face directory).
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
+        """Continue idx (B, T) by max_new_tokens tokens, one at a time: nanoGPT's loop, the reference.
 
-        nanoGPT's call; hf.py does the work (it needs transformers). override_args may set dropout and attn_impl.
+        Each step runs the whole context (its last block_size tokens) and samples the last position's
+        next token. generate.py does the same far faster (a KV cache, packed weights, top-p, stops, a
+        generator per sample); the tests hold its greedy text to this loop's.
         """
-        from hf import from_hf
-        override_args = override_args or {}
-        if set(override_args) - {"dropout", "attn_impl"}:
-            raise ValueError(f"only dropout and attn_impl can be overridden, got {sorted(override_args)}")
-        return from_hf(name_or_path, **override_args)
-
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, **options):
-        """Continue idx (B, T) by max_new_tokens tokens, one at a time: nanoGPT's call.
-
-        generate.py does the work; options: stop, generator, use_cache, on_step.
-        """
-        from generate import generate
-        return generate(self, idx, max_new_tokens, temperature, top_k, top_p, **options)
-
-    def stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, **options):
-        """Yield each step's tokens (B,) as they are chosen (generate.stream)."""
-        from generate import stream
-        return stream(self, idx, max_new_tokens, temperature, top_k, top_p, **options)
+        for _ in range(max_new_tokens):
+            idx_cond = idx if idx.size(1) <= self.config.block_size else idx[:, -self.config.block_size:]
+            logits, _ = self(idx_cond, last_only=True)
+            logits = logits[:, -1, :]  # (B, V): scores of the next token
+            if temperature == 0:  # greedy
+                idx_next = logits.argmax(dim=-1, keepdim=True)
+            else:
+                logits = logits / temperature  # the order stays; lower temperatures sharpen
+                if top_k is not None:
+                    v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                    logits[logits < v[:, [-1]]] = -float("inf")  # ties at the k-th score are kept
+                idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
+            idx = torch.cat((idx, idx_next), dim=1)
+        return idx

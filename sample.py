@@ -20,11 +20,12 @@ from dataclasses import dataclass, field
 import torch
 
 from batches import dataset_dir
-from checkpoint import is_pretrained, load_checkpoint, load_pretrained, model_from_checkpoint
+from checkpoint import is_pretrained, load_checkpoint, model_from_checkpoint
+from hf import load_pretrained
 from configurator import UserError, parse_args, report_overrides, run_main
 from device import autocast, resolve_device, resolve_dtype
 from memory import check_fits, kv_cache_bytes
-from generate import Continuation, check_sampling, check_stops
+from generate import Continuation, check_sampling, check_stops, stream
 from tokenizer import CharTokenizer, check_meta, read_meta, tokenizer_from_meta
 
 SEPARATOR = "---------------"
@@ -173,7 +174,7 @@ def main(argv):
             for generator in generators:
                 text = Continuation(tokenizer, stop_texts, stop_ids)
                 print(prompt, end="", flush=True)
-                for tok in model.stream(x, generator=[generator], **args):
+                for tok in stream(model, x, generator=[generator], **args):
                     print(text.add(tok.item()), end="", flush=True)
                     if text.done:
                         break
@@ -181,7 +182,7 @@ def main(argv):
                 print(SEPARATOR)
         else:
             texts = [Continuation(tokenizer, stop_texts, stop_ids) for _ in range(num_samples)]
-            for tok in model.stream(x.expand(num_samples, -1), generator=generators, **args):  # one batch
+            for tok in stream(model, x.expand(num_samples, -1), generator=generators, **args):  # one batch
                 for text, t in zip(texts, tok.tolist()):
                     text.add(t)
                 if all(text.done for text in texts):

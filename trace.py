@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from configurator import UserError, parse_args, report_overrides, run_main
 from device import resolve_device
-from generate import check_sampling
+from generate import check_sampling, generate
 from sample import SampleConfig, load
 
 
@@ -142,8 +142,8 @@ def trace_generation(model, idx, cfg, decode):
     """Generate cfg.steps tokens as sample.py would; the sampler reports each step (generate.stream's on_step)."""
     steps = []
     generator = torch.Generator(device=idx.device).manual_seed(cfg.seed)
-    out = model.generate(idx, cfg.steps, cfg.temperature, cfg.top_k, top_p=cfg.top_p, generator=generator,
-                         on_step=steps.append)
+    out = generate(model, idx, cfg.steps, cfg.temperature, cfg.top_k, top_p=cfg.top_p, generator=generator,
+                   on_step=steps.append)
     history = idx[0].tolist()
     report = []
     for i, step in enumerate(steps):

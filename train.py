@@ -34,9 +34,10 @@ from tqdm import tqdm
 
 from batches import ROOT, TRAINING, dataset_dir, estimate_loss, make_batches
 from checkpoint import (RUNTIME_FIELDS, OutDirLock, config_from_model_args, discard, finetune_source,
-                        interrupted_save, is_pretrained, latest_form, load_checkpoint, load_pretrained, load_sharded,
+                        interrupted_save, is_pretrained, latest_form, load_checkpoint, load_sharded,
                         model_args, model_from_checkpoint, rng_state, save_checkpoint, save_sharded, set_rng_state,
                         sharded_path)
+from hf import load_pretrained
 from configurator import UserError, convert, parse_args, report_overrides, run_main
 from device import autocast, cpu_matmul_flops, peak_flops_for, resolve_device, resolve_dtype, should_compile
 from fsdp import checkpoint_activations, first_non_finite, held_bytes, load_optimizer_state, no_gradient_sync, shard

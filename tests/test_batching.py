@@ -5,6 +5,8 @@ from dataclasses import replace
 import pytest
 import torch
 
+from generate import generate
+
 from batching import Engine, QueueFull, Sequence
 from test_generate import sharp
 from test_model_options import OPTIONS
@@ -46,7 +48,7 @@ def drive(engine, joins):
 
 def alone(model, ids, n, temperature=0.0, seed=None, top_k=None):
     generator = torch.Generator().manual_seed(seed) if seed is not None else None
-    out = model.generate(torch.tensor([ids]), n, temperature, top_k=top_k, generator=generator, use_cache=False)
+    out = generate(model, torch.tensor([ids]), n, temperature, top_k=top_k, generator=generator, use_cache=False)
     return out[0, len(ids):].tolist()
 
 

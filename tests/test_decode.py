@@ -7,7 +7,7 @@ import torch
 
 import decode
 from decode import SUPPORTED, FusedStep
-from generate import KVCache, onednn_available, packed_weights
+from generate import KVCache, generate, onednn_available, packed_weights
 from model import GPTConfig
 from test_generate import assert_attention_is_sharp, greedy_by_hand, sharp
 from test_model_options import OPTIONS
@@ -53,7 +53,7 @@ def test_generation_runs_on_the_fused_step_and_gives_the_greedy_tokens(monkeypat
     real = FusedStep.__call__
     monkeypatch.setattr(FusedStep, "__call__", lambda self, *a: calls.append(1) or real(self, *a))
     idx = torch.randint(0, 64, (3, 4), generator=torch.Generator().manual_seed(2))
-    out = model.generate(idx, 12, temperature=0)
+    out = generate(model, idx, 12, temperature=0)
     assert len(calls) == 11  # every step after the prefill
     torch.testing.assert_close(out, greedy_by_hand(model, idx, 12))
 

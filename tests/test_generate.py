@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import generate as generate_module
-from generate import filter_logits, onednn_available, pack, sample_next, unpack
+from generate import filter_logits, generate, onednn_available, pack, sample_next, stream, unpack
 from model import GPT
 from test_model_options import OPTIONS, perturbed
 
@@ -25,7 +25,7 @@ def greedy_by_hand(model, idx, n):
 def test_temperature_zero_is_greedy(tiny_config):
     model = perturbed(tiny_config)
     idx = torch.randint(0, 64, (2, 3))
-    out = model.generate(idx, 10, temperature=0.0)
+    out = generate(model, idx, 10, temperature=0.0)
     torch.testing.assert_close(out, greedy_by_hand(model, idx, 10))
 
 
@@ -159,9 +159,9 @@ def test_top_p_keeps_the_nucleus_computed_in_numpy_and_always_the_most_likely_to
 def test_bad_sampling_arguments_are_errors(tiny_config, bad, match):
     model = GPT(tiny_config)
     with pytest.raises(ValueError, match=match):
-        model.generate(torch.zeros(1, 1, dtype=torch.long), 3, **bad)
+        generate(model, torch.zeros(1, 1, dtype=torch.long), 3, **bad)
     with pytest.raises(ValueError, match="max_new_tokens"):
-        model.generate(torch.zeros(1, 1, dtype=torch.long), -1)
+        generate(model, torch.zeros(1, 1, dtype=torch.long), -1)
 
 
 def sharp(config, scale=40.0, logit_scale=30.0):
@@ -230,11 +230,11 @@ def test_cached_generation_gives_the_same_tokens(tiny_config, option):
     model = sharp(replace(tiny_config, **OPTIONS[option]))
     idx = torch.randint(0, 64, (3, 4), generator=torch.Generator().manual_seed(1))
     n = tiny_config.block_size - 4  # up to the window's end
-    greedy_cached = model.generate(idx, n, temperature=0)
+    greedy_cached = generate(model, idx, n, temperature=0)
     assert_attention_is_sharp(model, greedy_cached)
-    torch.testing.assert_close(greedy_cached, model.generate(idx, n, temperature=0, use_cache=False))
+    torch.testing.assert_close(greedy_cached, generate(model, idx, n, temperature=0, use_cache=False))
     torch.testing.assert_close(greedy_cached, greedy_by_hand(model, idx, n))
-    sampled = [model.generate(idx, n, temperature=1.5, generator=torch.Generator().manual_seed(7), use_cache=c)
+    sampled = [generate(model, idx, n, temperature=1.5, generator=torch.Generator().manual_seed(7), use_cache=c)
                for c in (True, False)]
     torch.testing.assert_close(sampled[0], sampled[1])
 
@@ -245,7 +245,7 @@ def test_beyond_block_size_the_cache_keeps_the_last_half(tiny_config, pos_emb):
     model = perturbed(replace(tiny_config, pos_emb=pos_emb))
     block, keep = tiny_config.block_size, tiny_config.block_size // 2
     idx = torch.randint(0, 64, (1, 5))
-    out = model.generate(idx, 40, temperature=0)
+    out = generate(model, idx, 40, temperature=0)
     seq, start = idx, 0
     for _ in range(40):
         if seq.size(1) - start > block:
@@ -253,38 +253,38 @@ def test_beyond_block_size_the_cache_keeps_the_last_half(tiny_config, pos_emb):
         logits, _ = model(seq[:, start:])
         seq = torch.cat((seq, logits[:, -1].argmax(-1, keepdim=True)), dim=1)
     torch.testing.assert_close(out, seq)
-    uncached = model.generate(idx, 40, temperature=0, use_cache=False)
+    uncached = generate(model, idx, 40, temperature=0, use_cache=False)
     torch.testing.assert_close(uncached, greedy_by_hand(model, idx, 40))  # sliding window of block_size
 
 
 def test_batched_rows_decode_as_if_alone(tiny_config):
     model = perturbed(tiny_config)
     idx = torch.randint(0, 64, (4, 3))
-    batch = model.generate(idx, 8, temperature=0)
+    batch = generate(model, idx, 8, temperature=0)
     for b in range(4):
-        torch.testing.assert_close(batch[b:b + 1], model.generate(idx[b:b + 1], 8, temperature=0))
+        torch.testing.assert_close(batch[b:b + 1], generate(model, idx[b:b + 1], 8, temperature=0))
 
 
 def test_seeded_generator_ignores_global_rng(tiny_config):
     model = perturbed(tiny_config)
     idx = torch.zeros(2, 1, dtype=torch.long)
     torch.manual_seed(1)
-    a = model.generate(idx, 12, generator=torch.Generator().manual_seed(42))
+    a = generate(model, idx, 12, generator=torch.Generator().manual_seed(42))
     torch.manual_seed(2)
-    b = model.generate(idx, 12, generator=torch.Generator().manual_seed(42))
-    c = model.generate(idx, 12, generator=torch.Generator().manual_seed(43))
+    b = generate(model, idx, 12, generator=torch.Generator().manual_seed(42))
+    c = generate(model, idx, 12, generator=torch.Generator().manual_seed(43))
     assert torch.equal(a, b) and not torch.equal(a, c)
 
 
 def test_stop_sequence_ends_a_sample_and_is_not_included(tiny_config):
     model = perturbed(tiny_config)
     idx = torch.randint(0, 64, (1, 2))
-    free = model.generate(idx, 12, temperature=0)[0, 2:].tolist()
+    free = generate(model, idx, 12, temperature=0)[0, 2:].tolist()
     stop = free[4:6]
     first = next(i for i in range(len(free) - 1) if free[i:i + 2] == stop)
-    out = model.generate(idx, 12, temperature=0, stop=[stop])
+    out = generate(model, idx, 12, temperature=0, stop=[stop])
     assert out[0, 2:].tolist() == free[:first]
-    two = model.generate(torch.cat([idx, idx.flip(1)]), 12, temperature=0, stop=[stop])
+    two = generate(model, torch.cat([idx, idx.flip(1)]), 12, temperature=0, stop=[stop])
     row = two[0, 2:].tolist()
     assert row[:first] == free[:first] and set(row[first:]) <= {-1}
 
@@ -292,8 +292,8 @@ def test_stop_sequence_ends_a_sample_and_is_not_included(tiny_config):
 def test_generate_restores_training_mode(tiny_config):
     model = GPT(replace(tiny_config, dropout=0.5))
     model.train()
-    a = model.generate(torch.zeros(1, 1, dtype=torch.long), 5, temperature=0)
-    b = model.generate(torch.zeros(1, 1, dtype=torch.long), 5, temperature=0)
+    a = generate(model, torch.zeros(1, 1, dtype=torch.long), 5, temperature=0)
+    b = generate(model, torch.zeros(1, 1, dtype=torch.long), 5, temperature=0)
     assert torch.equal(a, b) and model.training
 
 
@@ -351,11 +351,11 @@ def test_packed_linear_computes_the_float32_product(plain_linear_calls, rows, bi
 def test_generation_on_packed_weights_matches_plain_weights(monkeypatch, plain_linear_calls, tiny_config, option):
     model = perturbed(replace(tiny_config, **OPTIONS[option]))
     idx = torch.randint(0, 64, (3, 4))
-    packed = model.generate(idx, 12, temperature=0)  # 16 positions: the whole window, no shift
+    packed = generate(model, idx, 12, temperature=0)  # 16 positions: the whole window, no shift
     assert not plain_linear_calls  # every linear layer ran on its packed weights
     assert not any("forward" in m.__dict__ for m in model.modules())  # the copies are freed
     monkeypatch.setattr(generate_module, "onednn_available", lambda: False)
-    torch.testing.assert_close(packed, model.generate(idx, 12, temperature=0))
+    torch.testing.assert_close(packed, generate(model, idx, 12, temperature=0))
     torch.testing.assert_close(packed, greedy_by_hand(model, idx, 12))
 
 
@@ -363,16 +363,28 @@ def test_generation_on_packed_weights_matches_plain_weights(monkeypatch, plain_l
 def test_models_beyond_the_copy_limit_decode_on_their_plain_weights(monkeypatch, plain_linear_calls, tiny_config):
     model = perturbed(tiny_config)
     idx = torch.randint(0, 64, (2, 3))
-    packed = model.generate(idx, 10, temperature=0)
+    packed = generate(model, idx, 10, temperature=0)
     assert not plain_linear_calls
     monkeypatch.setattr(generate_module, "PACKED_COPY_LIMIT", 1000)  # bytes: less than this model's weights
-    torch.testing.assert_close(model.generate(idx, 10, temperature=0), packed)
+    torch.testing.assert_close(generate(model, idx, 10, temperature=0), packed)
     assert len(plain_linear_calls) == 10 * 9  # 10 steps x (4 linear layers x 2 blocks + the head)
 
 
 def test_streaming_allocates_nothing_that_grows_with_max_new_tokens(tiny_config):
     model = perturbed(tiny_config)
-    stream = model.stream(torch.zeros(2, 3, dtype=torch.long), max_new_tokens=10 ** 12, temperature=0)
-    first = [next(stream).tolist() for _ in range(40)]  # past block_size: the window shifts
-    expected = model.generate(torch.zeros(2, 3, dtype=torch.long), 40, temperature=0)[:, 3:].t().tolist()
+    steps = stream(model, torch.zeros(2, 3, dtype=torch.long), max_new_tokens=10 ** 12, temperature=0)
+    first = [next(steps).tolist() for _ in range(40)]  # past block_size: the window shifts
+    expected = generate(model, torch.zeros(2, 3, dtype=torch.long), 40, temperature=0)[:, 3:].t().tolist()
     assert first == expected
+
+
+def test_the_fast_paths_write_what_model_pys_plain_loop_writes(tiny_config):
+    """model.generate is nanoGPT's loop, the reference: the cached path (packed weights and the fused step on
+    CPU) matches it while the text fits in block_size, the uncached one beyond it too (both slide the window)."""
+    model = perturbed(tiny_config)
+    idx = torch.randint(0, tiny_config.vocab_size, (3, 4), generator=torch.Generator().manual_seed(3))
+    plain = model.generate(idx, 12, temperature=0)  # 16 tokens: block_size
+    assert torch.equal(generate(model, idx, 12, temperature=0), plain)
+    longer = model.generate(idx, 30, temperature=0)
+    assert torch.equal(generate(model, idx, 30, temperature=0, use_cache=False), longer)
+    assert torch.equal(model.generate(idx, 12, temperature=1.0, top_k=1), plain)  # top_k=1 keeps the argmax only

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from conftest import run_script
+from hf import from_pretrained
 from model import GPT
 
 transformers = pytest.importorskip("transformers")
@@ -56,7 +57,7 @@ def hf_greedy(model, idx, n):
 
 def test_from_pretrained_matches_hugging_face_logits_and_greedy_tokens(hf_dir):
     hf = transformers.GPT2LMHeadModel.from_pretrained(hf_dir).eval()
-    ours = GPT.from_pretrained(str(hf_dir)).eval()
+    ours = from_pretrained(str(hf_dir)).eval()  # nanoGPT's GPT.from_pretrained, now in hf.py
     assert ours.config.activation == "gelu_tanh" and ours.config.vocab_size == 300
     idx = torch.randint(0, 300, (3, 20), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -221,7 +222,7 @@ def test_a_config_json_claiming_more_than_its_weights_is_refused_before_building
     import shutil
 
     import hf
-    from checkpoint import load_pretrained
+    from hf import load_pretrained
     from configurator import UserError
     claimed = tmp_path / "claimed"
     shutil.copytree(hf_dir, claimed)

@@ -10,6 +10,8 @@ from contextlib import contextmanager
 import pytest
 import torch
 
+from generate import generate
+
 from checkpoint import model_args
 from conftest import CORPUS, run_script
 from model import GPTConfig
@@ -68,7 +70,7 @@ def alone(service, prompt, max_tokens, temperature=0.0, seed=None, top_k=None, u
     which equals the cached path while prompt and text fit in block_size."""
     ids = service.tokenizer.encode(prompt)
     generator = torch.Generator().manual_seed(sample_seed(seed, 0)) if seed is not None else None
-    out = service.model.generate(torch.tensor([ids]), max_tokens, temperature, top_k=top_k, generator=generator,
+    out = generate(service.model, torch.tensor([ids]), max_tokens, temperature, top_k=top_k, generator=generator,
                                  use_cache=use_cache)
     return service.tokenizer.decode(out[0, len(ids):].tolist())
 
@@ -177,7 +179,7 @@ def shifted(service, prompt, max_tokens, temperature, seed):
     """generate's cached path (its context shift past block_size): the text and each token's log-probability."""
     ids, logits = service.tokenizer.encode(prompt), []
     generator = torch.Generator().manual_seed(sample_seed(seed, 0)) if seed is not None else None
-    out = service.model.generate(torch.tensor([ids]), max_tokens, temperature, generator=generator,
+    out = generate(service.model, torch.tensor([ids]), max_tokens, temperature, generator=generator,
                                  on_step=lambda report: logits.append(report["logits"][0].clone()))
     tokens = out[0, len(ids):].tolist()
     logprobs = [torch.log_softmax(l.float(), -1)[t].item() for l, t in zip(logits, tokens)]

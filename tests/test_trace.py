@@ -6,6 +6,8 @@ from html.parser import HTMLParser
 import pytest
 import torch
 
+from generate import generate
+
 from conftest import run_script
 from model import GPT
 from test_model_options import OPTIONS, perturbed
@@ -80,7 +82,7 @@ def test_merged_channels_map_to_heads_and_logits_equal_the_model(tiny_config):
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
 def test_generation_trace_chooses_what_generate_chooses(tiny_config, temperature):
     model, result, cfg = traced(tiny_config, steps=5, temperature=temperature, top_k=10, top_p=0.9, seed=3)
-    expected = model.generate(torch.tensor([result["ids"]]), 5, temperature, 10, 0.9,
+    expected = generate(model, torch.tensor([result["ids"]]), 5, temperature, 10, 0.9,
                               generator=torch.Generator().manual_seed(3))
     assert [s["chosen"]["id"] for s in result["generation"]] == expected[0, len(result["ids"]):].tolist()
     for step in result["generation"]:
