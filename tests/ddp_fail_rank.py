@@ -3,16 +3,17 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import batches  # noqa: E402
 import train  # noqa: E402
 
 if os.environ.get("RANK") == "1":
-    original = train.Batches.get
+    original = batches.Batches.get
 
     def failing(self, split, key):
         if key[0] == train.TRAINING and key[1] == 3:
             raise RuntimeError("rank 1 failed on purpose")
         return original(self, split, key)
-    train.Batches.get = failing
+    batches.Batches.get = failing
 
 if __name__ == "__main__":
     train.run_main(train.main)
