@@ -240,19 +240,20 @@ def parse_completion(body, model_name):
         raise BadRequest("prompt must be a string, a list of token ids, or a non-empty list of either", "prompt")
     req = CompletionRequest(
         prompts=prompts, stops=parse_stops(body),
-        max_tokens=typed(body, "max_tokens", int, 16, "an integer"),
-        temperature=number(body, "temperature", 1.0),
-        top_k=typed(body, "top_k", int, None, "an integer"),
-        top_p=number(body, "top_p", None),
-        seed=typed(body, "seed", int, None, "an integer"),
-        n=typed(body, "n", int, 1, "an integer"),
-        stream=typed(body, "stream", bool, False, "true or false"),
-        include_usage=typed(typed(body, "stream_options", dict, {}, "an object"), "include_usage", bool, False,
-                            "true or false"),
+        max_tokens=typed(body, "max_tokens", int, 16, "an integer"), **sampling_settings(body),
         logprobs=typed(body, "logprobs", int, None, "an integer"),
         echo=typed(body, "echo", bool, False, "true or false"))
     check_settings(req)
     return req
+
+
+def sampling_settings(body):
+    """The settings the completions and chat APIs share, as CompletionRequest's fields."""
+    return dict(temperature=number(body, "temperature", 1.0), top_k=typed(body, "top_k", int, None, "an integer"),
+                top_p=number(body, "top_p", None), seed=typed(body, "seed", int, None, "an integer"),
+                n=typed(body, "n", int, 1, "an integer"), stream=typed(body, "stream", bool, False, "true or false"),
+                include_usage=typed(typed(body, "stream_options", dict, {}, "an object"), "include_usage", bool,
+                                    False, "true or false"))
 
 
 def is_ids(value):
@@ -267,15 +268,7 @@ def parse_chat(body, model_name, max_tokens):
     req = CompletionRequest(
         prompts=[parse_messages(body.get("messages"))], stops=parse_stops(body),
         max_tokens=typed(body, "max_completion_tokens", int, None, "an integer")
-        or typed(body, "max_tokens", int, max_tokens, "an integer"),
-        temperature=number(body, "temperature", 1.0),
-        top_k=typed(body, "top_k", int, None, "an integer"),
-        top_p=number(body, "top_p", None),
-        seed=typed(body, "seed", int, None, "an integer"),
-        n=typed(body, "n", int, 1, "an integer"),
-        stream=typed(body, "stream", bool, False, "true or false"),
-        include_usage=typed(typed(body, "stream_options", dict, {}, "an object"), "include_usage", bool, False,
-                            "true or false"),
+        or typed(body, "max_tokens", int, max_tokens, "an integer"), **sampling_settings(body),
         logprobs=top if typed(body, "logprobs", bool, False, "true or false") else None)
     check_settings(req)
     return req

@@ -434,16 +434,7 @@ class Run:
         if cfg.init_from != "scratch":
             model = load_pretrained(cfg.init_from, dropout=cfg.dropout, attn_impl=cfg.attn_impl)
             check_vocab(model.config.vocab_size, meta, data_dir, cfg.init_from)
-            if cfg.block_size > model.config.block_size:
-                raise UserError(f"block_size ({cfg.block_size}) is longer than {cfg.init_from}'s context "
-                                f"({model.config.block_size}); use --block_size={model.config.block_size} or less")
-            model.crop_block_size(cfg.block_size)
-            self.check_memory(model.config, cfg.batch_size, held=model.state_dict())
-            shape = {k: getattr(model.config, k) for k in SHAPE_FIELDS}  # the weights decide the model's shape
-            changed = [f"{k}={v}" for k, v in shape.items() if getattr(cfg, k) != v]
-            if changed:
-                self.log(f"from {cfg.init_from}: {', '.join(changed)}")
-            return model, replace(cfg, **shape)
+            return self.fit_context(model, cfg, cfg.init_from)
         config = cfg.model_config(vocab_size=(meta or {}).get("vocab_size", cfg.vocab_size))
         self.check_memory(config, cfg.batch_size)
         return GPT(config), replace(cfg, vocab_size=config.vocab_size)
@@ -470,12 +461,20 @@ class Run:
         check_vocab(model.config.vocab_size, meta, data_dir, source)
         if not block_size_given:  # the checkpoint's context, unless a config or the command line says otherwise
             cfg = replace(cfg, block_size=model.config.block_size)
+        return self.fit_context(model, cfg, source)
+
+    def fit_context(self, model, cfg, source):
+        """A trained model cropped to cfg.block_size (at most its own context) and checked to fit in memory;
+        and cfg with the shape the weights decide."""
         if cfg.block_size > model.config.block_size:
             raise UserError(f"block_size ({cfg.block_size}) is longer than {source}'s context "
                             f"({model.config.block_size}); use --block_size={model.config.block_size} or less")
         model.crop_block_size(cfg.block_size)
         self.check_memory(model.config, cfg.batch_size, held=model.state_dict())
-        shape = {k: getattr(model.config, k) for k in SHAPE_FIELDS}  # the weights decide the model's shape
+        shape = {k: getattr(model.config, k) for k in SHAPE_FIELDS}
+        changed = [f"{k}={v}" for k, v in shape.items() if getattr(cfg, k) != v]
+        if changed:
+            self.log(f"from {source}: {', '.join(changed)}")
         return model, replace(cfg, **shape)
 
     def restore(self, ckpt):
