@@ -115,12 +115,16 @@ def check_claims(directory, config):
     from safetensors import safe_open
     state = {}
     for file in sorted(f for f in os.listdir(directory) if f.endswith(".safetensors")):
-        with safe_open(os.path.join(directory, file), "pt") as f:
-            for key in f.keys():
-                name = key if key.startswith(("transformer.", "lm_head.")) else "transformer." + key  # GPT2Model's
-                if not name.endswith((".attn.bias", ".attn.masked_bias")):  # older versions' mask buffers
-                    shape = f.get_slice(key).get_shape()
-                    state[name] = torch.empty(shape[::-1] if name.endswith(CONV1D) else shape, device="meta")
+        try:
+            with safe_open(os.path.join(directory, file), "pt") as f:
+                shapes = {key: f.get_slice(key).get_shape() for key in f.keys()}
+        except Exception as e:  # safetensors' own error type: a header that is not one
+            raise UserError(f"{os.path.join(directory, file)} is not a readable safetensors file ({e}); download or "
+                            f"export it again") from None
+        for key, shape in shapes.items():
+            name = key if key.startswith(("transformer.", "lm_head.")) else "transformer." + key  # GPT2Model's
+            if not name.endswith((".attn.bias", ".attn.masked_bias")):  # older versions' mask buffers
+                state[name] = torch.empty(shape[::-1] if name.endswith(CONV1D) else shape, device="meta")
     if not state:
         return  # no safetensors file: from_pretrained says so
     if config.tie_weights and "lm_head.weight" not in state and "transformer.wte.weight" in state:

@@ -214,6 +214,17 @@ def test_a_hugging_face_directory_of_pickled_weights_is_refused(tmp_path):
     assert "holds its weights as a pickle (pytorch_model.bin), which can run code" in result.stderr
 
 
+def test_safetensors_of_garbage_bytes_are_one_line(hf_dir, tmp_path):
+    import shutil
+    garbage = tmp_path / "garbage"
+    shutil.copytree(hf_dir, garbage)
+    (garbage / "model.safetensors").write_bytes(np.random.default_rng(0).bytes(5000))
+    result = run_script(["sample.py", f"--init_from={garbage}", "--max_new_tokens=2", "--device=cpu"])
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert len(errors) == 1 and "model.safetensors is not a readable safetensors file" in errors[0]
+
+
 @pytest.mark.parametrize("claim", [dict(n_layer=2000, n_embd=8192), dict(n_embd=8192, n_head=4)],
                          ids=["2000 layers", "8192 wide"])
 def test_a_config_json_claiming_more_than_its_weights_is_refused_before_building(hf_dir, tmp_path, monkeypatch, claim):
