@@ -327,6 +327,19 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, 
         model.train(was_training)
 
 
+def continue_rows(rows, steps):
+    """Feed each step's tokens (B,) from stream() to the rows' Continuations until every row is done (or
+    the steps end); each row finished. Returns rows."""
+    for tok in steps:
+        for row, t in zip(rows, tok.tolist()):
+            row.add(t)
+        if all(row.done for row in rows):
+            break
+    for row in rows:
+        row.finish()
+    return rows
+
+
 @torch.no_grad()
 def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, stop=None, generator=None,
              use_cache=True, on_step=None):
@@ -341,12 +354,7 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None
     stops = [list(s) for s in (stop or []) if len(s)]
     if not stops:  # no host sync per step: the tokens stay on the device until the end
         return torch.cat([idx] + [t[:, None] for t in stream(*args)], dim=1)
-    rows = [Continuation(stop_ids=stops) for _ in range(idx.size(0))]
-    for tok in stream(*args):
-        for row, t in zip(rows, tok.tolist()):
-            row.add(t)
-        if all(row.done for row in rows):
-            break
+    rows = continue_rows([Continuation(stop_ids=stops) for _ in range(idx.size(0))], stream(*args))
     n = max(len(row.ids) for row in rows)
     new = torch.tensor([row.ids + [-1] * (n - len(row.ids)) for row in rows], dtype=idx.dtype, device=idx.device)
     return torch.cat((idx, new.view(idx.size(0), n)), dim=1)

@@ -24,7 +24,7 @@ from batches import dataset_dir
 from checkpoint import is_pretrained, load_checkpoint, model_from_checkpoint
 from hf import load_pretrained
 from configurator import UserError
-from generate import Continuation, stream
+from generate import Continuation, continue_rows, stream
 from tokenizer import BPETokenizer, check_meta, read_meta, tokenizer_from_meta
 
 MAX_GEN_TOKS = 256  # lm-eval's default when a task names no max_gen_toks
@@ -176,13 +176,7 @@ class NanoGPT(TemplateLM):
         generators = None
         if temperature > 0:  # each row's own seed: the same text whatever the batch
             generators = [torch.Generator(device=self._device).manual_seed(zlib.crc32(c.encode())) for _, c, _ in batch]
-        texts = [Continuation(self.tokenizer, until) for _ in batch]
-        for tok in stream(self.model, x, int(kwargs["max_gen_toks"]), temperature, kwargs.get("top_k"),
-                          kwargs.get("top_p"), generator=generators):
-            for text, t in zip(texts, tok.tolist()):
-                text.add(t)
-            if all(text.done for text in texts):
-                break
-        for text in texts:
-            text.finish()
+        texts = continue_rows([Continuation(self.tokenizer, until) for _ in batch],
+                              stream(self.model, x, int(kwargs["max_gen_toks"]), temperature, kwargs.get("top_k"),
+                                     kwargs.get("top_p"), generator=generators))
         return [text.text for text in texts]

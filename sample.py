@@ -25,7 +25,7 @@ from hf import load_pretrained
 from configurator import UserError, parse_args, report_overrides, run_main
 from device import autocast, resolve_device, resolve_dtype
 from memory import check_fits, kv_cache_bytes
-from generate import Continuation, check_sampling, check_stops, stream
+from generate import Continuation, check_sampling, check_stops, continue_rows, stream
 from tokenizer import CharTokenizer, check_meta, read_meta, tokenizer_from_meta
 
 SEPARATOR = "---------------"
@@ -181,14 +181,9 @@ def main(argv):
                 print(text.finish())
                 print(SEPARATOR)
         else:
-            texts = [Continuation(tokenizer, stop_texts, stop_ids) for _ in range(num_samples)]
-            for tok in stream(model, x.expand(num_samples, -1), generator=generators, **args):  # one batch
-                for text, t in zip(texts, tok.tolist()):
-                    text.add(t)
-                if all(text.done for text in texts):
-                    break
+            texts = continue_rows([Continuation(tokenizer, stop_texts, stop_ids) for _ in range(num_samples)],
+                                  stream(model, x.expand(num_samples, -1), generator=generators, **args))  # one batch
             for text in texts:
-                text.finish()
                 print(prompt + text.text)
                 print(SEPARATOR)
 

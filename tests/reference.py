@@ -117,3 +117,13 @@ def forward(sd, cfg, idx):
     if cfg.logit_softcap is not None:
         logits = cfg.logit_softcap * np.tanh(logits / cfg.logit_softcap)
     return logits, final
+
+
+def next_token_log_probs(model, ids):
+    """(len(ids), V) float64 log-probabilities of the token after each position of ids (one row): the model's
+    own forward, then a log-softmax in numpy rather than the code under test's."""
+    import torch
+    with torch.no_grad():
+        logits = model(torch.tensor([ids]))[0][0].double().numpy()
+    shifted = logits - logits.max(-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))

@@ -8,6 +8,7 @@ import torch
 from lm_eval.api.instance import Instance
 
 from conftest import CORPUS, run_script
+from reference import next_token_log_probs
 from generate import generate
 from harness import NanoGPT, load
 
@@ -35,19 +36,11 @@ def request(kind, *args, task="tiny"):
     return Instance(request_type=kind, doc={}, arguments=args, idx=0, metadata=(task, 0, 1))
 
 
-def log_softmax(model, ids):
-    """(len(ids), V) float64 log-probabilities of the token after each position: numpy's, not the harness's."""
-    with torch.no_grad():
-        logits = model(torch.tensor([ids]))[0][0].double().numpy()
-    shifted = logits - logits.max(-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
-
-
 def reference_loglikelihood(model, context, continuation):
     """Sum of the continuation's log-probs; whether each is the argmax. The input is the last BLOCK + 1 ids
     without the last, so a long context loses its beginning."""
     ids = (context + continuation)[-(BLOCK + 1):]
-    lp = log_softmax(model, ids[:-1])
+    lp = next_token_log_probs(model, ids[:-1])
     first = len(ids) - len(continuation)  # the continuation's first id in ids
     picked = [lp[j - 1, ids[j]] for j in range(first, len(ids))]
     return sum(picked), all(lp[j - 1].argmax() == ids[j] for j in range(first, len(ids)))
@@ -80,15 +73,15 @@ def test_loglikelihood_rolling_scores_every_token_once_in_block_windows(trained)
     text = CORPUS[3:43]
     t = tok.encode(text)
     prefix = tok.encode("\n")
-    first = log_softmax(model, prefix + t[:15])
-    second = log_softmax(model, t[15:31])
-    third = log_softmax(model, t[23:39])
+    first = next_token_log_probs(model, prefix + t[:15])
+    second = next_token_log_probs(model, t[15:31])
+    third = next_token_log_probs(model, t[23:39])
     want = (sum(first[j, t[j]] for j in range(16)) + sum(second[j - 16, t[j]] for j in range(16, 32))
             + sum(third[j - 24, t[j]] for j in range(32, 40)))
     lm = NanoGPT(model, tok, batch_size=2)
     got = lm.loglikelihood_rolling([request("loglikelihood_rolling", text), request("loglikelihood_rolling", "A")])
     assert got[0] == pytest.approx(want, abs=1e-4)
-    assert got[1] == pytest.approx(log_softmax(model, prefix)[0, tok.encode("A")[0]], abs=1e-5)
+    assert got[1] == pytest.approx(next_token_log_probs(model, prefix)[0, tok.encode("A")[0]], abs=1e-5)
 
 
 def test_generate_until_is_greedy_text_cut_at_the_first_stop(trained):

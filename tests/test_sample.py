@@ -173,3 +173,15 @@ def test_gpt2_bpe_loads_with_the_model_padded_to_50304(tmp_path):
     assert (model.config.vocab_size, tokenizer.vocab_size) == (50304, 50257)
     decoder = tokenizer.decoder()
     assert decoder.feed(50303) == "" and decoder.feed(tokenizer.encode("hi")[0]) == "hi"
+
+
+def test_continue_rows_ends_each_row_and_keeps_the_tokens_a_stop_held_back():
+    """Rows stop on their own; when the steps run out, a row's last tokens that began a stop (held back,
+    undecoded, while the stop could still come) are its text after all."""
+    import torch
+    from generate import continue_rows
+    steps = [torch.tensor(CHARS.encode(pair)) for pair in ("aa", "bb", "bc", "c ")]
+    held = [CHARS.encode(" X")]  # token ids: " " is held until the next token says whether "X" follows
+    rows = continue_rows([Continuation(CHARS, ["bb"]), Continuation(CHARS, [], held)], iter(steps))
+    assert [row.done for row in rows] == [True, False]
+    assert rows[0].text == "a" and rows[1].text == "abc "

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from conftest import CORPUS, run_script
+from reference import next_token_log_probs
 from tokenizer import BPETokenizer, CharTokenizer, ChatTokenizer
 
 httpx = pytest.importorskip("httpx")
@@ -17,14 +18,6 @@ from serve import Service, chat_template  # noqa: E402
 from test_serve import CHARS, alone, out_dir, server  # noqa: E402,F401  (the same tiny checkpoint and server)
 
 
-def numpy_log_softmax(model, inputs):
-    """The model's own forward over inputs (one row), log-softmax in float64 numpy: (T, V)."""
-    with torch.no_grad():
-        logits = model(torch.tensor([inputs]))[0][0].double().numpy()
-    shifted = logits - logits.max(-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
-
-
 def reference_echo(model, ids, block):
     """Each token's log-probability given the tokens before it, in windows of block targets counted back from
     the last token (docs/serving.md); None for the first. Also the argmax at each position."""
@@ -32,7 +25,7 @@ def reference_echo(model, ids, block):
     end = len(ids)
     while end > 1:
         start = max(1, end - block)
-        lp = numpy_log_softmax(model, ids[start - 1:end - 1])
+        lp = next_token_log_probs(model, ids[start - 1:end - 1])
         for t in range(start, end):
             out[t], best[t] = lp[t - start, ids[t]], int(lp[t - start].argmax())
         end = start
@@ -81,7 +74,7 @@ def test_echo_of_a_prompt_past_block_size_ends_its_last_window_at_the_last_token
     ids = service.tokenizer.encode(CORPUS[:150])
     r = complete(url, prompt=ids, max_tokens=0, logprobs=1, echo=True)
     check_echo(r["choices"][0], service, ids, CORPUS[:150], 0)
-    last = numpy_log_softmax(service.model, ids[-65:-1])[np.arange(64), ids[-64:]]
+    last = next_token_log_probs(service.model, ids[-65:-1])[np.arange(64), ids[-64:]]
     np.testing.assert_allclose(r["choices"][0]["logprobs"]["token_logprobs"][-64:], last, rtol=1e-5, atol=1e-4)
 
 
@@ -170,7 +163,7 @@ def loglikelihood(model, tok, context, continuation, block):
     context, continuation = tok.encode(context[:len(context) - moved]), tok.encode(context[len(context) - moved:]
                                                                                   + continuation)
     ids = (context + continuation)[-(block + 1):]
-    lp = numpy_log_softmax(model, ids[:-1])
+    lp = next_token_log_probs(model, ids[:-1])
     return float(sum(lp[len(ids) - 1 - len(continuation) + i, t] for i, t in enumerate(continuation)))
 
 
