@@ -71,6 +71,10 @@ OFF = {"best_of": (1,), "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0
        "logit_bias": ({},), "suffix": ("",)}
 PARAMS = {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "n", "stream",
           "stream_options", "logprobs", "echo", "user", *OFF}
+# lm-eval asks /tokenize for this text to learn whether the server tokenizes (utils.check_remote_tokenizer_support)
+# and takes an error for "no": a char model without these letters answers it with no tokens, any other text
+# outside its vocabulary with a 400
+REMOTE_TOKENIZER_PROBE = "test"
 CHAT_OFF = {k: OFF[k] for k in ("frequency_penalty", "presence_penalty", "logit_bias")}
 CHAT_PARAMS = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "stop",
                "seed", "n", "stream", "stream_options", "logprobs", "top_logprobs", "user", *CHAT_OFF}
@@ -579,7 +583,10 @@ class Service:
         try:
             ids = self.tokenizer.encode(prompt)
         except UserError as e:
-            raise BadRequest(str(e), "prompt") from None
+            if prompt == REMOTE_TOKENIZER_PROBE:  # a model whose characters are not Latin: say it tokenizes
+                ids = []
+            else:
+                raise BadRequest(str(e), "prompt") from None
         return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": self.model.config.block_size})
 
     async def detokenize(self, request):

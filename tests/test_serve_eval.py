@@ -220,3 +220,20 @@ def test_lm_eval_cli_scores_perplexity_with_the_newline_as_prefix_token(server, 
     want = NanoGPT(service.model, service.tokenizer).loglikelihood_rolling(
         [Instance("loglikelihood_rolling", d, (d["text"],), 0) for d in ROLL_DOCS])
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+
+
+def test_lm_eval_finds_the_remote_tokenizer_of_a_model_without_latin_letters():
+    """lm-eval probes /tokenize with "test" and takes an error for "this server does not tokenize": a Tang char
+    model answers that probe with no tokens; other text outside its vocabulary is still a 400."""
+    from lm_eval.utils import check_remote_tokenizer_support
+    from model import GPT, GPTConfig
+    from serve import running
+    chars = list("春江花月夜，。\n")
+    model = GPT(GPTConfig(block_size=16, vocab_size=len(chars), n_layer=1, n_head=2, n_embd=16)).eval()
+    service = Service(model, CharTokenizer(chars), "tang", torch.device("cpu"), torch.float32, max_batch=1, max_queue=1)
+    with running(service.app()) as url:
+        assert check_remote_tokenizer_support(url + "/v1/completions")
+        assert httpx.post(url + "/tokenize", json={"prompt": "test"}).json()["tokens"] == []
+        bad = httpx.post(url + "/tokenize", json={"prompt": "tests"})
+        assert bad.status_code == 400 and "outside the vocabulary" in bad.json()["error"]["message"]
+        assert httpx.post(url + "/tokenize", json={"prompt": "春江"}).json()["tokens"] == [0, 1]
