@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules import module as nn_module
 
-from kernels import packed_product, packed_product_add
+from kernels import WeightVersion, packed_product, packed_product_add
 from model import apply_rope, value_embedded
 
 # every GPTConfig field and what this step supports of it (None: any value); a field added to
@@ -82,8 +82,8 @@ class FusedStep:
                        for i, b in enumerate(t.h)]
         self.wte, self.wpe = t.wte.weight, t.wpe.weight if c.pos_emb == "learned" else None
         self.ln_f, self.head = norm(t.ln_f), weights(model.lm_head)
-        # the weights as packed and read: one changed (its version) or replaced since sends the step back
-        self.weights = [(m._parameters, name, p, p._version) for m in self.modules
+        # the weights as packed and read: one changed or replaced since sends the step back
+        self.weights = [(m._parameters, name, WeightVersion(p)) for m in self.modules
                         for name, p in m._parameters.items() if p is not None]
         self.attns = [block.attn for block in t.h]  # a tool may switch one to the manual path
 
@@ -98,7 +98,7 @@ class FusedStep:
         mode, and no autocast (the model's forward would compute in another dtype)."""
         return (not self.model.training and not torch.is_autocast_enabled("cpu")
                 and all(attn.impl == "sdpa" for attn in self.attns)
-                and all(params.get(name) is p and p._version == v for params, name, p, v in self.weights)
+                and all(version.holds(params.get(name)) for params, name, version in self.weights)
                 and not hooked(self.modules))
 
     def norm(self, x, params):

@@ -42,19 +42,30 @@ def packed_product_add(x, packed, bias, residual):
     return torch.ops.mkldnn._linear_pointwise.binary(x, residual, packed, bias, "add")
 
 
+class WeightVersion:
+    """A tensor's values as they are now: holds(t) while t is that same tensor, at the same address (`.data =`
+    moves it, and not the version counter), unchanged in place (an optimizer step moves its version counter)."""
+    __slots__ = ("tensor", "address", "version")
+
+    def __init__(self, tensor):
+        self.tensor, self.address, self.version = tensor, tensor.data_ptr(), tensor._version
+
+    def holds(self, tensor):
+        return tensor is self.tensor and tensor._version == self.version and tensor.data_ptr() == self.address
+
+
 class WeightCopy:
     """make(weight, *args) for the weight's current values: made again only once the weight has changed
-    (its version counter moved, as an optimizer step moves it) or args differ."""
+    (WeightVersion) or args differ."""
 
     def __init__(self, make):
-        self.make, self.key = make, None
+        self.make, self.made, self.args = make, None, None
 
     def get(self, weight, *args):
-        key = (weight.data_ptr(), weight._version, args)
-        if key != self.key:
+        if self.made is None or not self.made.holds(weight) or args != self.args:
             with torch.no_grad():
                 self.value = self.make(weight, *args)
-            self.key = key
+            self.made, self.args = WeightVersion(weight), args
         return self.value
 
 

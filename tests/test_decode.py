@@ -108,6 +108,17 @@ def test_the_model_runs_itself_where_the_fused_step_does_not_apply(tiny_config):
 
 
 
+def test_a_weight_given_new_data_sends_the_step_back(tiny_config):
+    """`.data =` (as Module.to and Module.half assign) keeps the parameter and its version counter: the packed
+    copy is stale all the same."""
+    model = sharp32(tiny_config).eval()
+    with torch.inference_mode(), packed_weights(model, 1) as packed:
+        step = FusedStep.build(model, packed)
+        weight = model.transformer.h[0].mlp.c_fc.weight
+        weight.data = weight.data * 2
+        assert not step.valid()
+
+
 def test_one_active_sequence_in_the_batching_engine_decodes_on_the_fused_step(monkeypatch, tiny_config):
     """serve.py with one client: its slot of the shared cache, at its own position, through the fused step."""
     from batching import SlotCache
