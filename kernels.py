@@ -20,6 +20,7 @@ bfloat16, summed in float32, and its output rounded to bfloat16 before it is
 returned in float32, as autocast's bfloat16 products are. oneDNN does these
 about twice as fast as float32 here, with no packing (docs/speedrun.md).
 """
+import weakref
 from contextlib import contextmanager
 
 import torch
@@ -69,12 +70,22 @@ class WeightCopy:
         return self.value
 
 
+def packable(weight):
+    """True where a weight can be packed: float32 on a CPU with oneDNN."""
+    return weight.device.type == "cpu" and weight.dtype == torch.float32 and onednn_available()
+
+
+def pack(weight, rows):
+    """weight (out, in) laid out by oneDNN for products with inputs of about `rows` rows: packed_product's
+    `packed`."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight, rows)
+
+
 class PackedWeight(WeightCopy):
     """A linear layer's weight packed for oneDNN for `rows` rows, and its transpose: get(weight, rows)."""
 
     def __init__(self):
-        super().__init__(lambda weight, rows: (torch.ops.mkldnn._reorder_linear_weight(weight, rows),  # (out, in)
-                                               torch.ops.mkldnn._reorder_linear_weight(weight.t().contiguous(), rows)))
+        super().__init__(lambda weight, rows: (pack(weight, rows), pack(weight.t().contiguous(), rows)))
 
 
 class PackedLinear(torch.autograd.Function):
@@ -145,8 +156,40 @@ def bfloat16_products_supported():
 
 def can_pack(model):
     """True where packed training applies: float32 weights on a CPU with oneDNN."""
-    weight = next(model.parameters())
-    return weight.device.type == "cpu" and weight.dtype == torch.float32 and onednn_available()
+    return packable(next(model.parameters()))
+
+
+# module -> what it ran before any open patch (NO_FORWARD: its class's forward), then each open patch's forward
+_forward_stacks = weakref.WeakKeyDictionary()
+NO_FORWARD = object()
+
+
+@contextmanager
+def patched_forwards(forwards):
+    """Within: each module of forwards ({module: forward}) runs forward, an instance attribute that shadows its
+    class's. On exit each runs what it would without this patch: the forward of a patch opened later and still
+    open, else what it had before (its own instance forward, or none). Patches nest in any order, and one may
+    close before a patch opened within it (a generator closed late)."""
+    for module, forward in forwards.items():
+        _forward_stacks.setdefault(module, [module.__dict__.get("forward", NO_FORWARD)]).append(forward)
+        module.forward = forward
+    try:
+        yield
+    finally:
+        for module, forward in forwards.items():
+            unpatch(module, forward)
+
+
+def unpatch(module, forward):
+    """Take forward, a patch's, off module: it then runs the newest patch still open, or what it had before."""
+    stack = _forward_stacks[module]
+    del stack[max(i for i in range(1, len(stack)) if stack[i] is forward)]
+    if len(stack) == 1:
+        del _forward_stacks[module]
+    if stack[-1] is NO_FORWARD:
+        module.__dict__.pop("forward", None)
+    else:
+        module.forward = stack[-1]
 
 
 @contextmanager
@@ -154,8 +197,6 @@ def packed_training(model, dtype=torch.float32):
     """Within: model's linear layers compute through PackedLinear (dtype float32) or BFloat16Linear
     (bfloat16) while gradients are recorded (float32 inputs); without gradients (evaluation,
     generation) they are unchanged."""
-    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
-
     def forward_of(linear):
         bfloat16 = dtype == torch.bfloat16
         function, weight = (BFloat16Linear, BFloat16Weight()) if bfloat16 else (PackedLinear, PackedWeight())
@@ -165,10 +206,32 @@ def packed_training(model, dtype=torch.float32):
                 return function.apply(x, linear.weight, linear.bias, weight)
             return F.linear(x, linear.weight, linear.bias)
         return forward
-    try:
-        for m in linears:
-            m.forward = forward_of(m)  # an instance attribute: shadows nn.Linear.forward until the end
+    with patched_forwards({m: forward_of(m) for m in model.modules() if isinstance(m, nn.Linear)}):
         yield
-    finally:
-        for m in linears:
-            m.__dict__.pop("forward", None)
+
+
+@contextmanager
+def packed_inference(linears, rows):
+    """Within: each of linears whose weight is packable computes in inference mode on a copy of its weight packed
+    for inputs of about `rows` rows (packed again once the weight changed), elsewhere (autograd, torch.compile,
+    other dtypes) as before. Yields {linear: its packed weight}.
+
+    On CPU, PyTorch's default float32 matmul reads a weight matrix far below memory bandwidth when the input
+    has few rows, as in decoding one token per step; the packed copy gives the same float32 numbers faster."""
+    copies = {m: WeightCopy(lambda weight, rows: pack(weight, rows) if packable(weight) else None)
+              for m in linears if packable(m.weight)}
+    packed = {m: copy.get(m.weight, rows) for m, copy in copies.items()}
+    with patched_forwards({m: inference_forward(m, copy, rows) for m, copy in copies.items()}):
+        yield packed
+
+
+def inference_forward(linear, copy, rows):
+    """linear's forward on copy.get(its weight, rows) (a WeightCopy of pack) for float32 inputs in inference
+    mode."""
+    def forward(x):
+        if not torch.compiler.is_compiling() and x.dtype == torch.float32 and torch.is_inference_mode_enabled():
+            packed = copy.get(linear.weight, rows)
+            if packed is not None:
+                return packed_product(x.contiguous(), packed, linear.bias)
+        return F.linear(x, linear.weight, linear.bias)
+    return forward

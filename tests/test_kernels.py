@@ -72,6 +72,30 @@ def test_training_with_packed_linears_follows_the_default_run(tmp_path, char_dat
     torch.testing.assert_close(torch.tensor(losses[True]), torch.tensor(losses[False]), atol=1e-5, rtol=0)
 
 
+
+def test_patches_restore_what_they_replaced_in_any_order():
+    """A module's own instance forward comes back after nested patches, whether they close inside out or the
+    outer one first (a generator closed late)."""
+    lin, own = nn.Linear(2, 2), lambda x: "own"
+    lin.forward = own
+    a, b = (lambda x: "a"), (lambda x: "b")
+    with kernels.patched_forwards({lin: a}):
+        with kernels.patched_forwards({lin: b}):
+            assert lin.forward is b
+        assert lin.forward is a
+    assert lin.forward is own
+    outer, inner = kernels.patched_forwards({lin: a}), kernels.patched_forwards({lin: b})
+    outer.__enter__(), inner.__enter__()
+    outer.__exit__(None, None, None)
+    assert lin.forward is b  # still open
+    inner.__exit__(None, None, None)
+    assert lin.forward is own
+    del lin.forward
+    with kernels.patched_forwards({lin: a}):
+        pass
+    assert "forward" not in lin.__dict__
+
+
 needs_bfloat16 = pytest.mark.skipif(not kernels.bfloat16_products_supported(), reason="this CPU has no native bfloat16")
 
 
