@@ -14,7 +14,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from decode import FusedStep
-from kernels import onednn_available, packed_product
+from kernels import packed_inference
 
 # bytes of linear weights packed_weights copies; beyond this (gpt2-large holds 3.1 GB,
 # gpt2-xl 6.2 GB) a second copy could exhaust a laptop's memory
@@ -52,50 +52,19 @@ def window_start(n, start, block):
 
 # --- packed CPU weights -------------------------------------------------------------------------------
 
-def pack(linear, rows):
-    """Give an nn.Linear a copy of its weight laid out for oneDNN for inputs of about `rows` rows.
-
-    On CPU, PyTorch's default float32 matmul reads a weight matrix far below memory
-    bandwidth when the input has few rows, as in decoding one token per step; the
-    packed copy gives the same float32 numbers faster. It is used only in inference
-    mode, only while the weight is unchanged, never under torch.compile. Returns the
-    packed copy, or None where it cannot be packed (not float32 on a CPU with oneDNN).
-    """
-    weight = linear.weight
-    if weight.dtype != torch.float32 or weight.device.type != "cpu" or not onednn_available():
-        return None
-    with torch.no_grad():
-        # the layout oneDNN picks for fewer rows is slower even for one-row inputs (docs/generation.md)
-        packed, version = torch.ops.mkldnn._reorder_linear_weight(weight, max(rows, PACK_MIN_ROWS)), weight._version
-
-    def forward(x):
-        if (not torch.compiler.is_compiling() and linear.weight is weight and weight._version == version
-                and x.dtype == torch.float32 and torch.is_inference_mode_enabled()):
-            return packed_product(x.contiguous(), packed, linear.bias)
-        return F.linear(x, linear.weight, linear.bias)
-    linear.forward = forward  # an instance attribute: shadows nn.Linear.forward until unpack
-    return packed
-
-
-def unpack(linear):
-    linear.__dict__.pop("forward", None)
-
-
 @contextmanager
 def packed_weights(model, rows):
-    """Within: model's linear layers run on packed copies of their weights (pack), freed at the end.
+    """Within: model's linear layers decode on copies of their weights packed for oneDNN
+    (kernels.packed_inference), freed at the end.
 
     Yields {linear: its packed weight} for the layers packed: none beyond PACKED_COPY_LIMIT bytes.
     """
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
     if sum(m.weight.numel() * m.weight.element_size() for m in linears) > PACKED_COPY_LIMIT:
         linears = []
-    try:
-        packed = {m: pack(m, rows) for m in linears}
-        yield {m: p for m, p in packed.items() if p is not None}
-    finally:
-        for m in linears:
-            unpack(m)
+    # the layout oneDNN picks for fewer rows is slower even for one-row inputs (docs/generation.md)
+    with packed_inference(linears, max(rows, PACK_MIN_ROWS)) as packed:
+        yield packed
 
 
 # --- sampling -----------------------------------------------------------------------------------------

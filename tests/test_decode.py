@@ -7,7 +7,8 @@ import torch
 
 import decode
 from decode import SUPPORTED, FusedStep
-from generate import KVCache, generate, onednn_available, packed_weights
+from generate import KVCache, generate, packed_weights
+from kernels import onednn_available
 from model import GPTConfig
 from test_generate import assert_attention_is_sharp, greedy_by_hand, sharp
 from test_model_options import OPTIONS

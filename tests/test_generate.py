@@ -8,7 +8,9 @@ import pytest
 import torch
 
 import generate as generate_module
-from generate import filter_logits, generate, onednn_available, pack, sample_next, stream, unpack
+import kernels
+from generate import filter_logits, generate, sample_next, stream
+from kernels import onednn_available, packed_inference
 from model import GPT
 from test_model_options import OPTIONS, perturbed
 
@@ -322,27 +324,30 @@ def plain_linear_calls(monkeypatch):
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("rows", [1, 3, 8, 100])
 def test_packed_linear_computes_the_float32_product(plain_linear_calls, rows, bias):
-    """The packed weights give x W^T + b (float64 reference), only in inference mode, only while W is unchanged."""
+    """The packed weights give x W^T + b (float64 reference) in inference mode, packed again once W changed (in
+    place, or given new data); autograd runs on the plain weights."""
     torch.manual_seed(0)
     lin = torch.nn.Linear(48, 80, bias=bias)
     x = torch.randn(2, rows, 48)
     def reference():
         y = x.double() @ lin.weight.double().T
         return y + lin.bias.double() if bias else y
-    assert pack(lin, rows) is not None
-    with torch.inference_mode():
-        y = lin(x)
-    assert not plain_linear_calls and y.dtype == torch.float32 and y.shape == (2, rows, 80)
-    torch.testing.assert_close(y.double(), reference(), atol=1e-5, rtol=0)
-    with torch.no_grad():
-        lin.weight.mul_(-2)  # an optimizer step: the packed copy is stale and must not be used
-    with torch.inference_mode():
-        torch.testing.assert_close(lin(x).double(), reference(), atol=1e-5, rtol=0)
-    assert len(plain_linear_calls) == 1
-    pack(lin, rows)
-    lin(x).sum().backward()  # training: autograd through the plain weights
-    assert len(plain_linear_calls) == 2 and lin.weight.grad is not None
-    unpack(lin)
+    with packed_inference([lin], rows) as packed:
+        assert list(packed) == [lin]
+        with torch.inference_mode():
+            y = lin(x)
+        assert y.dtype == torch.float32 and y.shape == (2, rows, 80)
+        torch.testing.assert_close(y.double(), reference(), atol=1e-5, rtol=0)
+        with torch.no_grad():
+            lin.weight.mul_(-2)  # an optimizer step: the packed copy is stale and must not be used
+        with torch.inference_mode():
+            torch.testing.assert_close(lin(x).double(), reference(), atol=1e-5, rtol=0)
+        lin.weight.data = lin.weight.data * 2  # as Module.to assigns: same parameter, same version counter
+        with torch.inference_mode():
+            torch.testing.assert_close(lin(x).double(), reference(), atol=1e-5, rtol=0)
+        assert not plain_linear_calls
+        lin(x).sum().backward()  # training: autograd through the plain weights
+        assert len(plain_linear_calls) == 1 and lin.weight.grad is not None
     assert "forward" not in lin.__dict__  # back to nn.Linear's own forward
 
 
@@ -354,7 +359,7 @@ def test_generation_on_packed_weights_matches_plain_weights(monkeypatch, plain_l
     packed = generate(model, idx, 12, temperature=0)  # 16 positions: the whole window, no shift
     assert not plain_linear_calls  # every linear layer ran on its packed weights
     assert not any("forward" in m.__dict__ for m in model.modules())  # the copies are freed
-    monkeypatch.setattr(generate_module, "onednn_available", lambda: False)
+    monkeypatch.setattr(kernels, "onednn_available", lambda: False)
     torch.testing.assert_close(packed, generate(model, idx, 12, temperature=0))
     torch.testing.assert_close(packed, greedy_by_hand(model, idx, 12))
 

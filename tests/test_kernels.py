@@ -96,6 +96,71 @@ def test_patches_restore_what_they_replaced_in_any_order():
     assert "forward" not in lin.__dict__
 
 
+def loss_and_grads(model, idx):
+    model.zero_grad()
+    _, loss = model(idx, idx)
+    loss.backward()
+    return [loss.detach()] + [p.grad.clone() for p in model.parameters()]
+
+
+def test_generation_inside_packed_training_leaves_the_training_kernels(tiny_config, monkeypatch):
+    """Sampling during training: generate's packed weights, patched within packed_training, give back the
+    training kernels, and the training step and the tokens are those of each alone."""
+    from generate import generate
+    from model import GPT
+    model, idx = GPT(tiny_config), torch.randint(0, tiny_config.vocab_size, (2, 8))
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    tokens = generate(model, idx[:, :3], 6, temperature=0)
+    with packed_training(model):
+        alone = loss_and_grads(model, idx)
+    calls, apply = [], PackedLinear.apply
+    monkeypatch.setattr(PackedLinear, "apply", lambda *a: calls.append(1) or apply(*a))
+    with packed_training(model):
+        training = [m.forward for m in linears]
+        assert torch.equal(generate(model, idx[:, :3], 6, temperature=0), tokens)
+        assert [m.forward for m in linears] == training and not calls
+        nested = loss_and_grads(model, idx)
+    assert len(calls) == len(linears)
+    assert all(torch.equal(a, b) for a, b in zip(nested, alone))
+    assert not any("forward" in m.__dict__ for m in model.modules())
+
+
+def test_packed_training_inside_packed_weights_leaves_the_packed_weights(tiny_config, monkeypatch):
+    """A training step within generation's packed weights gives them back: inference then runs on them
+    again, with the logits of packed weights alone."""
+    from generate import packed_weights
+    from model import GPT
+    model, idx = GPT(tiny_config), torch.randint(0, tiny_config.vocab_size, (2, 8))
+    with packed_training(model):
+        alone = loss_and_grads(model, idx)
+    with packed_weights(model, 2), torch.inference_mode():
+        logits = model(idx)[0]
+    calls, product = [], kernels.packed_product
+    monkeypatch.setattr(kernels, "packed_product", lambda *a: calls.append(1) or product(*a))
+    with packed_weights(model, 2):
+        with packed_training(model):
+            nested = loss_and_grads(model, idx)
+        calls.clear()
+        with torch.inference_mode():
+            assert torch.equal(model(idx)[0], logits)
+        assert len(calls) == sum(isinstance(m, nn.Linear) for m in model.modules())
+    assert all(torch.equal(a, b) for a, b in zip(nested, alone))
+    assert not any("forward" in m.__dict__ for m in model.modules())
+
+
+def test_a_generator_closed_after_packed_training_leaves_no_patch(tiny_config):
+    """stream() holds its packed weights until it is closed, which may be after the packed_training it
+    started in has ended: neither patch outlives its own end."""
+    from generate import stream
+    from model import GPT
+    model = GPT(tiny_config)
+    with packed_training(model):
+        steps = stream(model, torch.zeros(1, 2, dtype=torch.long), 5, temperature=0)
+        next(steps)
+    assert model.lm_head.forward.__qualname__.startswith("inference_forward")  # the stream's, still open
+    steps.close()
+    assert not any("forward" in m.__dict__ for m in model.modules())
+
 needs_bfloat16 = pytest.mark.skipif(not kernels.bfloat16_products_supported(), reason="this CPU has no native bfloat16")
 
 
