@@ -29,7 +29,7 @@ from batches import dataset_dir
 from configurator import UserError, parse_args, run_main
 from device import autocast, resolve_device, resolve_dtype, should_compile
 from generate import generate, packed_weights, window_start
-from kernels import onednn_available, packed_product
+from kernels import bfloat16_products_supported, onednn_available, pack, packed_product
 from metrics import read_log
 from model import GPT
 from optim import configure_optimizers
@@ -93,13 +93,13 @@ def matmul_kernels(device, dtype):
     def packed(t):
         def make(n):
             a, b = (torch.randn(n, n, dtype=t) for _ in range(2))
-            weight = torch.ops.mkldnn._reorder_linear_weight(b.t().contiguous(), n)  # packed once, not timed
+            weight = pack(b.t().contiguous(), n)  # packed once, not timed
             return lambda: packed_product(a, weight)
         return make
 
     kernels = {f"default {str(dtype)[6:]}": default(dtype)}
     if device.type == "cpu" and onednn_available():
-        types = [torch.float32] + ([torch.bfloat16] if torch.ops.mkldnn._is_mkldnn_bf16_supported() else [])
+        types = [torch.float32] + ([torch.bfloat16] if bfloat16_products_supported() else [])
         for t in types:
             kernels.setdefault(f"default {str(t)[6:]}", default(t))
             kernels[f"oneDNN packed {str(t)[6:]}"] = packed(t)
