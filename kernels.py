@@ -19,6 +19,12 @@ the products stay as they are; the inputs of each product are rounded to
 bfloat16, summed in float32, and its output rounded to bfloat16 before it is
 returned in float32, as autocast's bfloat16 products are. oneDNN does these
 about twice as fast as float32 here, with no packing (docs/speedrun.md).
+
+Generation packs too (packed_inference, through generate.packed_weights), for inference mode only; decode.py's
+fused step reads those copies. This module is the one place that calls oneDNN. Both contexts set the layers'
+forward through patched_forwards, which gives each layer back what it ran before: generating inside
+packed_training leaves the training kernels in place. WeightVersion is the one rule for "has this weight
+changed": WeightCopy makes its copies again on it, and decode.FusedStep steps aside on it.
 """
 import weakref
 from contextlib import contextmanager
