@@ -14,7 +14,7 @@ from tokenizer import BPETokenizer, CharTokenizer, ChatTokenizer
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")
 
-from serve import Service, chat_template  # noqa: E402
+from serve import Service, chat_template, parse_chat  # noqa: E402
 from test_serve import CHARS, alone, out_dir, server  # noqa: E402,F401  (the same tiny checkpoint and server)
 
 
@@ -237,3 +237,68 @@ def test_lm_eval_finds_the_remote_tokenizer_of_a_model_without_latin_letters():
         bad = httpx.post(url + "/tokenize", json={"prompt": "tests"})
         assert bad.status_code == 400 and "outside the vocabulary" in bad.json()["error"]["message"]
         assert httpx.post(url + "/tokenize", json={"prompt": "春江"}).json()["tokens"] == [0, 1]
+
+
+# --- lm-eval's local-chat-completions -----------------------------------------------------------------
+
+def write_chat_task(directory, docs, shot, stop):
+    """tiny_chat: generate_until over docs, one few-shot example (shot) from its own split, sampled at
+    temperature 2 for at most 8 tokens until `stop`."""
+    directory.mkdir()
+    for split, rows in (("test", docs), ("train", [shot])):
+        (directory / f"{split}.jsonl").write_text("".join(json.dumps(d) + "\n" for d in rows))
+    (directory / "tiny_chat.yaml").write_text(
+        f"task: tiny_chat\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {directory}/test.jsonl\n"
+        f"    train: {directory}/train.jsonl\ntest_split: test\nfewshot_split: train\noutput_type: generate_until\n"
+        "doc_to_text: '{{context}}'\ndoc_to_target: '{{answer}}'\ngeneration_kwargs:\n"
+        f"  until: [{json.dumps(stop)}]\n  max_gen_toks: 8\n  do_sample: true\n  temperature: 2.0\n"
+        "metric_list:\n  - metric: exact_match\n")
+
+
+def sampled_reply(model, tok, messages, n, seed):
+    """What the model samples at temperature 2 after the template's prompt (generate.py, uncached, sample 0's
+    generator for the seed), up to <|end|>, as text."""
+    from generate import generate
+    from sample import sample_seed
+    ids = tok.render(messages)[0]
+    out = generate(model, torch.tensor([ids]), n, temperature=2.0, use_cache=False,
+                   generator=torch.Generator().manual_seed(sample_seed(seed, 0)))[0, len(ids):].tolist()
+    return tok.decode(out[:out.index(tok.end)] if tok.end in out else out)
+
+
+def test_lm_eval_local_chat_completions_runs_a_generate_until_task(tmp_path, monkeypatch):
+    """lm_eval's local-chat-completions with apply_chat_template, a system instruction and a multi-turn
+    few-shot example: it sends OpenAI chat messages, max_tokens, temperature, stop and its seed, and reads back
+    the text the model samples after ChatTokenizer.render's prompt, cut at the stop."""
+    import lm_eval
+    import serve
+    from lm_eval.tasks import TaskManager
+    from model import GPTConfig
+    from test_generate import sharp
+    tok = ChatTokenizer(CharTokenizer(CHARS))
+    model = sharp(GPTConfig(block_size=64, vocab_size=tok.vocab_size, n_layer=2, n_head=4, n_embd=32)).float().eval()
+    system, shot = "Speak.", {"context": "All:", "answer": "Resolved."}
+    docs = [{"context": "First Citizen:"}, {"context": "You are all"}]
+    turns = [[{"role": "system", "content": system}, {"role": "user", "content": shot["context"]},
+              {"role": "assistant", "content": shot["answer"]}, {"role": "user", "content": d["context"]}]
+             for d in docs]
+    full = [sampled_reply(model, tok, m, 8, seed=1234) for m in turns]  # lm-eval's seed
+    stop = next(c for c in full[0][2:] if c.isalpha())
+    texts = [t.split(stop)[0] for t in full]
+    docs = [{**docs[0], "answer": texts[0]}, {**docs[1], "answer": texts[1] + "x"}]
+    write_chat_task(tmp_path / "tasks", docs, shot, stop)
+    sent = []
+    monkeypatch.setattr(serve, "parse_chat", lambda body, *a: sent.append(body) or parse_chat(body, *a))
+    service = Service(model, tok, "tiny-chat", torch.device("cpu"), torch.float32, max_batch=2, max_queue=4)
+    with serve.running(service.app()) as url:
+        results = lm_eval.simple_evaluate(
+            model="local-chat-completions", model_args={"base_url": f"{url}/v1/chat/completions",
+                                                        "model": "tiny-chat"},
+            tasks=["tiny_chat"], task_manager=TaskManager(include_path=str(tmp_path / "tasks"), include_defaults=False),
+            apply_chat_template=True, system_instruction=system, num_fewshot=1, log_samples=True)
+    assert sorted((json.dumps(b["messages"]), b) for b in sent) == sorted(
+        (json.dumps(m), {"messages": m, "model": "tiny-chat", "max_tokens": 8, "temperature": 2.0, "stop": [stop],
+                         "seed": 1234}) for m in turns)
+    samples = sorted(results["samples"]["tiny_chat"], key=lambda s: s["doc_id"])
+    assert [s["resps"] for s in samples] == [[[t]] for t in texts]
+    assert results["results"]["tiny_chat"]["exact_match,none"] == 0.5 and len(texts[0]) < len(full[0])
