@@ -269,10 +269,12 @@ def parse_chat(body, model_name, max_tokens):
     """A chat request's settings, as a CompletionRequest whose one prompt is its messages."""
     check_names(body, model_name, CHAT_PARAMS, CHAT_OFF)
     top = typed(body, "top_logprobs", int, 0, "an integer")
+    limit = typed(body, "max_completion_tokens", int, None, "an integer")  # OpenAI's name; max_tokens is older
+    if limit is not None and limit < 1:
+        raise BadRequest(f"max_completion_tokens must be at least 1, got {limit}", "max_completion_tokens")
     req = CompletionRequest(
         prompts=[parse_messages(body.get("messages"))], stops=parse_stops(body),
-        max_tokens=typed(body, "max_completion_tokens", int, None, "an integer")
-        or typed(body, "max_tokens", int, max_tokens, "an integer"), **sampling_settings(body),
+        max_tokens=limit or typed(body, "max_tokens", int, max_tokens, "an integer"), **sampling_settings(body),
         logprobs=top if typed(body, "logprobs", bool, False, "true or false") else None)
     check_settings(req)
     return req

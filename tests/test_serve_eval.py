@@ -302,3 +302,17 @@ def test_lm_eval_local_chat_completions_runs_a_generate_until_task(tmp_path, mon
     samples = sorted(results["samples"]["tiny_chat"], key=lambda s: s["doc_id"])
     assert [s["resps"] for s in samples] == [[[t]] for t in texts]
     assert results["results"]["tiny_chat"]["exact_match,none"] == 0.5 and len(texts[0]) < len(full[0])
+
+
+def test_chat_token_limits_are_read_as_openais():
+    """max_completion_tokens (openai-chat-completions sends it) wins over max_tokens (local-chat-completions
+    sends that); 0 of either is refused naming the one sent, as OpenAI refuses it."""
+    from serve import BadRequest
+    messages = [{"role": "user", "content": "All:"}]
+    assert parse_chat({"messages": messages, "max_completion_tokens": 5, "max_tokens": 9}, "m", 64).max_tokens == 5
+    assert parse_chat({"messages": messages, "max_tokens": 9}, "m", 64).max_tokens == 9
+    assert parse_chat({"messages": messages}, "m", 64).max_tokens == 64
+    for name in ("max_completion_tokens", "max_tokens"):
+        with pytest.raises(BadRequest, match=f"^{name} must be at least 1") as e:
+            parse_chat({"messages": messages, name: 0, "model": "m"}, "m", 64)
+        assert e.value.param == name
