@@ -75,6 +75,11 @@ PARAMS = {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "sto
 # and takes an error for "no": a char model without these letters answers it with no tokens, any other text
 # outside its vocabulary with a 400
 REMOTE_TOKENIZER_PROBE = "test"
+# lm-eval's perplexity requests begin with its prefix token, read as `bos_token_id or eos_token_id`: an id of 0
+# (a character model's newline) reads as none and is sent as null
+NULL_PREFIX = ("a token-id prompt begins with null: lm-eval sends that for a perplexity task when its prefix token "
+               "(/tokenizer_info's bos_token, a character model's newline) has id 0, which it takes for none; add "
+               "custom_prefix_token_id=0 to --model_args (docs/serving.md)")
 CHAT_OFF = {k: OFF[k] for k in ("frequency_penalty", "presence_penalty", "logit_bias")}
 CHAT_PARAMS = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "stop",
                "seed", "n", "stream", "stream_options", "logprobs", "top_logprobs", "user", *CHAT_OFF}
@@ -241,6 +246,9 @@ def parse_completion(body, model_name):
     prompts = body.get("prompt", "")
     prompts = [prompts] if isinstance(prompts, str) or is_ids(prompts) else prompts
     if not (isinstance(prompts, list) and prompts and all(isinstance(p, str) or is_ids(p) for p in prompts)):
+        if isinstance(prompts, list) and any(isinstance(p, list) and p and p[0] is None and is_ids(p[1:])
+                                             for p in prompts):
+            raise BadRequest(NULL_PREFIX, "prompt")
         raise BadRequest("prompt must be a string, a list of token ids, or a non-empty list of either", "prompt")
     req = CompletionRequest(
         prompts=prompts, stops=parse_stops(body),

@@ -133,7 +133,7 @@ MC_DOCS = [{"context": "First Citizen:\n", "choices": ["Before", "You are", "All
            {"context": CORPUS[:90], "choices": [CORPUS[90:100], "speak, speak", "famish?"], "label": 0}]
 
 
-ROLL_DOCS = [{"text": "All:\nSpeak, speak."}, {"text": "First Citizen:\nYou are all resolved"}]
+ROLL_DOCS = [{"text": "All:\nSpeak, speak."}, {"text": "First Citizen:\nYou are all resolved"}, {"text": CORPUS[:150]}]
 
 
 def write_tasks(directory, gen_docs, until):
@@ -201,22 +201,25 @@ def test_lm_eval_cli_scores_a_multiple_choice_and_a_generate_until_task(server, 
     np.testing.assert_allclose(harness, [g for i in range(len(MC_DOCS)) for g in got[i]], rtol=1e-5, atol=1e-4)
 
 
-def test_lm_eval_cli_scores_perplexity_with_the_newline_as_prefix_token(server, tmp_path):
-    """A loglikelihood_rolling task: each text's log-likelihood after the prefix token is harness.NanoGPT's
-    (texts within block_size; past it lm-eval windows them at its own max_length). A char model's prefix,
-    the newline, is id 0, which lm-eval takes for none (bos_token_id or eos_token_id): the run names it."""
+def test_lm_eval_scores_perplexity_as_eval_py_with_the_newline_as_prefix_token(server, tmp_path):
+    """lm_eval.simple_evaluate with local-completions on a loglikelihood_rolling task: each text's log-likelihood
+    after the prefix token is harness.NanoGPT's (eval.py's), a text of 150 tokens too. A char model's prefix,
+    the newline, is id 0, which lm-eval takes for none (bos_token_id or eos_token_id): the run names it;
+    max_length=block_size+2 makes lm-eval's windows block_size tokens, as eval.py's (it windows at
+    max_length - 2: one token for context, one for generation)."""
+    import lm_eval
     from harness import NanoGPT
     from lm_eval.api.instance import Instance
+    from lm_eval.tasks import TaskManager
     url, service = server
-    assert service.tokenizer.stoi["\n"] == 0
+    assert service.tokenizer.stoi["\n"] == 0 and len(ROLL_DOCS[-1]["text"]) > 2 * service.model.config.block_size
     write_tasks(tmp_path / "tasks", [], "S")
-    run = run_script(["-m", "lm_eval", "--model", "local-completions", "--model_args",
-                      f"base_url={url}/v1/completions,model=out-tiny,custom_prefix_token_id=0", "--tasks",
-                      "tiny_roll", "--include_path", str(tmp_path / "tasks"), "--output_path", str(tmp_path / "out"),
-                      "--log_samples"], env={"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"})
-    assert run.returncode == 0, run.stderr[-3000:]
-    (samples,) = tmp_path.glob("out/*/samples_tiny_roll_*.jsonl")
-    got = [float(s["resps"][0][0]) for s in map(json.loads, samples.read_text().splitlines())]
+    results = lm_eval.simple_evaluate(
+        model="local-completions", model_args=f"base_url={url}/v1/completions,model=out-tiny,custom_prefix_token_id=0,"
+                                              f"max_length={service.model.config.block_size + 2}",
+        tasks=["tiny_roll"], task_manager=TaskManager(include_path=str(tmp_path / "tasks"), include_defaults=False),
+        log_samples=True)
+    got = [float(s["resps"][0][0]) for s in sorted(results["samples"]["tiny_roll"], key=lambda s: s["doc_id"])]
     want = NanoGPT(service.model, service.tokenizer).loglikelihood_rolling(
         [Instance("loglikelihood_rolling", d, (d["text"],), 0) for d in ROLL_DOCS])
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
@@ -316,3 +319,21 @@ def test_chat_token_limits_are_read_as_openais():
         with pytest.raises(BadRequest, match=f"^{name} must be at least 1") as e:
             parse_chat({"messages": messages, name: 0, "model": "m"}, "m", 64)
         assert e.value.param == name
+
+
+def test_lm_eval_perplexity_without_the_prefix_id_is_told_to_name_it(server, caplog):
+    """lm-eval reads the newline's id 0 as no prefix token and sends null in its place: the 400 it logs says
+    to add custom_prefix_token_id=0."""
+    import requests
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.openai_completions import LocalCompletionsAPI
+    url, _ = server
+    lm = LocalCompletionsAPI(base_url=url + "/v1/completions", model="out-tiny", max_retries=1)
+    assert lm.prefix_token_id is None
+    with pytest.raises(requests.HTTPError, match="400"):
+        lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, ("All:\nSpeak",), 0)], disable_tqdm=True)
+    assert "add custom_prefix_token_id=0 to --model_args" in caplog.text
+    bad = httpx.post(url + "/v1/completions", json={"prompt": [[None, 1, 2]], "max_tokens": 0, "echo": True})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "prompt"
+    bad = httpx.post(url + "/v1/completions", json={"prompt": [[1, None]], "max_tokens": 0, "echo": True})
+    assert bad.json()["error"]["message"].startswith("prompt must be a string, a list of token ids")
