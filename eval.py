@@ -72,6 +72,19 @@ def check_names(names, known, include_path):
             raise UserError(f"unknown task {name!r}{hint}; lm-eval's list: python -m lm_eval ls tasks")
 
 
+def read_caches_if_offline():
+    """Where the Hugging Face Hub cannot be reached, read only Hugging Face's caches, as HF_HUB_OFFLINE=1
+    does: datasets would retry each task's download for half a minute before failing (hf.from_hf reads
+    the weights' cache at once itself)."""
+    import datasets.config
+    from huggingface_hub import constants
+    from hf import hub_reachable
+    if constants.is_offline_mode() or hub_reachable():
+        return
+    os.environ["HF_HUB_OFFLINE"] = "1"  # for what reads it later
+    constants.HF_HUB_OFFLINE = datasets.config.HF_HUB_OFFLINE = True  # both libraries read these at each request
+
+
 def fetch_error(e):
     """A UserError for a task whose data could not be fetched (offline, no such dataset), else None."""
     chain = [e]
@@ -82,7 +95,8 @@ def fetch_error(e):
         return None
     detail = str(e).splitlines()[0] if str(e) else type(e).__name__
     return UserError(f"a task's data could not be fetched from the Hugging Face Hub ({detail}); connect to the "
-                     f"network once (datasets caches it), or choose tasks with local data (--include_path=tasks)")
+                     f"network once (datasets caches it under HF_HOME, which is read offline), or choose tasks with "
+                     f"local data (--include_path=tasks)")
 
 
 def evaluate(lm, cfg, manager):
@@ -110,11 +124,13 @@ def main(argv):
     logging.getLogger("huggingface_hub").setLevel(logging.ERROR)  # offline: the one line below says it
     # a note for task authors, logged each time a task with its own loader (ours) is built
     logging.getLogger("lm_eval.api.task").addFilter(lambda record: "Custom kwargs" not in record.getMessage())
+    read_caches_if_offline()
     from lm_eval.utils import handle_non_serializable, make_table
     from harness import NanoGPT
-    manager = task_manager(cfg.include_path, cfg.task_list)
+    # the model first: GPT-2's weights not found offline is said before lm-eval indexes its own tasks (seconds)
     lm = NanoGPT(out_dir=cfg.out_dir, ckpt=cfg.ckpt, device=resolve_device(cfg.device), batch_size=cfg.batch_size,
                  init_from=cfg.init_from)
+    manager = task_manager(cfg.include_path, cfg.task_list)
     results = evaluate(lm, cfg, manager)
     print(make_table(results))
     if "groups" in results:

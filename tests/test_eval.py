@@ -167,6 +167,33 @@ def test_eval_script_offline_says_which_data_could_not_be_fetched(trained, tmp_p
     assert "could not be fetched" in result.stderr and "nanogpt-tests/no-such-dataset" in result.stderr
 
 
+def test_eval_script_without_the_network_says_at_once_which_data_could_not_be_fetched(trained, tmp_path):
+    """No HF_HUB_OFFLINE, no network, an empty cache: one line naming the Hub dataset, no retries before it
+    (datasets retries each download for half a minute)."""
+    from test_interop import NO_NETWORK
+    out, _, _ = trained
+    write_task(tmp_path / "tasks", "tiny_hub", [], data_files="Rowan/hellaswag")
+    result = run_script(["eval.py", f"--out_dir={out}", "--tasks=tiny_hub", f"--include_path={tmp_path / 'tasks'}",
+                         "--device=cpu"], env={**NO_NETWORK, "HF_HOME": str(tmp_path / "empty-cache")})
+    errors = [line for line in result.stderr.splitlines() if not line.startswith(("override: ", "[Task: tiny_hub]"))]
+    assert result.returncode == 2 and len(errors) == 1, result.stderr
+    assert errors[0].startswith("error: a task's data could not be fetched from the Hugging Face Hub") and (
+        "'Rowan/hellaswag'" in errors[0] and "HF_HOME" in errors[0])
+
+
+def test_eval_gpt2_without_the_network_names_the_weights_before_indexing_tasks(tmp_path):
+    """--init_from=gpt2 offline, not cached: one line naming the weights and both ways out, before lm-eval
+    indexes its own tasks (which would have refused the unknown name first, half a minute later)."""
+    from test_interop import NO_NETWORK
+    result = run_script(["eval.py", "--init_from=gpt2", "--tasks=hellaswag,no_such_task", "--device=cpu",
+                         f"--output_path={tmp_path / 'r.json'}"],
+                        env={**NO_NETWORK, "HF_HOME": str(tmp_path / "empty-cache")})
+    errors = [line for line in result.stderr.splitlines() if not line.startswith("override: ")]
+    assert result.returncode == 2 and len(errors) == 1, result.stderr
+    assert errors[0].startswith("error: cannot load GPT-2 weights 'gpt2'") and (
+        "--init_from=DIR" in errors[0] and "HF_HUB_OFFLINE=1" in errors[0])
+
+
 def poems(tag, n):
     """n poems of title, author and four lines; line k of poem i is tag-marked and k + 5 characters long."""
     return "".join(f"{tag}題{i}\n作者{i}\n" + "".join(f"{tag}{i:03d}" + "字" * k + "。\n" for k in range(4)) + "\n"
