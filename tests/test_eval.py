@@ -226,6 +226,7 @@ def test_ctrl_c_during_scoring_is_one_line_and_writes_no_results(trained, tmp_pa
     def interrupted(self, requests, disable_tqdm=False):
         raise KeyboardInterrupt
     monkeypatch.setattr(NanoGPT, "_loglikelihood_tokens", interrupted)
+    monkeypatch.setattr("eval.read_caches_if_offline", lambda: None)  # offline it would stay set for later tests
     with pytest.raises(SystemExit) as exit_:
         run_main(eval_main, [f"--out_dir={out}", "--tasks=tiny_known", f"--include_path={tmp_path / 'tasks'}",
                              "--device=cpu", f"--output_path={tmp_path / 'r.json'}"])
