@@ -45,8 +45,12 @@ class KVCache:
 
 
 def window_start(n, start, block):
-    """First position the cache holds when predicting token n: unchanged while the window
-    fits in block, else the last half of it, recomputed once (llama.cpp's context shift)."""
+    """The first of tokens 0 .. n - 1 a cache holds to predict token n, for one that holds tokens start ..
+    (start None: holds nothing yet, the last block tokens are prefilled). Unchanged while the window fits
+    in block, else the last half of it, recomputed once (llama.cpp's context shift; half: the fewer
+    recomputations, the faster)."""
+    if start is None:
+        return max(0, n - block)
     return start if n - start <= block else n - max(1, block // 2)
 
 
@@ -271,15 +275,14 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, 
             window = torch.empty(B, block, dtype=idx.dtype, device=idx.device)  # tokens n - block .. n - 1
             held = min(T, block)
             window[:, block - held:] = idx[:, T - held:]
-            cache, start = None, max(0, T - block)  # the cache holds tokens start .. n - 2
+            cache, start = None, None  # the cache holds tokens start .. n - 2
             for n in range(T, T + max_new_tokens):
                 if not use_cache:
                     logits, _ = model(window[:, block - min(n, block):], last_only=True)
-                elif cache is None or n - start > block:  # prefill, or shift a full window
+                elif window_start(n, start, block) != start:  # prefill, or shift a full window
                     if cache is None:
                         cache = KVCache(model.config, B, idx.device, model.lm_head.weight.dtype)
-                    else:  # keep half: the fewer recomputations, the faster
-                        start, cache.pos = window_start(n, start, block), 0
+                    start, cache.pos = window_start(n, start, block), 0
                     logits, _ = model(window[:, block - (n - start):], kv_cache=cache, last_only=True)
                 elif fused is not None and fused.valid():
                     logits = fused(window[:, -1], cache)
