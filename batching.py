@@ -8,32 +8,29 @@ sequence leaves its slot when it ends or is cancelled, and the next waiting one
 takes it. One thread (Engine.run) does all of this; other threads submit and
 cancel sequences.
 
-model.py takes one position for a whole batch (kv_cache.pos) and no mask, so a
-decode step runs on decode.FusedStep.rows, which takes each row's position and
-masks inside SDPA, wherever the fused step applies; elsewhere (hooks on the
-model, another dtype) it passes per-row positions and the mask through the
-model's standard forward hooks (per_row): the learned position embedding's
-output, the RoPE rotation of q and k, and the masked attention scores of the
-manual attention path. The numbers are those of decoding each sequence alone.
+The cache owns the positions (as nanochat's cache_seqlens, litgpt's input_pos):
+SlotCache knows how many positions each slot holds, and model.forward asks it for
+the new tokens' positions and for the mask that keeps each row to its own slot's
+positions; the Engine runs the model, or decode.FusedStep where it applies, on
+it. The numbers are those of decoding each sequence alone.
 """
 import collections
 import threading
 import traceback
-from contextlib import ExitStack, contextmanager
 
 import torch
 import torch.nn.functional as F
 
 from decode import FusedStep
-from generate import KVCache, packed_weights, sample_next
-from model import apply_rope
+from generate import packed_weights, sample_next, window_start
 
 
 class SlotCache:
     """Keys and values of `slots` sequences, each at its own position.
 
-    A decode step sets `slots` and `positions` (the rows' cache slots and the
-    positions their new tokens take); model.forward (or decode.FusedStep.rows) then calls update() per layer.
+    lengths[s] is the number of positions slot s holds. select(slots) names the rows of the next
+    forward (row i continues slot slots[i]); the forward then asks positions(T) and mask(T), stores
+    each layer's keys and values with update() and ends with advance(T), as with generate.KVCache.
     """
 
     def __init__(self, config, slots, device, dtype):
@@ -41,77 +38,55 @@ class SlotCache:
         # zeros, not empty: the positions a row does not see are read (and weighted 0), and 0 * NaN is NaN
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
-        self.pos = 0  # what model.forward adds to every row's position: 0, the hooks give each row its own
-        self.slots = self.positions = self.rows = self.end = None
+        self.lengths = [0] * slots
+        self.slots = self.index = self.rows = self.new = self.end = None
+        self.same = True
 
-    def row(self, slot):
-        """One slot as a KVCache of batch 1 from position 0: a prefill writes the slot's keys and values."""
-        view = KVCache.__new__(KVCache)  # not __init__: its tensors are views of this cache, not new ones
-        view.k, view.v, view.pos = self.k[:, slot:slot + 1], self.v[:, slot:slot + 1], 0
-        return view
+    def restart(self, slot):
+        """Forget what slot holds: the next forward fills it from position 0 (a new sequence, a context shift)."""
+        self.lengths[slot] = 0
 
-    def update(self, layer, k, v):
-        """Store each row's k, v (A, nkv, 1, hs) at its position; return the rows' keys and values up to the
-        furthest position (A, nkv, L, hs): positions past a row's own are hidden by per_row's mask."""
-        self.k[layer, self.slots, :, self.positions] = k[:, :, 0]
-        self.v[layer, self.slots, :, self.positions] = v[:, :, 0]
-        return self.k[layer, self.rows, :, :self.end], self.v[layer, self.rows, :, :self.end]
-
-    def decode(self, model, tokens, slots, positions, fused=None):
-        """Logits (A, V) of one step: tokens[i] at position positions[i] of the sequence in slot slots[i]
-        (tokens a tensor (A,), slots and positions lists of ints). fused: the model's decode.FusedStep, or None
-        (the step then runs on it).
-        """
-        if len(slots) == 1:  # one row has one position: the model's own cached step, no hooks
-            view = self.row(slots[0])
-            view.pos = positions[0]
-            if fused is not None and fused.valid():
-                return fused(tokens, view)[:, -1]
-            logits, _ = model(tokens[:, None], kv_cache=view)
-            return logits[:, -1]
-        device = tokens.device
-        self.slots, self.positions = torch.tensor(slots, device=device), torch.tensor(positions, device=device)
-        self.pos, self.end = 0, max(positions) + 1
+    def select(self, slots):
+        """The rows of the next forward: row i continues slot slots[i] (a list of ints) from its length."""
+        self.slots, self.index = slots, torch.tensor(slots, device=self.k.device)
         # adjacent slots (the usual case: the lowest free slot is taken first) are read as a view, others copied
         adjacent = slots == list(range(slots[0], slots[0] + len(slots)))
-        self.rows = slice(slots[0], slots[0] + len(slots)) if adjacent else self.slots
-        if fused is not None and fused.valid():
-            return fused.rows(tokens, self)
-        with per_row(model, self.positions):
-            logits, _ = model(tokens[:, None], kv_cache=self)
-        return logits[:, -1]
+        self.rows = slice(slots[0], slots[0] + len(slots)) if adjacent else self.index
 
+    def positions(self, T):
+        """(A, T): row i's T new tokens follow the positions its slot holds. Fixes where update() writes."""
+        starts = [self.lengths[s] for s in self.slots]
+        self.end = max(starts) + T
+        if self.end > self.k.size(3):
+            raise ValueError(f"sequence of {self.end} tokens is longer than block_size ({self.k.size(3)}); "
+                             f"crop the input to its last {self.k.size(3)} tokens")
+        device = self.k.device
+        self.same = min(starts) + T == self.end  # every row at the same positions: the causal rule applies
+        self.new = torch.tensor(starts, device=device)[:, None] + torch.arange(T, device=device)
+        return self.new
 
-@contextmanager
-def per_row(model, positions):
-    """Within: a forward of one token per row places row i at positions[i] and hides from it every key
-    beyond that position. Forward hooks replace the position embedding's output and the RoPE rotations,
-    and the manual attention path (switched on here) masks its scores; removed on exit."""
-    ends = positions[:, None, None, None]  # (A, 1, 1, 1)
-    blocks = model.transformer.h
-    impls = [block.attn.impl for block in blocks]
-    with ExitStack() as hooks:
-        def hook(module, fn):
-            hooks.callback(module.register_forward_hook(fn).remove)
-        if "wpe" in model.transformer:
-            hook(model.transformer.wpe, lambda m, args, out: F.embedding(positions[:, None], m.weight))  # (A, 1, C)
-        rope = model.rope[positions][:, None, None] if model.config.pos_emb == "rope" else None  # (A, 1, 1, hs/2)
-        for block in blocks:
-            attn = block.attn
-            if rope is not None:
-                unrotated = {}
-                hook(attn.hook_q, lambda m, args, out, u=unrotated: u.__setitem__("q", out))
-                hook(attn.hook_k, lambda m, args, out, u=unrotated: u.__setitem__("k", out))
-                hook(attn.hook_q_rot, lambda m, args, out, u=unrotated: apply_rope(u["q"], rope))
-                hook(attn.hook_k_rot, lambda m, args, out, u=unrotated: apply_rope(u["k"], rope))
-            hook(attn.hook_masked, lambda m, args, out: out.masked_fill(
-                torch.arange(out.size(-1), device=out.device) > ends, float("-inf")))  # (A, nh, 1, L)
-            attn.impl = "manual"
-        try:
-            yield
-        finally:
-            for block, impl in zip(blocks, impls):
-                block.attn.impl = impl
+    def mask(self, T):
+        """None where every row sits at the same positions; else (A, 1, T, L) bool, True where a row's
+        query may see a key: its slot's positions up to its own (L reaches the furthest row's)."""
+        if self.same:
+            return None
+        return (torch.arange(self.end, device=self.k.device) <= self.new[..., None])[:, None]
+
+    def advance(self, T):
+        for s in self.slots:
+            self.lengths[s] += T
+
+    def update(self, layer, k, v):
+        """Store each row's k, v (A, nkv, T, hs) at its positions; return the rows' keys and values up to the
+        furthest position (A, nkv, L, hs): positions past a row's own are hidden by the mask."""
+        if self.same and isinstance(self.rows, slice):  # one block of positions: written as a view
+            self.k[layer, self.rows, :, self.end - k.size(2):self.end] = k
+            self.v[layer, self.rows, :, self.end - k.size(2):self.end] = v
+        else:
+            slots = self.index[:, None]  # (A, 1), against new (A, T); the indexed view is (A, T, nkv, hs)
+            self.k[layer, slots, :, self.new] = k.transpose(1, 2)
+            self.v[layer, slots, :, self.new] = v.transpose(1, 2)
+        return self.k[layer, self.rows, :, :self.end], self.v[layer, self.rows, :, :self.end]
 
 
 class Sequence:
@@ -128,9 +103,10 @@ class Sequence:
         self.temperature, self.top_k, self.top_p, self.generator = temperature, top_k, top_p, generator
         self.logprobs = logprobs
         self.cancelled = False  # set by other threads: a bool's write is atomic
-        self.slot, self.pos, self.last, self.generated = None, 0, None, 0
+        self.slot, self.last, self.generated = None, None, 0
         # the tokens so far (prompt and generated): a context shift recomputes the cache from their last half
         self.history = list(ids)
+        self.start = None  # the first of them its slot holds (generate.window_start); None before its prefill
 
     def cancel(self):
         self.cancelled = True
@@ -223,22 +199,26 @@ class Engine:
             self.active[seq.slot] = seq
             self.guarded(self.prefill, [seq])
 
+    def window_start(self, seq):
+        """The first of seq's tokens its slot should hold to predict the next one (generate.window_start)."""
+        return window_start(len(seq.history), seq.start, self.model.config.block_size)
+
     def prefill(self, seqs):
-        """Fill a sequence's slot from its last tokens, one forward, and choose its next token: its prompt
-        (the last block_size tokens of it), or after a context shift the last half of its window."""
+        """Fill a sequence's slot from its window, one forward, and choose its next token: its prompt (the
+        last block_size tokens of it), or after a context shift the last half of its window."""
         (seq,) = seqs
-        block = self.model.config.block_size
-        keep = seq.history[-block:] if seq.generated == 0 else seq.history[-max(1, block // 2):]
+        seq.start = self.window_start(seq)
+        self.cache.restart(seq.slot)
+        self.cache.select([seq.slot])
         with self.lock:
-            logits, _ = self.model(torch.tensor([keep], device=self.device), kv_cache=self.cache.row(seq.slot),
+            logits, _ = self.model(torch.tensor([seq.history[seq.start:]], device=self.device), kv_cache=self.cache,
                                    last_only=True)
-        seq.pos = len(keep)
         self.choose([seq], logits[:, -1])
 
     def step(self, seqs):
         """One decode step of every active sequence. A sequence whose window is full shifts its context
         instead, as generate.stream does (llama.cpp's context shift): the same text as sample.py."""
-        full = [seq for seq in seqs if seq.pos >= self.model.config.block_size]
+        full = [seq for seq in seqs if self.window_start(seq) != seq.start]
         for seq in full:
             self.guarded(self.prefill, [seq])
         seqs = [seq for seq in seqs if seq not in full]
@@ -246,11 +226,17 @@ class Engine:
             return
         tokens = torch.tensor([seq.last for seq in seqs], device=self.device)
         with self.lock:
-            logits = self.cache.decode(self.model, tokens, [seq.slot for seq in seqs], [seq.pos for seq in seqs],
-                                       self.fused)
-        for seq in seqs:
-            seq.pos += 1
+            logits = self.decode(tokens, [seq.slot for seq in seqs])
         self.choose(seqs, logits)
+
+    def decode(self, tokens, slots):
+        """Logits (A, V) of one step: tokens[i] (a tensor (A,)) after the positions slot slots[i] holds, on the
+        fused step where it applies, else on the model."""
+        self.cache.select(slots)
+        if self.fused is not None and self.fused.valid():
+            return self.fused(tokens, self.cache)[:, -1]
+        logits, _ = self.model(tokens[:, None], kv_cache=self.cache)
+        return logits[:, -1]
 
     def choose(self, seqs, logits):
         """Sample each sequence's next token from its row of logits (A, V), hand it to its sink."""

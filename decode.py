@@ -13,9 +13,8 @@ every GPTConfig option).
 
 FusedStep.build returns None wherever it does not apply, and callers then run
 the model itself: not float32 on a CPU with oneDNN, weights not packed, hooks on
-any module (trace.py and batching.py observe or change the model through
-them), the manual attention path asked for, or a GPTConfig field this step does
-not know.
+any module (trace.py observes the model through them), the manual attention
+path asked for, or a GPTConfig field this step does not know.
 """
 import torch
 import torch.nn.functional as F
@@ -118,44 +117,24 @@ class FusedStep:
 
     @torch.inference_mode()
     def __call__(self, tokens, cache):
-        """Logits (B, 1, V) for tokens (B,) at position cache.pos of every row; stores their keys and
-        values in cache and advances cache.pos, as GPT.forward does with a kv_cache."""
-        c, pos = self.config, cache.pos
-        if pos + 1 > c.block_size:
-            raise ValueError(f"sequence of {pos + 1} tokens is longer than block_size ({c.block_size}); "
-                             f"crop the input to its last {c.block_size} tokens")
+        """Logits (B, 1, V) for tokens (B,), one new position per row where the cache places it (a KVCache's
+        next position, or a batching.SlotCache's rows each at its own, with its mask); stores their keys and
+        values in cache and advances it, as GPT.forward does with a kv_cache."""
+        c = self.config
+        pos, mask = cache.positions(1), cache.mask(1)  # (1,) or (B, 1); None or (B, 1, 1, L)
         x = F.embedding(tokens, self.wte)  # (B, C)
         rope = None
         if self.wpe is not None:
-            x = x + self.wpe[pos]
+            x = x + F.embedding(pos, self.wpe).view(-1, c.n_embd)  # (1, C) or (B, C)
         else:
-            rope = self.model.rope[pos:pos + 1]  # (1, hs/2)
-
-        def attend(i, q, k, v):  # one query sees every key so far: no mask
-            keys, values = cache.update(i, k, v)
-            return F.scaled_dot_product_attention(q, keys, values, enable_gqa=c.kv_heads != c.n_head)
-        logits = self.blocks_and_head(tokens, x, rope, attend)
-        cache.pos += 1
-        return logits.view(tokens.size(0), 1, -1)
-
-    @torch.inference_mode()
-    def rows(self, tokens, cache):
-        """Logits (A, V) for tokens (A,), row a at position cache.positions[a] of slot cache.slots[a] of a
-        batching.SlotCache, seeing that slot's positions up to its own: SlotCache.decode's step, with the
-        positions and the mask per_row's hooks give the model."""
-        c, pos = self.config, cache.positions  # (A,)
-        mask = (torch.arange(cache.end, device=tokens.device) <= pos[:, None])[:, None, None, :]  # (A, 1, 1, end)
-        x = F.embedding(tokens, self.wte)  # (A, C)
-        rope = None
-        if self.wpe is not None:
-            x = x + F.embedding(pos, self.wpe)
-        else:
-            rope = self.model.rope[pos][:, None, None]  # (A, 1, 1, hs/2)
+            rope = self.model.rope[pos].unsqueeze(-3)  # (1, 1, hs/2) or (B, 1, 1, hs/2)
 
         def attend(i, q, k, v):
-            keys, values = cache.update(i, k, v)  # (A, nkv, end, hs)
+            keys, values = cache.update(i, k, v)  # (B, nkv, L, hs)
             return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=c.kv_heads != c.n_head)
-        return self.blocks_and_head(tokens, x, rope, attend)
+        logits = self.blocks_and_head(tokens, x, rope, attend)
+        cache.advance(1)
+        return logits.view(tokens.size(0), 1, -1)
 
     def blocks_and_head(self, tokens, x, rope, attend):
         """Logits (B, V) of one new position per row from its embedding x (B, C); rope: the rows' rotations

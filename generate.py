@@ -23,10 +23,11 @@ PACK_MIN_ROWS = 16  # the row count packed weights are laid out for, at least
 
 
 class KVCache:
-    """Keys and values of every layer for the positions seen so far.
+    """Keys and values of every layer for the positions seen so far, the same for every row.
 
     Holds only the kv heads (GQA/MQA caches n_kv_head heads, not n_head).
-    `pos` is the number of positions filled; GPT.forward advances it.
+    `pos` is the number of positions filled. A forward asks positions(T) and mask(T) for its T new
+    tokens, stores each layer's keys and values with update(), then advance(T).
     """
 
     def __init__(self, config, batch_size, device, dtype):
@@ -35,6 +36,21 @@ class KVCache:
         self.k = torch.empty(shape, device=device, dtype=dtype)
         self.v = torch.empty(shape, device=device, dtype=dtype)
         self.pos = 0
+
+    def positions(self, T):
+        """(T,): the positions of T new tokens, after those filled."""
+        block = self.k.size(3)
+        if self.pos + T > block:
+            raise ValueError(f"sequence of {self.pos + T} tokens is longer than block_size ({block}); "
+                             f"crop the input to its last {block} tokens")
+        return torch.arange(self.pos, self.pos + T, device=self.k.device)
+
+    def mask(self, T):
+        """None: every row sits at the same positions, so the causal rule applies."""
+        return None
+
+    def advance(self, T):
+        self.pos += T
 
     def update(self, layer, k, v):
         """Store k, v (B, nkv, T, hs) at the next positions; return all positions so far."""

@@ -129,7 +129,7 @@ class CausalSelfAttention(nn.Module):
         self.hook_scores, self.hook_masked, self.hook_weights = HookPoint(), HookPoint(), HookPoint()  # (B, nh, T, L)
         self.hook_heads = HookPoint()  # (B, nh, T, hs): each head's output, before the merge
 
-    def forward(self, x, rope=None, cache=None, ve=None):
+    def forward(self, x, rope=None, cache=None, ve=None, mask=None):
         B, T, C = x.size()
         q_dim, kv_dim = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
         q, k, v = self.c_attn(x).split([q_dim, kv_dim, kv_dim], dim=2)
@@ -146,29 +146,32 @@ class CausalSelfAttention(nn.Module):
             q, k = self.hook_q_rot(apply_rope(q, rope)), self.hook_k_rot(apply_rope(k, rope))
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)  # (B, nkv, L, hs), L = positions so far
-        y = self.hook_heads(self.attend(q, k, v))  # (B, nh, T, hs)
+        y = self.hook_heads(self.attend(q, k, v, mask))  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # merge heads by concatenation
         return self.resid_dropout(self.c_proj(y))
 
-    def attend(self, q, k, v):
-        """Causal attention of T queries over L >= T keys; the queries are the last T positions."""
+    def attend(self, q, k, v, mask=None):
+        """Causal attention of T queries over L >= T keys. mask None: the queries are the last T positions;
+        else (B, 1, T, L) bool, True where a query may see a key (rows of a batch at different positions)."""
         T, L = q.size(2), k.size(2)
         dropout_p = self.dropout if self.training else 0.0
         if self.impl == "sdpa":
-            # is_causal aligns its mask top-left, which is right only when T == L;
+            # without a mask: is_causal aligns its mask top-left, which is right only when T == L;
             # one query (a decode step) sees every key, so it needs no mask
             # (branches, not expressions: under torch.compile(dynamic=True) T == L is symbolic)
-            mask, causal = None, False
-            if T == L and T > 1:
+            causal = False
+            if mask is None and T == L and T > 1:
                 causal = True
-            elif 1 < T:
+            elif mask is None and 1 < T:
                 mask = causal_mask(T, L, q.device)
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
                                                   is_causal=causal, enable_gqa=self.n_kv_head != self.n_head)
         # the manual path: each step written out
         k, v = self.expand_kv(k), self.expand_kv(v)  # (B, nh, L, hs)
         scores = self.hook_scores((q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim)))  # (B, nh, T, L)
-        masked = self.hook_masked(scores.masked_fill(~causal_mask(T, L, q.device), float("-inf")))
+        if mask is None:
+            mask = causal_mask(T, L, q.device)
+        masked = self.hook_masked(scores.masked_fill(~mask, float("-inf")))
         weights = self.hook_weights(F.softmax(masked, dim=-1))  # each row sums to 1 over the keys it may see
         return self.attn_dropout(weights) @ v  # (B, nh, T, hs)
 
@@ -197,7 +200,8 @@ def rope_tables(config, device=None):
 
 
 def apply_rope(x, rope):
-    """Rotate channel pairs (2i, 2i+1) of each head: x (B, nh, T, hs), rope (T, hs/2) complex.
+    """Rotate channel pairs (2i, 2i+1) of each head: x (B, nh, T, hs), rope (T, hs/2) complex, or
+    (B, 1, T, hs/2) for rows at different positions.
 
     Pair (a, b) read as a + ib times e^(i angle) is (a cos - b sin) + i(a sin + b cos):
     one complex multiply instead of four real ones and a stack.
@@ -279,8 +283,8 @@ class Block(nn.Module):
         self.ln_2 = make_norm(config)
         self.mlp = MLP(config)
 
-    def forward(self, x, rope=None, cache=None, ve=None):
-        x = x + self.attn(self.ln_1(x), rope, cache, ve)
+    def forward(self, x, rope=None, cache=None, ve=None, mask=None):
+        x = x + self.attn(self.ln_1(x), rope, cache, ve, mask)
         x = x + self.mlp(self.ln_2(x))
         return x
 
@@ -326,27 +330,31 @@ class GPT(nn.Module):
         """Logits (B, T, V) where position t scores token t+1, and the mean loss if targets.
 
         Training sees every position at once (the mask keeps each from the later ones).
-        kv_cache: continue from the positions it holds (and add these); generate.py's KVCache.
+        kv_cache: continue from the positions it holds (and add these): generate.py's KVCache, or
+        batching.py's SlotCache, whose rows sit at different positions. The cache says where the new
+        tokens go: their positions, (T,) or (B, T), and the mask, None for the causal rule or (B, 1, T, L).
         last_only: compute logits for the last position only (generation).
         """
         B, T = idx.size()
-        start = kv_cache.pos if kv_cache is not None else 0
-        if start + T > self.config.block_size:
-            raise ValueError(f"sequence of {start + T} tokens is longer than block_size ({self.config.block_size}); "
+        if T > self.config.block_size:
+            raise ValueError(f"sequence of {T} tokens is longer than block_size ({self.config.block_size}); "
                              f"crop the input to its last {self.config.block_size} tokens")
+        pos, mask = torch.arange(T, device=idx.device), None
+        if kv_cache is not None:  # after the positions it holds
+            pos, mask = kv_cache.positions(T), kv_cache.mask(T)
         x = self.transformer.wte(idx)  # (B, T, C)
         rope = None
         if self.config.pos_emb == "learned":
-            x = x + self.transformer.wpe(torch.arange(start, start + T, device=idx.device))
+            x = x + self.transformer.wpe(pos)  # (T, C) or (B, T, C)
         else:
-            rope = self.rope[start:start + T]
+            rope = self.rope[pos].unsqueeze(-3)  # (1, T, hs/2) or (B, 1, T, hs/2): the same for every head
         x = self.transformer.drop(x)
         for i, block in enumerate(self.transformer.h):
             table = value_embedded(self.config, i)
-            x = block(x, rope, kv_cache, None if table is None else self.transformer.ve[table](idx))
+            x = block(x, rope, kv_cache, None if table is None else self.transformer.ve[table](idx), mask)
         x = self.transformer.ln_f(x)
         if kv_cache is not None:
-            kv_cache.pos += T
+            kv_cache.advance(T)
         if targets is not None:
             logits = self.softcap(self.lm_head(x))
             # in float32 whatever the logits' dtype: a bfloat16 loss near 4 moves in steps of 1/64

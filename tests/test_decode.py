@@ -1,4 +1,5 @@
 """decode.FusedStep: GPT.forward's math for one cached position, against the model's uncached forward."""
+import contextlib
 import dataclasses
 from dataclasses import replace
 
@@ -108,7 +109,6 @@ def test_the_model_runs_itself_where_the_fused_step_does_not_apply(tiny_config):
         assert not step.valid()  # replaced, not changed in place
 
 
-
 def test_a_weight_given_new_data_sends_the_step_back(tiny_config):
     """`.data =` (as Module.to and Module.half assign) keeps the parameter and its version counter: the packed
     copy is stale all the same."""
@@ -120,21 +120,28 @@ def test_a_weight_given_new_data_sends_the_step_back(tiny_config):
         assert not step.valid()
 
 
+def engine_for(model, slots, fused):
+    """A batching.Engine on model whose decode steps run on fused (a FusedStep, or None: the model)."""
+    from batching import Engine
+    engine = Engine(model, slots, 16, torch.device("cpu"), contextlib.nullcontext())
+    engine.fused = fused
+    return engine
+
+
 def test_one_active_sequence_in_the_batching_engine_decodes_on_the_fused_step(monkeypatch, tiny_config):
     """serve.py with one client: its slot of the shared cache, at its own position, through the fused step."""
-    from batching import SlotCache
     model = sharp32(replace(tiny_config, pos_emb="rope"))
     calls = []
     real = FusedStep.__call__
     monkeypatch.setattr(FusedStep, "__call__", lambda self, *a: calls.append(1) or real(self, *a))
     idx = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(5))
-    cache = SlotCache(model.config, 3, "cpu", torch.float32)
     with torch.inference_mode(), packed_weights(model, 3) as packed:
-        step = FusedStep.build(model, packed)
+        engine = engine_for(model, 3, FusedStep.build(model, packed))
         full, _ = model(idx)
-        model(idx[:, :7], kv_cache=cache.row(2))
+        engine.cache.select([2])
+        model(idx[:, :7], kv_cache=engine.cache)
         for t in range(7, 12):
-            logits = cache.decode(model, idx[:, t], [2], [t], step)
+            logits = engine.decode(idx[:, t], [2])
             torch.testing.assert_close(logits, full[:, t], atol=2e-5, rtol=1e-5)
     assert len(calls) == 5
 
@@ -142,28 +149,27 @@ def test_one_active_sequence_in_the_batching_engine_decodes_on_the_fused_step(mo
 @pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("option", ["gpt2", "modern", "value_embeds", "qk_norm"])
 @pytest.mark.parametrize("slots", [[0, 1, 2], [3, 0, 2]])  # adjacent (read as a view) and scattered (gathered)
-def test_rows_at_their_own_positions_match_each_sequence_alone(tiny_config, option, slots, fused):
-    """Continuous batching's step, on the fused path and on the model's with per_row's hooks: three sequences
-    in slots of one cache, each at its own position, give the logits of a full forward over each alone."""
-    from batching import SlotCache
+def test_rows_at_their_own_positions_match_each_sequence_alone(monkeypatch, tiny_config, option, slots, fused):
+    """Continuous batching's step, on the fused path and on the model's: three sequences in slots of one cache,
+    each at its own position, give the logits of a full forward over each alone."""
     model = sharp32(replace(tiny_config, **OPTIONS[option]))
+    calls = []
+    real = FusedStep.__call__
+    monkeypatch.setattr(FusedStep, "__call__", lambda self, *a: calls.append(1) or real(self, *a))
     seqs = torch.randint(0, 64, (3, 16), generator=torch.Generator().manual_seed(6))
     lengths = [9, 4, 13]  # each row's prompt; then three steps together
-    cache = SlotCache(model.config, 4, "cpu", torch.float32)
     with torch.inference_mode(), packed_weights(model, 4) as packed:
         step = FusedStep.build(model, packed) if fused else None
         assert (step is not None) == fused
-        calls = []
-        if fused:
-            real = step.rows
-            step.rows = lambda *a: calls.append(1) or real(*a)
+        engine = engine_for(model, 4, step)
         full, _ = model(seqs)
         for slot, seq, n in zip(slots, seqs, lengths):
-            model(seq[None, :n], kv_cache=cache.row(slot))
+            engine.cache.select([slot])
+            model(seq[None, :n], kv_cache=engine.cache)
         for t in range(3):
             positions = [n + t for n in lengths]
             tokens = torch.stack([seq[p] for seq, p in zip(seqs, positions)])
-            logits = cache.decode(model, tokens, slots, positions, step)
+            logits = engine.decode(tokens, slots)
             expected = torch.stack([full[r, p] for r, p in enumerate(positions)])
             torch.testing.assert_close(logits, expected, atol=2e-5, rtol=1e-5)
     assert len(calls) == (3 if fused else 0)
