@@ -4,6 +4,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from generate import generate
 
@@ -120,3 +121,52 @@ def test_a_full_queue_refuses_more(tiny_config):
     engine.submit([Sequence([1], 3, Tokens()), Sequence([1], 3, Tokens())])
     with pytest.raises(QueueFull, match="2 sequences already wait"):
         engine.submit([Sequence([1], 3, Tokens())])
+
+
+@pytest.mark.parametrize("option", ["gpt2", "rope"])
+def test_a_batched_step_with_hooks_runs_sdpa_and_decodes_as_if_alone(monkeypatch, tiny_config, option):
+    """A forward hook on the model (any tool's) leaves batched steps on SDPA with the cache's mask, not the
+    manual path, and each sequence still decodes the tokens it decodes alone."""
+    model = sharp(replace(tiny_config, **OPTIONS[option]))
+    sdpa, masked = F.scaled_dot_product_attention, []
+    monkeypatch.setattr(F, "scaled_dot_product_attention",
+                        lambda *a, **k: masked.append(k.get("attn_mask") is not None and a[0].size(0) > 1) or sdpa(*a, **k))
+    manual = []
+    for block in model.transformer.h:
+        block.attn.hook_scores.register_forward_hook(lambda m, args, out: manual.append(1))  # the manual path only
+    sinks = [Tokens() for _ in PROMPTS[:3]]
+    drive(engine_for(model), [[Sequence(ids, 6, sink, temperature=0.0) for ids, sink in zip(PROMPTS[:3], sinks)]])
+    for ids, sink in zip(PROMPTS[:3], sinks):  # prompts of 3, 1 and 6 tokens: rows at different positions
+        assert sink.tokens == alone(model, ids, 6)
+    assert any(masked) and not manual
+
+
+@pytest.mark.parametrize("option", ["gpt2", "rope"])
+def test_hook_points_see_each_rows_own_tensors_in_a_batched_step(tiny_config, option):
+    """HookPoints return their input unchanged and show what the model computes: in a step of three rows at
+    different positions, trace's recording of each row (its position embedding, q and k after RoPE, the masked
+    scores...) equals the recording of a forward over that sequence alone, at its last position."""
+    from trace import Recorder
+    model = sharp(replace(tiny_config, **OPTIONS[option]))
+    engine = engine_for(model)
+    seqs = [Sequence(ids, 4, Tokens(), temperature=0.0) for ids in PROMPTS[:3]]  # prompts of 3, 1 and 6 tokens
+    with torch.inference_mode():
+        engine.submit(seqs)
+        engine.admit()  # each prefilled alone, its first token chosen
+        with Recorder(model, 1) as batched:
+            engine.step(seqs)
+    for i, seq in enumerate(seqs):
+        ids = seq.history[:-1]  # the step fed the last of these, at position len(ids) - 1
+        with Recorder(model, 1) as single, torch.no_grad():
+            model(torch.tensor([ids]))
+        p = len(ids) - 1
+        assert set(batched.stages) == set(single.stages)
+        for name, tensor in batched.stages.items():
+            assert tensor.dim() > 2 and tensor.size(0) == len(seqs), f"{name} {tuple(tensor.shape)}: not one per row"
+            mine = tensor[i, ..., 0, :]  # the step's (A, ..., 1, X): row i
+            expected = single.stages[name]
+            expected = (expected if expected.dim() > 2 else expected[None])[0, ..., p, :]  # (1, ..., T, X) at p
+            n = expected.size(-1)  # the keys row i sees, where the last axis is keys
+            torch.testing.assert_close(mine[..., :n], expected, msg=f"{name}, row {i}")
+            if name == "masked scores":
+                assert mine[..., n:].eq(float("-inf")).all(), f"row {i} sees keys past its position"
