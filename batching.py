@@ -226,10 +226,10 @@ class Engine:
             return
         tokens = torch.tensor([seq.last for seq in seqs], device=self.device)
         with self.lock:
-            logits = self.decode(tokens, [seq.slot for seq in seqs])
+            logits = self.decode_step(tokens, [seq.slot for seq in seqs])
         self.choose(seqs, logits)
 
-    def decode(self, tokens, slots):
+    def decode_step(self, tokens, slots):
         """Logits (A, V) of one step: tokens[i] (a tensor (A,)) after the positions slot slots[i] holds, on the
         fused step where it applies, else on the model."""
         self.cache.select(slots)

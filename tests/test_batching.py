@@ -128,9 +128,12 @@ def test_a_batched_step_with_hooks_runs_sdpa_and_decodes_as_if_alone(monkeypatch
     """A forward hook on the model (any tool's) leaves batched steps on SDPA with the cache's mask, not the
     manual path, and each sequence still decodes the tokens it decodes alone."""
     model = sharp(replace(tiny_config, **OPTIONS[option]))
-    sdpa, masked = F.scaled_dot_product_attention, []
-    monkeypatch.setattr(F, "scaled_dot_product_attention",
-                        lambda *a, **k: masked.append(k.get("attn_mask") is not None and a[0].size(0) > 1) or sdpa(*a, **k))
+    sdpa, masked = F.scaled_dot_product_attention, []  # masked: a call with a mask, over several rows
+
+    def spy(q, *args, **kwargs):
+        masked.append(kwargs.get("attn_mask") is not None and q.size(0) > 1)
+        return sdpa(q, *args, **kwargs)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
     manual = []
     for block in model.transformer.h:
         block.attn.hook_scores.register_forward_hook(lambda m, args, out: manual.append(1))  # the manual path only

@@ -141,7 +141,7 @@ def test_one_active_sequence_in_the_batching_engine_decodes_on_the_fused_step(mo
         engine.cache.select([2])
         model(idx[:, :7], kv_cache=engine.cache)
         for t in range(7, 12):
-            logits = engine.decode(idx[:, t], [2])
+            logits = engine.decode_step(idx[:, t], [2])
             torch.testing.assert_close(logits, full[:, t], atol=2e-5, rtol=1e-5)
     assert len(calls) == 5
 
@@ -169,7 +169,7 @@ def test_rows_at_their_own_positions_match_each_sequence_alone(monkeypatch, tiny
         for t in range(3):
             positions = [n + t for n in lengths]
             tokens = torch.stack([seq[p] for seq, p in zip(seqs, positions)])
-            logits = engine.decode(tokens, slots)
+            logits = engine.decode_step(tokens, slots)
             expected = torch.stack([full[r, p] for r, p in enumerate(positions)])
             torch.testing.assert_close(logits, expected, atol=2e-5, rtol=1e-5)
     assert len(calls) == (3 if fused else 0)
