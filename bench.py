@@ -27,12 +27,12 @@ import torch
 
 from batches import dataset_dir
 from configurator import UserError, parse_args, run_main
-from device import autocast, resolve_device, resolve_dtype, should_compile
+from device import autocast, resolve_device, resolve_dtype, should_compile, training_products
 from generate import generate, packed_weights, window_start
 from kernels import bfloat16_products_supported, onednn_available, pack, packed_product
 from metrics import read_log
 from model import GPT
-from optim import configure_optimizers
+from optim import OptimizerSettings, configure_optimizers
 from tokenizer import read_meta, tokenizer_from_meta
 from train import TrainConfig, train
 
@@ -119,14 +119,23 @@ def read_bandwidth(device, nbytes=1 << 28):
     return nbytes / best_time(lambda: x.sum(), device)
 
 
-def plain_loop_ms(cfg, model, device, ctx):
+def plain_loop_ms(cfg, model, device, dtype, log=print):
     """ms per iteration of the bare minimum: forward, backward, clip, optimizer step on random batches.
 
-    Compiled as train.py would compile it (cfg.compile; None means on CUDA).
+    The same computation as train.py's iteration for cfg: compiled as train.py would compile it (cfg.compile;
+    None means on CUDA), the same training products (device.training_products) and the same optimizer, so
+    that train.py's figure against this one is the cost of its loop alone (batches, logging, checkpoints).
     """
-    step_model = torch.compile(model) if should_compile(cfg.compile, device) else model
-    optimizer = configure_optimizers(model, cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device.type,
-                                     cfg.optimizer, cfg.muon_lr, cfg.muon_momentum, cfg.muon_weight_decay)
+    compile = should_compile(cfg.compile, device)
+    step_model = torch.compile(model) if compile else model
+    products = training_products(cfg, device, dtype, compile, log=log)
+    optimizer = configure_optimizers(model, OptimizerSettings.of(cfg, products.ns_dtype))
+    with products.applied(model):
+        return timed_steps(cfg, model, step_model, optimizer, device, autocast(device, dtype))
+
+
+def timed_steps(cfg, model, step_model, optimizer, device, ctx):
+    """The median ms of cfg.bench_iters iterations after cfg.bench_warmup."""
     x = torch.randint(0, model.config.vocab_size, (cfg.batch_size, cfg.block_size), device=device)
     times = []
     for i in range(cfg.bench_warmup + cfg.bench_iters):
@@ -384,7 +393,7 @@ def bench(cfg, log=print):
                  ("read bandwidth", f"{result['read_bandwidth'] / 1e9:,.1f} GB/s")]
     if cfg.only in ("all", "train"):
         tokens = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
-        plain = plain_loop_ms(cfg, model, device, ctx)
+        plain = plain_loop_ms(cfg, model, device, dtype, log)
         result.update(plain_ms=plain, tokens_per_iter=tokens, plain_tok_s=tokens / plain * 1000,
                       plain_mfu=result["flops_per_token"] * tokens / (plain / 1000) / result["peak_flops"])
         rows += [("plain loop", f"{plain:.1f} ms/iter, {tokens / plain * 1000:,.0f} tok/s, "

@@ -120,15 +120,18 @@ def check_exists(path):
 def consolidate(path):
     """The single-file checkpoint (nanoGPT's keys, optimizer keyed by index) of path's sharded form."""
     from checkpoint import load_checkpoint, load_sharded, model_from_checkpoint
-    from optim import configure_optimizers
+    from optim import OptimizerSettings, configure_optimizers
     check_exists(path)
     ckpt = load_checkpoint(path)
     if "sharded" not in ckpt:
         raise UserError(f"{path} is already a single file (its sharded form is absent or older)")
     model = model_from_checkpoint(ckpt, ckpt["sharded"])
     config = ckpt.get("config") or {}
-    optimizer = configure_optimizers(model, 0.0, 1e-3, (0.9, 0.95), "cpu", config.get("optimizer", "adamw"),
-                                     embedding_lr=config.get("embedding_lr"))  # the saved groups, in number
+    try:  # the optimizer train.py built for this config: its groups are the saved state's
+        optimizer = configure_optimizers(model, OptimizerSettings.of(config))
+    except (KeyError, TypeError, ValueError) as e:
+        raise UserError(f"{path}: its config does not describe an optimizer ({type(e).__name__}: {e}); "
+                        f"the checkpoint is damaged or not train.py's") from None
     load_sharded(model, optimizer, ckpt["sharded"])  # the optimizer state, keyed by index by state_dict()
     ckpt["optimizer"] = optimizer.state_dict()
     ckpt["model"] = model.state_dict()

@@ -16,39 +16,65 @@ it together as one batched matmul.
 """
 import math
 from collections import defaultdict
+from dataclasses import dataclass, fields
 
 import torch
 
 
-def configure_optimizers(model, weight_decay, learning_rate, betas, device_type, optimizer="adamw",
-                         muon_lr=0.02, muon_momentum=0.95, muon_weight_decay=0.0, ns_dtype=None, embedding_lr=None):
-    """AdamW, decaying matrices and embeddings (2+ dims) but not biases and gains.
+@dataclass(frozen=True)
+class OptimizerSettings:
+    """Everything configure_optimizers needs: the run's optimizer fields (TrainConfig's, or a checkpoint's saved
+    config) and Muon's Newton-Schulz dtype (None: fast_matmul_dtype), so that every caller passes all of it."""
+    optimizer: str
+    learning_rate: float
+    weight_decay: float
+    beta1: float
+    beta2: float
+    muon_lr: float
+    muon_momentum: float
+    muon_weight_decay: float
+    embedding_lr: float | None = None
+    ns_dtype: torch.dtype | None = None
+
+    @classmethod
+    def of(cls, config, ns_dtype=None):
+        """The settings config holds: an object with these fields as attributes (a TrainConfig), or a dict of
+        them (a checkpoint's config; embedding_lr absent: None, as in checkpoints from before it)."""
+        values = config if isinstance(config, dict) else vars(config)
+        return cls(**{f.name: values[f.name] for f in fields(cls) if f.name not in ("embedding_lr", "ns_dtype")},
+                   embedding_lr=values.get("embedding_lr"), ns_dtype=ns_dtype)
+
+
+def configure_optimizers(model, settings):
+    """AdamW, decaying matrices and embeddings (2+ dims) but not biases and gains; settings: OptimizerSettings.
 
     optimizer="muon": Muon for the hidden matrices of the blocks, AdamW for embeddings,
-    the head, biases and gains, as modded-nanogpt does; ns_dtype: its Newton-Schulz
-    dtype (None: fast_matmul_dtype). embedding_lr: AdamW's rate for the token (and
-    value) embeddings, in a third group without weight decay (None: learning_rate,
-    and two groups, as nanoGPT's checkpoints hold). Each group remembers its initial_lr: the schedule
-    scales them together (lr_scale).
+    the head, biases and gains, as modded-nanogpt does. embedding_lr: AdamW's rate for the
+    token (and value) embeddings, in a third group without weight decay (None: learning_rate,
+    and two groups, as nanoGPT's checkpoints hold). Each group remembers its initial_lr: the
+    schedule scales them together (lr_scale). AdamW is fused where the model is on CUDA.
     """
+    s = settings
+    optimizer, embedding_lr = s.optimizer, s.embedding_lr
     params = [p for p in model.parameters() if p.requires_grad]
     block_matrices = {id(p) for p in model.transformer.h.parameters() if p.dim() == 2} if optimizer == "muon" else set()
     embeddings = {id(p) for name, p in model.named_parameters() if embedding_lr is not None and
                   (name == "transformer.wte.weight" or name.startswith("transformer.ve."))}
     adam_groups = [
         {"params": [p for p in params if p.dim() >= 2 and id(p) not in block_matrices | embeddings],
-         "weight_decay": weight_decay},
+         "weight_decay": s.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
     if embeddings:  # not decayed: at such rates decay would shrink every step the rows of tokens the batch lacks
         adam_groups.append({"params": [p for p in params if id(p) in embeddings], "weight_decay": 0.0,
                             "lr": embedding_lr})
-    adamw = torch.optim.AdamW(adam_groups, lr=learning_rate, betas=betas, fused=device_type == "cuda")
+    device_type = next(model.parameters()).device.type
+    adamw = torch.optim.AdamW(adam_groups, lr=s.learning_rate, betas=(s.beta1, s.beta2), fused=device_type == "cuda")
     if optimizer == "adamw":
         opt = adamw
     elif optimizer == "muon":
-        muon = Muon([p for p in params if id(p) in block_matrices], lr=muon_lr, momentum=muon_momentum,
-                    weight_decay=muon_weight_decay, ns_dtype=ns_dtype)
+        muon = Muon([p for p in params if id(p) in block_matrices], lr=s.muon_lr, momentum=s.muon_momentum,
+                    weight_decay=s.muon_weight_decay, ns_dtype=s.ns_dtype)
         opt = Optimizers(muon=muon, adamw=adamw)
     else:
         raise ValueError(f"optimizer must be adamw or muon, got {optimizer!r}")

@@ -39,13 +39,13 @@ from checkpoint import (RUNTIME_FIELDS, OutDirLock, config_from_model_args, disc
                         sharded_path)
 from hf import load_pretrained
 from configurator import UserError, convert, parse_args, report_overrides, run_main
-from device import autocast, cpu_matmul_flops, peak_flops_for, resolve_device, resolve_dtype, should_compile
+from device import (autocast, cpu_matmul_flops, peak_flops_for, resolve_device, resolve_dtype, should_compile,
+                    training_products)
 from fsdp import checkpoint_activations, first_non_finite, held_bytes, load_optimizer_state, no_gradient_sync, shard
-from kernels import bfloat16_products_supported, can_pack, packed_training
 from memory import check_fits, param_count, training_bytes
 from metrics import Clock, Metrics
 from model import GPT, GPTConfig
-from optim import configure_optimizers, lr_scale
+from optim import OptimizerSettings, configure_optimizers, lr_scale
 from stopping import Interrupted, StopFlag
 from tokenizer import base_meta, read_meta, token_byte_lengths, tokenizer_from_meta, tokenizer_kind
 
@@ -281,7 +281,7 @@ def train(cfg, overrides=None, log=print, t_start=None):
         stop.abandon = world == 1  # DDP ranks stop together, at a log iteration
         log = log if rank == 0 else (lambda *a, **k: None)
         run = Run(cfg, overrides or {}, rank, local_rank, world, log, t_start, stop, lock)
-        with packed_training(run.raw_model, run.products) if run.products is not None else nullcontext():
+        with run.products.applied(run.raw_model):
             loop(run, stop)
         summary = run.finish(stop)
         if world > 1:  # rank 0 saves last: no rank tears down its connections while another still uses them
@@ -350,12 +350,8 @@ class Run:
         compile = should_compile(cfg.compile, device)
         self.sharded = self.parallelize(cfg, dtype, compile)
         self.token_bytes = bytes_per_token(meta, self.raw_model.config.vocab_size, device, log)
-        self.products = training_products(cfg, dtype, device, compile, self.sharded, self.raw_model, log)
-        self.optimizer = configure_optimizers(self.raw_model, cfg.weight_decay, cfg.learning_rate,
-                                              (cfg.beta1, cfg.beta2), device.type, cfg.optimizer, cfg.muon_lr,
-                                              cfg.muon_momentum, cfg.muon_weight_decay,
-                                              ns_dtype=torch.bfloat16 if self.products == torch.bfloat16 else None,
-                                              embedding_lr=cfg.embedding_lr)
+        self.products = training_products(cfg, device, dtype, compile, self.sharded, log)
+        self.optimizer = configure_optimizers(self.raw_model, OptimizerSettings.of(cfg, self.products.ns_dtype))
         self.scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
         restored = self.restore(ckpt) if ckpt is not None else (0, float("inf"), 0.0)
         self.iter_num, self.best_val_loss, trained = restored
@@ -676,31 +672,6 @@ class Run:
 
 # a training iteration on a CPU reaches about this fraction of a plain matmul's FLOP/s
 CPU_TRAINING_EFFICIENCY = 0.5
-
-
-def training_products(cfg, dtype, device, compile, sharded, model, log):
-    """The dtype of the linear layers' products through kernels.py (float32 packed, or bfloat16), or None:
-    PyTorch's default kernels."""
-    fits = device.type == "cpu" and dtype == torch.float32 and not compile and not sharded
-    if cfg.matmul_dtype == "auto" and fits and bfloat16_products_supported():
-        return torch.bfloat16
-    if cfg.matmul_dtype == "auto" and device.type == "cpu" and dtype == torch.float32:
-        log("note: matmul_dtype=auto: float32 products (bfloat16 needs float32 training on a CPU with AVX-512 BF16 "
-            "or AMX, without compile or FSDP)")
-    if cfg.matmul_dtype == "bfloat16":
-        if not fits:
-            raise UserError("matmul_dtype=bfloat16 is for float32 training on a CPU without compile or FSDP "
-                            "(elsewhere use --dtype=bfloat16); drop it or use --device=cpu --dtype=float32")
-        if not bfloat16_products_supported():
-            raise UserError("matmul_dtype=bfloat16: this CPU has no native bfloat16 (AVX-512 BF16 or AMX), so its "
-                            "products would be emulated and slower; use --matmul_dtype=float32")
-        return torch.bfloat16
-    if cfg.packed_linear is not False and fits and can_pack(model):
-        return torch.float32
-    if cfg.packed_linear:
-        log("note: packed_linear applies to float32 training on a CPU with oneDNN, without compile or FSDP; "
-            "training with the default matmul")
-    return None
 
 
 def startup_notes(cfg, model, device, tokens_per_iter, ckpt_path, iter_num=0, earlier=None):

@@ -37,6 +37,13 @@ def char_dataset(tmp_path):
     return out
 
 
+def optimizer_settings(**changes):
+    """The OptimizerSettings train.py builds for TrainConfig(**changes)."""
+    from optim import OptimizerSettings
+    from train import TrainConfig
+    return OptimizerSettings.of(TrainConfig(**changes))
+
+
 def run_script(args, cwd=ROOT, timeout=300, env=None):
     """Run a repository script as a user would; returns the CompletedProcess."""
     import subprocess

@@ -122,3 +122,28 @@ def test_bench_times_nanogpts_generate_on_the_same_weights(tmp_path, char_datase
         bench(replace(cfg, nanogpt=str(tmp_path)), log=lines.append)
     with pytest.raises(UserError, match="GPT-2-style models only"):
         bench(replace(cfg, pos_emb="rope"), log=lines.append)
+
+
+@pytest.mark.parametrize("keys", [dict(), dict(packed_linear=False), dict(matmul_dtype="bfloat16")],
+                         ids=["default", "packed_linear-False", "matmul_dtype-bfloat16"])
+def test_the_plain_loop_runs_the_products_train_py_runs(tmp_path, char_dataset, monkeypatch, keys):
+    """Per iteration bench's plain loop calls kernels.py's training products exactly as often as train.py's
+    loop for the same config, so that the two figures differ by train.py's loop alone."""
+    import bench as bench_module
+    import kernels
+    from train import TrainConfig, train
+    if keys.get("matmul_dtype") == "bfloat16" and not kernels.bfloat16_products_supported():
+        pytest.skip("this CPU has no native bfloat16")
+    calls = []
+    for function in (kernels.PackedLinear, kernels.BFloat16Linear):
+        monkeypatch.setattr(function, "apply", lambda *a, f=function, apply=function.apply: calls.append(f.__name__)
+                            or apply(*a))
+    tiny = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, batch_size=2, gradient_accumulation_steps=2,
+                device="cpu", dataset=str(char_dataset), **keys)
+    train(TrainConfig(**tiny, max_iters=1, eval_iters=1, out_dir=str(tmp_path / "out")), log=lambda *a: None)
+    in_train, calls[:] = list(calls), []
+    cfg = BenchConfig(**tiny, bench_iters=1, bench_warmup=0)
+    model = GPT(cfg.model_config(vocab_size=read_meta(str(char_dataset))["vocab_size"]))
+    bench_module.plain_loop_ms(cfg, model, torch.device("cpu"), torch.float32, log=lambda *a: None)
+    assert calls == in_train
+    assert len(in_train) == (0 if keys.get("packed_linear") is False else 2 * 9)  # 2 micro-batches x 9 linear layers

@@ -14,7 +14,7 @@ import torch
 
 import checkpoint
 from checkpoint import load_checkpoint, save_checkpoint
-from conftest import ROOT, run_script
+from conftest import ROOT, optimizer_settings, run_script
 from configurator import UserError, parse_args
 from model import GPT, GPTConfig
 from optim import configure_optimizers
@@ -285,7 +285,7 @@ def nanogpt_checkpoint(tmp_path, dataset):
     cfg = GPTConfig(block_size=16, vocab_size=read_meta(str(dataset))["vocab_size"], n_layer=2, n_head=2, n_embd=32,
                     bias=False)
     model = GPT(cfg)
-    optimizer = configure_optimizers(model, 0.1, 1e-3, (0.9, 0.99), "cpu")
+    optimizer = configure_optimizers(model, optimizer_settings(learning_rate=1e-3, beta2=0.99))
     state = {"_orig_mod." + k: v for k, v in model.state_dict().items()}
     config = {k: v for k, v in TrainConfig().__dict__.items() if k in (
         "out_dir", "eval_interval", "log_interval", "eval_iters", "eval_only", "always_save_checkpoint", "init_from",

@@ -7,6 +7,7 @@ import torch
 from generate import generate
 
 from model import GPT, CausalSelfAttention
+from conftest import optimizer_settings
 from optim import configure_optimizers
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -24,7 +25,7 @@ def test_attention_paths_agree_on_cuda(tiny_config):
 def test_bf16_autocast_step_with_fused_adamw_lowers_the_loss(tiny_config):
     torch.manual_seed(0)
     model = GPT(tiny_config).cuda()
-    opt = configure_optimizers(model, 0.1, 3e-3, (0.9, 0.95), "cuda")
+    opt = configure_optimizers(model, optimizer_settings(learning_rate=3e-3))
     assert opt.defaults["fused"]
     x = torch.randint(0, 64, (4, 16), device="cuda")
     losses = []

@@ -399,3 +399,19 @@ def test_sharded_sizes_claimed_beyond_the_shard_files_allocate_nothing(tmp_path,
     with pytest.raises(UserError, match=r"a shard is missing or damaged \(the metadata claims [0-9,]+ bytes of "
                                         r"weights, the shard files hold [0-9,]+\)"):
         read_sharded(str(out / "ckpt.dcp"))
+
+
+@pytest.mark.parametrize("damage", [dict(optimizer="sgd"), dict(learning_rate=None)], ids=["optimizer-sgd", "no-learning_rate"])
+def test_fsdp_py_refuses_a_saved_config_that_describes_no_optimizer(tmp_path, char_dataset, damage):
+    """fsdp.py builds the optimizer from the checkpoint's config (train.py's own): a config that cannot build one
+    is a one-line error naming the file, and nothing is written."""
+    from fsdp import consolidate
+    out = tmp_path / "o"
+    one_process(tmp_path, "o", dataset=str(char_dataset), max_iters=1)
+    meta = torch.load(out / "ckpt.dcp" / "meta.pt", weights_only=True)
+    meta["config"].update(damage)
+    meta["config"] = {k: v for k, v in meta["config"].items() if v is not None}
+    torch.save(meta, out / "ckpt.dcp" / "meta.pt")
+    with pytest.raises(UserError, match=r"ckpt.pt: its config does not describe an optimizer \((KeyError|ValueError)"):
+        consolidate(str(out / "ckpt.pt"))
+    assert not (out / "ckpt.pt").exists()

@@ -8,6 +8,7 @@ import torch
 
 import reference
 from model import GPT, CausalSelfAttention, GPTConfig
+from conftest import optimizer_settings
 from optim import configure_optimizers
 from test_model_options import spread
 
@@ -126,7 +127,7 @@ def test_tiny_model_overfits_one_batch(tiny_config):
     model = GPT(tiny_config)
     x = torch.randint(0, 64, (4, 16))
     y = torch.randint(0, 64, (4, 16))
-    opt = configure_optimizers(model, 0.0, 3e-3, (0.9, 0.99), "cpu")
+    opt = configure_optimizers(model, optimizer_settings(weight_decay=0.0, learning_rate=3e-3, beta2=0.99))
     for _ in range(300):
         _, loss = model(x, y)
         opt.zero_grad()
@@ -187,7 +188,7 @@ def test_crop_block_size_keeps_the_first_positions(tiny_config, pos_emb):
 
 def test_weight_decay_only_on_matrices(tiny_config):
     model = GPT(tiny_config)
-    opt = configure_optimizers(model, 0.1, 1e-3, (0.9, 0.95), "cpu")
+    opt = configure_optimizers(model, optimizer_settings(weight_decay=0.1, learning_rate=1e-3))
     decay, no_decay = opt.param_groups
     assert all(p.dim() >= 2 for p in decay["params"]) and decay["weight_decay"] == 0.1
     assert all(p.dim() < 2 for p in no_decay["params"]) and no_decay["weight_decay"] == 0.0

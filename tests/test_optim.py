@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from model import GPT
+from conftest import optimizer_settings
 from optim import Muon, configure_optimizers, orthogonalize
+from tokenizer import read_meta
 
 
 def test_orthogonalize_pushes_singular_values_towards_one():
@@ -82,7 +84,7 @@ def test_float32_stays_close_to_bfloat16_math():
 
 def test_muon_takes_the_blocks_matrices_and_adamw_the_rest(tiny_config):
     model = GPT(tiny_config)
-    opt = configure_optimizers(model, 0.1, 1e-3, (0.9, 0.95), "cpu", optimizer="muon", muon_lr=0.02)
+    opt = configure_optimizers(model, optimizer_settings(learning_rate=1e-3, optimizer="muon", muon_lr=0.02))
     muon, adamw = opt.optimizers["muon"], opt.optimizers["adamw"]
     muon_params = {id(p) for g in muon.param_groups for p in g["params"]}
     assert muon_params == {id(p) for p in model.transformer.h.parameters() if p.dim() == 2}
@@ -101,8 +103,8 @@ def test_embedding_lr_puts_the_embeddings_in_a_group_of_their_own(tiny_config, t
     it AdamW keeps nanoGPT's two groups, so that nanoGPT's optimizer states still load."""
     from dataclasses import replace
     model = GPT(replace(tiny_config, tie_weights=tie))
-    assert len(configure_optimizers(model, 0.1, 1e-3, (0.9, 0.95), "cpu").param_groups) == 2
-    opt = configure_optimizers(model, 0.1, 1e-3, (0.9, 0.95), "cpu", optimizer="muon", embedding_lr=0.05)
+    assert len(configure_optimizers(model, optimizer_settings(learning_rate=1e-3)).param_groups) == 2
+    opt = configure_optimizers(model, optimizer_settings(learning_rate=1e-3, optimizer="muon", embedding_lr=0.05))
     adamw = opt.optimizers["adamw"]
     assert [g["initial_lr"] for g in adamw.param_groups] == [1e-3, 1e-3, 0.05]
     assert [id(p) for p in adamw.param_groups[2]["params"]] == [id(model.transformer.wte.weight)]
@@ -119,7 +121,7 @@ def test_embedding_lr_puts_the_embeddings_in_a_group_of_their_own(tiny_config, t
 def test_muon_trains_a_tiny_model(tiny_config):
     torch.manual_seed(0)
     model = GPT(tiny_config)
-    opt = configure_optimizers(model, 0.0, 3e-3, (0.9, 0.99), "cpu", optimizer="muon", muon_lr=0.02)
+    opt = configure_optimizers(model, optimizer_settings(weight_decay=0.0, learning_rate=3e-3, beta2=0.99, optimizer="muon", muon_lr=0.02))
     x, y = torch.randint(0, 64, (4, 16)), torch.randint(0, 64, (4, 16))
     for _ in range(100):
         _, loss = model(x, y)
@@ -135,9 +137,52 @@ def test_embedding_lr_applies_to_every_value_embedding_table(tiny_config, optimi
     embeddings: with embedding_lr they step at that rate, undecayed, with the token embedding; nothing else does."""
     from dataclasses import replace
     model = GPT(replace(tiny_config, value_embeds=2, n_layer=4, pos_emb="rope"))
-    opt = configure_optimizers(model, 0.1, 1e-3, (0.9, 0.95), "cpu", optimizer=optimizer, embedding_lr=0.05)
+    opt = configure_optimizers(model, optimizer_settings(learning_rate=1e-3, optimizer=optimizer, embedding_lr=0.05))
     rate = {id(p): (g["initial_lr"], g["weight_decay"]) for g in opt.param_groups for p in g["params"]}
     tables = [model.transformer.wte.weight, *(ve.weight for ve in model.transformer.ve)]
     assert len(tables) == 3 and all(rate[id(p)] == (0.05, 0.0) for p in tables)
     others = [p for p in model.parameters() if all(p is not t for t in tables)]
     assert others and all(rate[id(p)][0] != 0.05 for p in others)
+
+
+def described(model, optimizer):
+    """Each parameter group of optimizer: its optimizer's kind, its parameters' names and its settings."""
+    names = {id(p): name for name, p in model.named_parameters()}
+    parts = optimizer.optimizers.values() if hasattr(optimizer, "optimizers") else [optimizer]
+    return [(type(part).__name__, [names[id(p)] for p in g["params"]], {k: v for k, v in g.items() if k != "params"})
+            for part in parts for g in part.param_groups]
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_bench_and_fsdp_py_build_the_optimizer_train_py_builds(tmp_path, char_dataset, monkeypatch, optimizer):
+    """One config, three callers: bench's plain loop and fsdp.py's consolidation hold the groups, rates and
+    settings train.py's run holds (embedding_lr's group too), and bench Muon's Newton-Schulz dtype."""
+    import bench
+    import fsdp  # noqa: F401 (consolidate imports configure_optimizers from optim when called)
+    import optim
+    import train
+    built = {}
+
+    def recording(caller, real):
+        def configure(model, settings):
+            opt = real(model, settings)
+            built[caller] = (described(model, opt), settings.ns_dtype)  # before any step moves a rate
+            return opt
+        return configure
+    for module in (train, bench, optim):
+        monkeypatch.setattr(module, "configure_optimizers", recording(module.__name__, optim.configure_optimizers))
+    options = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, batch_size=2, gradient_accumulation_steps=1,
+                   device="cpu", dataset=str(char_dataset), optimizer=optimizer, embedding_lr=0.05, learning_rate=2e-3,
+                   weight_decay=0.2, beta1=0.8, beta2=0.99, muon_lr=0.03, muon_momentum=0.9, muon_weight_decay=0.01,
+                   value_embeds=1, pos_emb="rope", tie_weights=False, matmul_dtype="auto")
+    out = tmp_path / "out"
+    train.train(train.TrainConfig(**options, max_iters=1, eval_iters=1, parallel="fsdp", out_dir=str(out)),
+                log=lambda *a: None)
+    fsdp.consolidate(str(out / "ckpt.pt"))
+    cfg = bench.BenchConfig(**options, bench_iters=1, bench_warmup=0)
+    model = GPT(cfg.model_config(read_meta(str(char_dataset))["vocab_size"]))
+    bench.plain_loop_ms(cfg, model, torch.device("cpu"), torch.float32, log=lambda *a: None)
+    groups, ns_dtype = built["train"]
+    assert len(groups) == (4 if optimizer == "muon" else 3)  # with the embeddings' own group
+    assert built["optim"][0] == groups  # fsdp.py's
+    assert built["bench"] == (groups, ns_dtype)
