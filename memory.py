@@ -5,28 +5,27 @@ a config's n_layer) are checked here against the memory the device has, so a
 mistake is a one-line error instead of a machine that swaps or dies.
 """
 import os
+from dataclasses import replace
 
 import torch
 
 from configurator import UserError
+from model import GPT
 
 # AdamW training in float32: weights, gradients and two moments, 4 bytes each
 TRAIN_BYTES_PER_PARAM = 16
 
 
 def param_count(config):
-    """Parameters of GPT(config), each shared tensor once, counted from its shape alone."""
-    c, hs = config, config.head_dim
-    gated = 2 if c.activation == "swiglu" else 1
-    norm = c.n_embd * (2 if c.norm == "layernorm" and c.bias else 1)
-    attn = c.n_embd * (c.n_head + 2 * c.kv_heads) * hs + c.n_embd * c.n_embd
-    mlp = c.n_embd * gated * c.hidden + c.hidden * c.n_embd
-    biases = ((c.n_head + 2 * c.kv_heads) * hs + c.n_embd + gated * c.hidden + c.n_embd) if c.bias else 0
-    per_block = attn + mlp + biases + 2 * norm
-    embeddings = c.vocab_size * c.n_embd * (1 if c.tie_weights else 2)
-    positions = c.block_size * c.n_embd if c.pos_emb == "learned" else 0
-    values = c.value_embeds * (c.vocab_size * c.kv_heads * hs + 2 * 2)  # each table, and the 2 layers' ve_mix
-    return c.n_layer * per_block + embeddings + positions + values + norm
+    """Parameters of GPT(config), each shared tensor once: counted on GPT itself, built on the meta device (shapes
+    only, no memory). Once the first and last value_embeds layers are there, each further layer adds one plain
+    Block: two shallow models give the count at any depth, without building the blocks of an untrusted n_layer."""
+    def count(n_layer):
+        with torch.device("meta"):
+            return sum(p.numel() for p in GPT(replace(config, n_layer=n_layer)).parameters())
+    base = max(2 * config.value_embeds, 1)
+    shallow = count(base)
+    return shallow + (config.n_layer - base) * (count(base + 1) - shallow)
 
 
 def training_bytes(config, batch_size):
