@@ -41,14 +41,14 @@ class Clock:
 
 
 class Metrics:
-    """Each event as a console line (through tqdm, above the progress bar) and a JSON record in
+    """Each event as a line through log (above any tqdm progress bar) and a JSON record in
     out_dir/log.jsonl, and on Weights & Biases with wandb_log. Only the writing process (rank 0,
     not eval_only) records; the log is opened on the first record, so a run that fails before
     leaves out_dir (and wandb) alone. Each process's records follow a config record, whose iter is
     where it started: a resumed run's (init_from resume) continue the run from there."""
 
-    def __init__(self, path, cfg, console, record, iter=0):
-        self.path, self.console, self.active, self.file = path, console, record, None
+    def __init__(self, path, cfg, log, record, iter=0):
+        self.path, self.log, self.active, self.file = path, log, record, None
         self.header = {"kind": "config", "iter": iter, **asdict(cfg)}
         self.wandb = None
         if record and cfg.wandb_log:
@@ -60,8 +60,8 @@ class Metrics:
                                                       config=asdict(cfg))
 
     def say(self, line):
-        if self.console:
-            tqdm.write(line)
+        with tqdm.external_write_mode():  # the bar is cleared, then drawn again below the line
+            self.log(line)
 
     def write(self, line, **record):
         """Say line, and record the event (kind, iter and the numbers)."""

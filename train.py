@@ -375,8 +375,7 @@ class Run:
                                   self.replacing):
             log(f"note: {note}")
         writer = self.master and not cfg.eval_only  # eval_only only reads out_dir
-        self.metrics = Metrics(os.path.join(cfg.out_dir, "log.jsonl"), cfg, console=self.master, record=writer,
-                               iter=self.iter_num)
+        self.metrics = Metrics(os.path.join(cfg.out_dir, "log.jsonl"), cfg, log, record=writer, iter=self.iter_num)
         if writer:
             lock.acquire()  # out_dir is ours until the run ends
         self.start_iter, self.last_val, self.lr = self.iter_num, None, None

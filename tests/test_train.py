@@ -45,6 +45,17 @@ def test_train_writes_checkpoint_and_log(tmp_path, char_dataset):
     assert ckpt["best_val_loss"] == min(r["val_loss"] for r in evals)
 
 
+def test_every_line_of_a_run_goes_through_log(tmp_path, char_dataset, capsys):
+    """Evaluations, training lines, the memory record and the end: all through the log callable, nothing printed
+    past it (a library caller, or a test, that passes its own log gets every line and a quiet console)."""
+    lines = []
+    train(tiny_cfg(tmp_path, char_dataset, target_loss=0.01), log=lines.append)
+    assert capsys.readouterr().out == ""
+    for start in ("model: ", "iter 0: train loss", "memory per process:", "iter 6: loss", "iter 6: train loss",
+                  "did not reach val loss 0.01", "done: 6 iters"):
+        assert sum(line.startswith(start) for line in lines) == 1, (start, lines)
+
+
 def test_best_val_loss_is_the_best_seen_and_best_pt_holds_it(tmp_path, char_dataset):
     train(tiny_cfg(tmp_path, char_dataset), log=quiet)
     first = load_checkpoint(str(tmp_path / "out" / "best.pt"))
