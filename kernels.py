@@ -2,13 +2,12 @@
 
 PyTorch's default float32 matmul on CPUs (MKL) runs a small model's training
 products at a fraction of what the same CPU does through oneDNN on a weight
-reordered ("packed") for it: for 1,536 rows through a 128 x 384 weight, 0.70
-ms against 0.31 (2026-11-30, 2 cores). packed_training(model) sends every
-nn.Linear through PackedLinear while gradients are computed: the input times
-the packed weight, and in backward the output's gradient times the packed
-transposed weight. The weight's own gradient stays the default matmul, the
-fastest kernel for its shape here. A weight is packed again once the
-optimizer has changed it (its version counter moved), so once per iteration
+reordered ("packed") for it (measured in docs/speedrun.md). packed_training(model)
+sends every nn.Linear through PackedLinear while gradients are computed: the
+input times the packed weight, and in backward the output's gradient times the
+packed transposed weight. The weight's own gradient stays the default matmul,
+the fastest kernel for its shapes when measured. A weight is packed again once
+the optimizer has changed it (its version counter moved), so once per iteration
 however many micro-batches use it. The numbers are float32 products like the
 default's, summed in another order.
 
@@ -17,8 +16,9 @@ torch.bfloat16) instead runs the three products of each linear layer in
 bfloat16 (BFloat16Linear): float32 weights, optimizer and everything between
 the products stay as they are; the inputs of each product are rounded to
 bfloat16, summed in float32, and its output rounded to bfloat16 before it is
-returned in float32, as autocast's bfloat16 products are. oneDNN does these
-about twice as fast as float32 here, with no packing (docs/speedrun.md).
+returned in float32, as autocast's bfloat16 products are. oneDNN runs these
+faster than packed float32 on such CPUs, with no packing (docs/speedrun.md,
+Speedrun III). device.training_products decides which of the two a run uses.
 
 Generation packs too (packed_inference, through generate.packed_weights), for inference mode only; decode.py's
 fused step reads those copies. This module is the one place that calls oneDNN. Both contexts set the layers'
@@ -158,11 +158,6 @@ class BFloat16Weight(WeightCopy):
 def bfloat16_products_supported():
     """True where this CPU multiplies bfloat16 natively (elsewhere it is emulated, several times slower)."""
     return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-
-
-def can_pack(model):
-    """True where packed training applies: float32 weights on a CPU with oneDNN."""
-    return packable(next(model.parameters()))
 
 
 # module -> what it ran before any open patch (NO_FORWARD: its class's forward), then each open patch's forward

@@ -46,7 +46,7 @@ class SampleConfig:
     seed: int = 1337
     device: str = "auto"
     dtype: str = "auto"
-    compile: bool = False  # torch.compile the model: for long generations on CUDA; on CPU it is slower
+    compile: bool = False  # torch.compile the model: for long generations on CUDA; on CPU the decode steps skip it
     stream: bool = False  # print each token as it is generated (samples one after another)
     use_cache: bool = True  # KV cache: one position per step instead of the whole context
 
@@ -142,8 +142,9 @@ def main(argv):
     model.eval().to(device)
     if cfg.compile:
         if device.type == "cpu":
-            print("note: compile=True makes generation on CPU slower: compiled graphs cannot use the packed "
-                  "weights (docs/generation.md)", file=sys.stderr)
+            print("note: compile=True on CPU compiles only what decode.FusedStep leaves to the model: the prompt, "
+                  "context shifts, and the steps of configs it does not cover, which compiled lose the packed "
+                  "weights; float32 decode steps run fused either way (docs/generation.md)", file=sys.stderr)
         model.compile(dynamic=True)  # in place: generate's own calls go through the compiled forward
     prompt = read_prompt(cfg.start)
     ids = tokenizer.encode(prompt) or ([tokenizer.eot] if tokenizer.eot is not None else [])
