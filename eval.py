@@ -99,6 +99,13 @@ def fetch_error(e):
                      f"local data (--include_path=tasks)")
 
 
+def quiet_logging():
+    logging.getLogger("lm_eval").setLevel(logging.WARNING)  # its per-task INFO lines drown the table
+    logging.getLogger("huggingface_hub").setLevel(logging.ERROR)  # offline: the one line below says it
+    # a note for task authors, logged each time a task with its own loader (ours) is built
+    logging.getLogger("lm_eval.api.task").addFilter(lambda record: "Custom kwargs" not in record.getMessage())
+
+
 def evaluate(lm, cfg, manager):
     import lm_eval
     limit = int(cfg.limit) if cfg.limit is not None and cfg.limit >= 1 else cfg.limit
@@ -120,10 +127,7 @@ def main(argv):
     if not cfg.task_list:
         raise UserError("no tasks: name them with --tasks=a,b (e.g. --tasks=tangshi_next_line --include_path=tasks)")
     output_path = cfg.output_path or os.path.join(cfg.out_dir, "eval_results.json")  # init_from=gpt2: out/
-    logging.getLogger("lm_eval").setLevel(logging.WARNING)  # its per-task INFO lines drown the table
-    logging.getLogger("huggingface_hub").setLevel(logging.ERROR)  # offline: the one line below says it
-    # a note for task authors, logged each time a task with its own loader (ours) is built
-    logging.getLogger("lm_eval.api.task").addFilter(lambda record: "Custom kwargs" not in record.getMessage())
+    quiet_logging()
     read_caches_if_offline()
     from lm_eval.utils import handle_non_serializable, make_table
     from harness import NanoGPT

@@ -48,6 +48,7 @@ from model import GPT, GPTConfig
 from optim import OptimizerSettings, configure_optimizers, lr_scale
 from stopping import Interrupted, StopFlag
 from tokenizer import base_meta, read_meta, token_byte_lengths, tokenizer_from_meta, tokenizer_kind
+from train_tasks import task_scores
 
 # the model's fields that fix what its weights mean: a resumed run keeps the checkpoint's
 SHAPE_FIELDS = tuple(f.name for f in fields(GPTConfig) if f.name not in RUNTIME_FIELDS)
@@ -114,6 +115,10 @@ class TrainConfig(GPTConfig):
     # measurement: val loss over fixed windows, and stopping at a target
     eval_windows: int = 0  # > 0: val loss over this many fixed block_size windows spread over val, not eval_iters batches
     target_loss: float | None = None  # stop once val loss <= target_loss (and report the training time it took)
+    # lm-eval tasks scored at each evaluation (train_tasks.py, docs/eval.md)
+    eval_tasks: str = ""  # lm-eval task names, comma-separated: tangshi_next_line; "" for none
+    eval_tasks_limit: int = 100  # the first this many items of each task, the same ones at every evaluation
+    eval_tasks_include_path: str = "tasks"  # a folder of task YAMLs besides lm-eval's own (ours: tasks)
 
 
     def __post_init__(self):
@@ -147,6 +152,8 @@ class TrainConfig(GPTConfig):
             raise ValueError(f"seed must be in [0, 2^64), got {self.seed}")
         if self.embedding_lr is not None and self.embedding_lr < 0:
             raise ValueError(f"embedding_lr must be >= 0 (or None), got {self.embedding_lr}")
+        if self.eval_tasks_limit < 1:
+            raise ValueError(f"eval_tasks_limit must be at least 1, got {self.eval_tasks_limit}")
         if self.peak_flops is not None and self.peak_flops <= 0:
             raise ValueError(f"peak_flops must be > 0 (or None), got {self.peak_flops}")
 
@@ -351,6 +358,7 @@ class Run:
         self.sharded = self.parallelize(cfg, dtype, compile)
         self.token_bytes = bytes_per_token(meta, self.raw_model.config.vocab_size, device, log)
         self.products = training_products(cfg, device, dtype, compile, self.sharded, log)
+        self.tasks = task_scores(cfg, self.raw_model, meta, rank, self.sharded)  # None without eval_tasks
         self.optimizer = configure_optimizers(self.raw_model, OptimizerSettings.of(cfg, self.products.ns_dtype))
         self.scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
         restored = self.restore(ckpt) if ckpt is not None else (0, float("inf"), 0.0)
@@ -536,6 +544,8 @@ class Run:
         if not math.isfinite(losses["val"]):
             raise UserError(f"val loss is {losses['val']} at iter {it}; the run diverged (lower learning_rate "
                             f"or raise warmup_iters); the last good checkpoint is kept")
+        if self.tasks is not None:
+            self.tasks.log(self.metrics, self.ctx, it, time=wall, train_time=train_time)
         if cfg.eval_only:
             return True
         improved = losses["val"] < self.best_val_loss
