@@ -143,3 +143,20 @@ def test_a_task_without_its_data_is_one_line_and_exit_2_from_the_command_line(tm
     assert result.stderr.strip().splitlines()[-1] == (f"error: {tmp_path}/ours/data/tangshi_next_line.jsonl not found; "
                                                       "run python tasks/prepare.py")
     assert not (tmp_path / "out" / "log.jsonl").exists()
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_two_processes_score_the_tasks_once_per_evaluation_without_waiting_on_each_other(tmp_path, char_dataset, tasks,
+                                                                                         parallel):
+    """DDP: rank 0 scores its whole copy while the other waits at the next collective. FSDP: every rank runs
+    each forward (the all-gathers need them all), rank 0 logs."""
+    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py"]
+    settings = {**TINY, "gradient_accumulation_steps": 2, "parallel": parallel, "dataset": char_dataset,
+                "out_dir": tmp_path / "out", "eval_tasks": "tiny_ppl", "eval_tasks_limit": LIMIT,
+                "eval_tasks_include_path": tasks}
+    result = run_script(launcher + [f"--{k}={v}" for k, v in settings.items()], timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    logged = records(tmp_path / "out", "tasks")
+    assert [r["iter"] for r in logged] == [0, 1, 2] and result.stdout.count(": tiny_ppl perplexity") == 3
+    want = reference_perplexity(tmp_path / "out", PPL_DOCS[:LIMIT])
+    assert logged[-1]["tiny_ppl/perplexity"] == pytest.approx(want, rel=1e-5)
