@@ -1,4 +1,5 @@
-"""Overlay val loss (or bits per byte) against training time and against iterations, from runs' log.jsonl files.
+"""Overlay val loss (or bits per byte) against training time and against iterations, from runs' log.jsonl files;
+below them the lm-eval tasks' scores where train.py scored them (eval_tasks).
 
     python plot.py out-shakespeare-char-cpu out-shakespeare-char-speedrun --png docs/speedrun.png
     python plot.py out-tangshi-char out-tangshi-bpe --bpb --png tangshi.png
@@ -14,24 +15,48 @@ from configurator import UserError, run_main
 from metrics import read_log
 
 
-def read_evals(out_dir, metric="val_loss"):
-    """[(iter, train_time, metric)] of a run's log; the last run when the log holds several. A resumed
-    process continues its run from the checkpoint's iter: the evaluations logged after it are replaced."""
-    path = os.path.join(out_dir, "log.jsonl")
-    if not os.path.exists(path):
-        raise UserError(f"{path} not found; train.py writes it into out_dir")
+def last_run(path):
+    """The records of the last run in a log.jsonl. A resumed process continues its run from the checkpoint's
+    iter: the records logged after it are replaced by the resumed process's."""
     runs = []
     for record in read_log(path, note=lambda line: print(line, file=sys.stderr)):
         if record["kind"] == "config" and record.get("init_from") == "resume" and runs:
             start = record.get("iter", float("inf"))  # logs of older versions do not say
-            runs[-1] = [point for point in runs[-1] if point[0] <= start]
+            runs[-1] = [r for r in runs[-1] if r.get("iter", 0) <= start]
         elif record["kind"] == "config":
             runs.append([])
-        elif record["kind"] == "eval" and runs and record.get(metric) is not None:
-            runs[-1].append((record["iter"], record["train_time"], record[metric]))
-    if not runs or not runs[-1]:
+        elif runs:
+            runs[-1].append(record)
+    return runs[-1] if runs else []
+
+
+def log_path(out_dir):
+    path = os.path.join(out_dir, "log.jsonl")
+    if not os.path.exists(path):
+        raise UserError(f"{path} not found; train.py writes it into out_dir")
+    return path
+
+
+def read_evals(out_dir, metric="val_loss"):
+    """[(iter, train_time, metric)] of a run's evaluations; the last run when the log holds several."""
+    path = log_path(out_dir)
+    evals = [(r["iter"], r["train_time"], r[metric]) for r in last_run(path)
+             if r["kind"] == "eval" and r.get(metric) is not None]
+    if not evals:
         raise UserError(f"{path} has no evaluations" + (f" with {metric}" if metric != "val_loss" else ""))
-    return runs[-1]
+    return evals
+
+
+def read_tasks(out_dir, metric="acc"):
+    """{task: [(iter, train_time, metric)]} of the lm-eval tasks scored at the last run's evaluations
+    (train.py's eval_tasks); {} where none were."""
+    scores = {}
+    for r in last_run(log_path(out_dir)):
+        for key, value in r.items() if r["kind"] == "tasks" else ():
+            task, _, name = key.rpartition("/")
+            if task and name == metric and value is not None:
+                scores.setdefault(task, []).append((r["iter"], r["train_time"], value))
+    return scores
 
 
 def loss_limits(runs):
@@ -42,21 +67,35 @@ def loss_limits(runs):
     return lo - margin, hi + margin
 
 
-def draw(runs, target=None, label="val loss"):
-    """The figure: val loss against training time and against iterations, one line per run."""
+def draw(runs, target=None, label="val loss", tasks=None, task_metric="acc"):
+    """The figure: val loss against training time and against iterations, one line per run; below them, where
+    tasks ({run: {task: points}}) has scores, each run's tasks on the same axes."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, (by_time, by_iter) = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
-    for name, evals in runs.items():
+    rows = 2 if tasks and any(tasks.values()) else 1
+    fig, axes = plt.subplots(rows, 2, figsize=(11, 4.2 * rows), sharey="row", sharex="col", squeeze=False)
+    (by_time, by_iter) = axes[0]
+    name = {run: os.path.basename(os.path.normpath(run)) for run in runs}
+    for run, evals in runs.items():
         iters, times, losses = zip(*evals)
-        by_time.plot(times, losses, marker=".", label=os.path.basename(os.path.normpath(name)))
-        by_iter.plot(iters, losses, marker=".", label=os.path.basename(os.path.normpath(name)))
-    for ax, xlabel in ((by_time, "training time, s (from process start, evals excluded)"), (by_iter, "iterations")):
-        ax.set_xlabel(xlabel)
+        by_time.plot(times, losses, marker=".", label=name[run])
+        by_iter.plot(iters, losses, marker=".", label=name[run])
+    if rows == 2:
+        for run, scores in tasks.items():
+            for task, points in scores.items():
+                iters, times, values = zip(*points)
+                axes[1][0].plot(times, values, marker=".", label=f"{name[run]}: {task}")
+                axes[1][1].plot(iters, values, marker=".", label=f"{name[run]}: {task}")
+        axes[1][0].set_ylabel(f"{task_metric} (lm-eval tasks)")
+        axes[1][1].legend()
+    for ax in axes.flat:
         ax.grid(alpha=0.3)
+    for ax in axes[0]:
         if target is not None:
             ax.axhline(target, color="gray", linestyle="--", linewidth=1)
+    axes[-1][0].set_xlabel("training time, s (from process start, evals excluded)")
+    axes[-1][1].set_xlabel("iterations")
     by_time.set_ylabel(label)
     by_time.set_ylim(*loss_limits(runs))
     by_iter.legend()
@@ -69,6 +108,8 @@ def main(argv):
     parser.add_argument("out_dirs", nargs="+")
     parser.add_argument("--png", required=True, help="where to write the figure")
     parser.add_argument("--target", type=float, default=None, help="draw a horizontal line at this loss")
+    parser.add_argument("--task_metric", default="acc",
+                        help="the lm-eval metric drawn below the loss where train.py scored tasks (eval_tasks)")
     parser.add_argument("--bpb", action="store_true",
                         help="plot val bits per byte, which compares across tokenizers, instead of val loss")
     args = parser.parse_args(argv)
@@ -78,7 +119,9 @@ def main(argv):
         import matplotlib  # noqa: F401
     except ImportError:
         raise UserError("plot.py needs matplotlib: pip install matplotlib") from None
-    draw(runs, args.target, "val bits per byte" if args.bpb else "val loss").savefig(args.png, dpi=110)
+    tasks = {d: read_tasks(d, args.task_metric) for d in args.out_dirs}
+    draw(runs, args.target, "val bits per byte" if args.bpb else "val loss", tasks, args.task_metric).savefig(
+        args.png, dpi=110)
     print(f"wrote {args.png}")
 
 

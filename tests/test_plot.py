@@ -79,3 +79,29 @@ def test_a_resumed_run_continues_its_figure_from_the_checkpoints_iter(tmp_path):
     (tmp_path / "run" / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     assert plot.read_evals(str(tmp_path / "run")) == [(0, 0.0, 5.0), (100, 1.0, 4.0), (200, 2.0, 3.0),
                                                       (300, 3.5, 3.7), (400, 4.5, 3.6)]
+
+
+def test_task_scores_are_drawn_below_the_loss_and_follow_a_resumed_run(tmp_path):
+    """train.py's eval_tasks records ("tasks"): each task's acc against training time and iterations, in a
+    row below the loss; a resumed process's scores replace those logged after its checkpoint's iter."""
+    def tasks(i, t, acc):
+        return {"kind": "tasks", "iter": i, "train_time": t, "seconds": 0.5, "tang/acc": acc, "tang/acc_stderr": 0.04,
+                "tang/n": 100, "tang/acc_norm": acc - 0.01, "poem/acc": 1 - acc}
+    records = [{"kind": "config", "init_from": "scratch", "iter": 0}]
+    for i, acc in ((0, 0.25), (100, 0.3), (200, 0.35)):
+        records += [{"kind": "eval", "iter": i, "train_time": i / 100, "val_loss": 5 - i / 100}, tasks(i, i / 100, acc)]
+    records += [{"kind": "config", "init_from": "resume", "iter": 100}, tasks(200, 2.5, 0.4)]
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    scores = plot.read_tasks(str(tmp_path / "run"))
+    assert scores == {"tang": [(0, 0.0, 0.25), (100, 1.0, 0.3), (200, 2.5, 0.4)],
+                      "poem": [(0, 0.0, 0.75), (100, 1.0, 0.7), (200, 2.5, 0.6)]}
+    assert plot.read_tasks(str(tmp_path / "run"), "acc_norm")["tang"][-1] == (200, 2.5, 0.39)
+    run = str(tmp_path / "run")
+    fig = plot.draw({run: plot.read_evals(run)}, tasks={run: scores})
+    loss_time, loss_iter, task_time, task_iter = fig.axes
+    assert task_iter.get_xlabel() == "iterations" and task_time.get_ylabel() == "acc (lm-eval tasks)"
+    drawn = {line.get_label(): list(zip(line.get_xdata(), line.get_ydata())) for line in task_iter.get_lines()}
+    assert drawn == {"run: tang": [(0, 0.25), (100, 0.3), (200, 0.4)], "run: poem": [(0, 0.75), (100, 0.7), (200, 0.6)]}
+    assert [tuple(line.get_xdata()) for line in task_time.get_lines()][0] == (0.0, 1.0, 2.5)
+    assert len(plot.draw({run: plot.read_evals(run)}, tasks={run: {}}).axes) == 2  # no tasks: no second row
