@@ -61,7 +61,8 @@ class TaskScores:
         try:
             import lm_eval.evaluator  # noqa: F401
         except ImportError:
-            raise UserError("eval_tasks needs lm-evaluation-harness: pip install lm-eval (or drop --eval_tasks)") from None
+            raise UserError("eval_tasks needs lm-evaluation-harness: pip install lm-eval "
+                            "(or drop --eval_tasks)") from None
         from eval import quiet_logging, task_manager
         from harness import NanoGPT
         quiet_logging()

@@ -47,7 +47,9 @@ def tasks(tmp_path):
 
 
 def cfg(tmp_path, dataset, tasks=None, **kw):
-    extra = dict(eval_tasks="tiny_ppl,tiny_mc", eval_tasks_limit=LIMIT, eval_tasks_include_path=str(tasks)) if tasks else {}
+    extra = {}
+    if tasks:
+        extra = dict(eval_tasks="tiny_ppl,tiny_mc", eval_tasks_limit=LIMIT, eval_tasks_include_path=str(tasks))
     return TrainConfig(**{**TINY, "out_dir": str(tmp_path / "out"), "dataset": str(dataset), **extra, **kw})
 
 
@@ -126,7 +128,8 @@ def test_a_mistake_in_eval_tasks_stops_the_run_at_start_up(tmp_path, char_datase
 
 def test_characters_outside_the_vocabulary_stop_a_resumed_run_before_it_trains(tmp_path, char_dataset, tasks):
     train(cfg(tmp_path, char_dataset, max_iters=2), log=lambda *a, **k: None)
-    write_task(tasks, "tiny_tang", [{"context": "床前明月光，", "choices": ["疑是地上霜。", "AAAAAA"], "label": 0}])
+    tang = [{"context": "床前明月光，", "choices": ["疑是地上霜。", "AAAAAA"], "label": 0}]
+    write_task(tasks, "tiny_tang", tang)
     before = (tmp_path / "out" / "log.jsonl").read_text()
     run, overrides = parse_args(TrainConfig, ["--init_from=resume", f"--out_dir={tmp_path / 'out'}", "--max_iters=4",
                                               "--eval_tasks=tiny_tang", f"--eval_tasks_include_path={tasks}"])
