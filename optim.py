@@ -68,6 +68,8 @@ def configure_optimizers(model, settings):
     if embeddings:  # not decayed: at such rates decay would shrink every step the rows of tokens the batch lacks
         adam_groups.append({"params": [p for p in params if id(p) in embeddings], "weight_decay": 0.0,
                             "lr": embedding_lr})
+    # no empty group: torch's distributed optimizer state (sharded checkpoints) refuses one beside another optimizer
+    adam_groups = [g for g in adam_groups if g["params"]]
     device_type = next(model.parameters()).device.type
     adamw = torch.optim.AdamW(adam_groups, lr=s.learning_rate, betas=(s.beta1, s.beta2), fused=device_type == "cuda")
     if optimizer == "adamw":
