@@ -9,23 +9,21 @@ carries the role tokens of the template. Type /reset to start over, /quit (or Ct
 Ctrl-C stops an answer, not the session. Simplified characters are written in the traditional ones
 of the training text where the vocabulary has them (OpenCC, where installed).
 """
-import os
 import sys
 from dataclasses import dataclass
 
 import torch
 
-from checkpoint import load_checkpoint, model_from_checkpoint
 from configurator import UserError, parse_args, report_overrides, run_main
 from device import autocast, resolve_device, resolve_dtype
 from generate import Continuation, check_sampling, stream
-from tokenizer import CharTokenizer, ChatTokenizer, tokenizer_from_meta
+from source import Source, load_model
+from tokenizer import CharTokenizer, ChatTokenizer
 
 
 @dataclass
-class ChatConfig:
+class ChatConfig(Source):
     out_dir: str = "out-tangshi-sft"  # where train.py wrote the fine-tuned checkpoint
-    ckpt: str = "ckpt.pt"  # ckpt.pt (latest) or best.pt
     system: str = ""  # a system message that opens every conversation
     prompt: str = ""  # -p: answer this one message and exit
     max_new_tokens: int = 500  # an answer's length at most
@@ -37,22 +35,20 @@ class ChatConfig:
     dtype: str = "auto"
 
     def __post_init__(self):
+        super().__post_init__()
         check_sampling(self.max_new_tokens, self.temperature, self.top_k, self.top_p)
         if not 0 <= self.seed < 1 << 64:
             raise ValueError(f"seed must be in [0, 2^64), got {self.seed}")
 
 
-def load_chat_model(out_dir, ckpt_name, device):
+def load_chat_model(source, device):
     """The model and its chat tokenizer; a one-line refusal for a checkpoint without a chat template."""
-    path = os.path.join(out_dir, ckpt_name)
-    ckpt = load_checkpoint(path, map_location=device)
-    model = model_from_checkpoint(ckpt, path, dropout=0.0)
-    meta = ckpt.get("tokenizer")
-    tokenizer = tokenizer_from_meta(meta) if meta is not None else None
+    model, tokenizer = load_model(source, device)
     if not isinstance(tokenizer, ChatTokenizer):
-        raise UserError(f"{path} has no chat template (it was not fine-tuned on conversations); sample from it with "
-                        f"python sample.py --out_dir={out_dir}, or fine-tune it: see docs/chat.md")
-    return model.to(device).eval(), tokenizer
+        where = f"--out_dir={source.out_dir}" if source.init_from == "resume" else f"--init_from={source.init_from}"
+        raise UserError(f"{source.path} has no chat template (it was not fine-tuned on conversations); sample from "
+                        f"it with python sample.py {where}, or fine-tune it: see docs/chat.md")
+    return model, tokenizer
 
 
 class Converter:
@@ -154,7 +150,7 @@ def main(argv):
     report_overrides({k: v for k, v in overrides.items() if k != "prompt"}, ChatConfig(),
                      log=lambda line: print(line, file=sys.stderr))
     device = resolve_device(cfg.device)
-    model, tokenizer = load_chat_model(cfg.out_dir, cfg.ckpt, device)
+    model, tokenizer = load_chat_model(cfg, device)
     session = Session(model, tokenizer, cfg, device)
     if cfg.prompt:
         session.answer(cfg.prompt)

@@ -17,16 +17,13 @@ import os
 import sys
 from dataclasses import dataclass
 
-from checkpoint import is_pretrained
 from configurator import UserError, parse_args, report_overrides, run_main
 from device import resolve_device
+from source import Source
 
 
 @dataclass
-class EvalConfig:
-    init_from: str = "resume"  # "resume" (out_dir's checkpoint) or GPT-2 weights: gpt2, ..., gpt2-xl, a local HF dir
-    out_dir: str = "out"  # where train.py wrote the checkpoint
-    ckpt: str = "ckpt.pt"  # ckpt.pt (latest) or best.pt (best val loss)
+class EvalConfig(Source):
     tasks: str = ""  # lm-eval task names, comma-separated: tangshi_next_line,hellaswag
     include_path: str | None = None  # a folder of task YAMLs added to lm-eval's (ours: tasks)
     limit: float | None = None  # at most this many examples per task (a fraction if below 1): for trying things
@@ -36,9 +33,7 @@ class EvalConfig:
     output_path: str | None = None  # the results JSON; None: out_dir/eval_results.json
 
     def __post_init__(self):
-        if self.init_from != "resume" and not is_pretrained(self.init_from):
-            raise ValueError(f"init_from must be resume, gpt2, gpt2-medium, gpt2-large, gpt2-xl or a local Hugging Face "
-                             f"GPT-2 directory, got {self.init_from!r}")
+        super().__post_init__()
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {self.batch_size}")
         if self.limit is not None and self.limit <= 0:

@@ -18,17 +18,14 @@ import json
 import os
 from dataclasses import dataclass
 
-from checkpoint import load_checkpoint, model_from_checkpoint
 from configurator import UserError, parse_args, run_main
 from hf import GPT2_EOT, incompatibilities, to_hf
-from sample import tokenizer_meta
+from source import Source, read_source
 from tokenizer import tokenizer_kind
 
 
 @dataclass
-class ExportConfig:
-    out_dir: str = "out"  # where train.py wrote the checkpoint
-    ckpt: str = "ckpt.pt"  # ckpt.pt (latest) or best.pt (best val loss)
+class ExportConfig(Source):
     hf_dir: str = ""  # where to write the Hugging Face directory
 
 
@@ -66,14 +63,11 @@ def main(argv):
     if os.path.exists(cfg.hf_dir) and not os.path.isdir(cfg.hf_dir):
         raise UserError(f"--hf_dir={cfg.hf_dir} is a file, not a directory; choose a directory to write the "
                         f"Hugging Face model into")
-    path = os.path.join(cfg.out_dir, cfg.ckpt)
-    ckpt = load_checkpoint(path)
-    model = model_from_checkpoint(ckpt, path)
+    model, meta = read_source(cfg)  # the tokenizer's metadata: export writes it beside the weights
     reasons = incompatibilities(model.config)
     if reasons:
-        raise UserError(f"{path} is not a GPT-2 architecture ({', '.join(reasons)}); only GPT-2-style models export "
-                        f"to Hugging Face's GPT2LMHeadModel")
-    meta = tokenizer_meta(ckpt, path)
+        raise UserError(f"{cfg.path} is not a GPT-2 architecture ({', '.join(reasons)}); only GPT-2-style models "
+                        f"export to Hugging Face's GPT2LMHeadModel")
     try:
         hf = to_hf(model, end_of_text(meta, model.config.vocab_size))
     except ImportError as e:

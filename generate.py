@@ -100,6 +100,11 @@ def check_sampling(max_new_tokens, temperature, top_k, top_p):
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
 
 
+def sample_seed(seed, i):
+    """Sample i's seed: the seed itself for the first, then steps of 2^64 / golden ratio (mod 2^64)."""
+    return (seed + i * 0x9E3779B97F4A7C15) % (1 << 64)
+
+
 def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None, report=None):
     """One token per row of logits (B, V). Temperature 0 is greedy (argmax).
 

@@ -20,36 +20,11 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.utils import Collator, handle_stop_sequences, normalize_gen_kwargs
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-from batches import dataset_dir
-from checkpoint import is_pretrained, load_checkpoint, model_from_checkpoint
-from hf import load_pretrained
 from configurator import UserError
 from generate import Continuation, continue_rows, stream
-from tokenizer import BPETokenizer, check_meta, read_meta, tokenizer_from_meta
+from source import Source, load_model
 
 MAX_GEN_TOKS = 256  # lm-eval's default when a task names no max_gen_toks
-
-
-def load(out_dir, ckpt="ckpt.pt", device="cpu", init_from="resume"):
-    """The model (eval mode, on device) and tokenizer of out_dir/ckpt, or of GPT-2's weights (init_from)."""
-    if is_pretrained(init_from):
-        return load_pretrained(init_from, dropout=0.0).eval().to(device), BPETokenizer()
-    source = f"{out_dir}/{ckpt}"
-    checkpoint = load_checkpoint(source, map_location=device)
-    model = model_from_checkpoint(checkpoint, source, dropout=0.0)
-    if checkpoint.get("tokenizer") is not None:
-        meta = check_meta(checkpoint["tokenizer"], f"{source}: its tokenizer")
-    else:  # older and nanoGPT checkpoints: the dataset's metadata
-        dataset = (checkpoint.get("config") or {}).get("dataset")
-        meta = read_meta(dataset_dir(dataset)) if dataset else None
-    if meta is None and model.config.vocab_size < 50257:
-        raise UserError(f"{source} carries no tokenizer and its dataset's meta.json is not found; re-run the "
-                        f"dataset's prepare.py")
-    tokenizer = tokenizer_from_meta(meta)
-    if tokenizer.vocab_size > model.config.vocab_size:
-        raise UserError(f"{source} has a vocabulary of {model.config.vocab_size} tokens but its tokenizer has "
-                        f"{tokenizer.vocab_size}")
-    return model.eval().to(device), tokenizer
 
 
 @register_model("nanogpt")
@@ -62,7 +37,7 @@ class NanoGPT(TemplateLM):
                  init_from="resume"):
         super().__init__()
         if model is None:
-            model, tokenizer = load(out_dir, ckpt, device, init_from)
+            model, tokenizer = load_model(Source(init_from, out_dir, ckpt), device)
         self.model, self.tokenizer = model, tokenizer
         self.batch_size = int(batch_size)
         self._device = next(model.parameters()).device

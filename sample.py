@@ -13,29 +13,22 @@ import configurator
 configurator.exit_quietly_on_ctrl_c()  # before the slow imports (torch): Ctrl-C during them exits quietly
 
 # ruff: noqa: E402
-import os
 import sys
 from dataclasses import dataclass, field
 
 import torch
 
-from batches import dataset_dir
-from checkpoint import is_pretrained, load_checkpoint, model_from_checkpoint
-from hf import load_pretrained
 from configurator import UserError, parse_args, report_overrides, run_main
 from device import autocast, resolve_device, resolve_dtype
 from memory import check_fits, kv_cache_bytes
-from generate import Continuation, check_sampling, check_stops, continue_rows, stream
-from tokenizer import CharTokenizer, check_meta, read_meta, tokenizer_from_meta
+from generate import Continuation, check_sampling, check_stops, continue_rows, sample_seed, stream
+from source import Source, load_model
 
 SEPARATOR = "---------------"
 
 
 @dataclass
-class SampleConfig:
-    init_from: str = "resume"  # "resume" (out_dir's checkpoint) or GPT-2 weights: gpt2, ..., gpt2-xl, a local HF dir
-    out_dir: str = "out"  # where train.py wrote the checkpoint
-    ckpt: str = "ckpt.pt"  # ckpt.pt (latest) or best.pt (best val loss)
+class SampleConfig(Source):
     start: str = "\n"  # the prompt, or FILE:path to read it from a file
     num_samples: int = 10
     max_new_tokens: int = 500
@@ -51,9 +44,7 @@ class SampleConfig:
     use_cache: bool = True  # KV cache: one position per step instead of the whole context
 
     def __post_init__(self):
-        if self.init_from != "resume" and not is_pretrained(self.init_from):
-            raise ValueError(f"init_from must be resume, gpt2, gpt2-medium, gpt2-large, gpt2-xl or a local Hugging Face "
-                             f"GPT-2 directory, got {self.init_from!r}")
+        super().__post_init__()
         check_sampling(self.max_new_tokens, self.temperature, self.top_k, self.top_p)
         if self.num_samples < 1:
             raise ValueError(f"num_samples must be at least 1, got {self.num_samples}")
@@ -64,11 +55,6 @@ class SampleConfig:
             raise ValueError("--stop has an empty string, which would end every sample before it starts; "
                              "give the text that should end a sample, e.g. --stop='\\n\\n'")
         check_stops(self.stop)
-
-
-def sample_seed(seed, i):
-    """Sample i's seed: the seed itself for the first, then steps of 2^64 / golden ratio (mod 2^64)."""
-    return (seed + i * 0x9E3779B97F4A7C15) % (1 << 64)
 
 
 def unescape(text):
@@ -92,54 +78,12 @@ def read_prompt(start):
         raise UserError(f"--start=FILE:{path}: cannot read the prompt file ({e.strerror})") from None
 
 
-def tokenizer_meta(ckpt, source):
-    """The metadata of a checkpoint's tokenizer: carried in the checkpoint, or (older and nanoGPT
-    checkpoints) its dataset's; None where neither has one (GPT-2 BPE)."""
-    if ckpt.get("tokenizer") is not None:
-        return check_meta(ckpt["tokenizer"], f"{source}: its tokenizer")
-    dataset = (ckpt.get("config") or {}).get("dataset")
-    return read_meta(dataset_dir(dataset)) if dataset else None
-
-
-def load(cfg, device):
-    """The model and tokenizer of cfg.out_dir's checkpoint, or of GPT-2's weights."""
-    if cfg.init_from != "resume":
-        model, source = load_pretrained(cfg.init_from, dropout=0.0), cfg.init_from
-        # a directory export.py wrote holds the tokenizer of a model trained on its own (meta.json); else GPT-2's
-        tokenizer = tokenizer_from_meta(read_meta(source) if os.path.isdir(source) else None)
-    else:
-        source = os.path.join(cfg.out_dir, cfg.ckpt)
-        ckpt = load_checkpoint(source, map_location=device)
-        model = model_from_checkpoint(ckpt, source, dropout=0.0)
-        dataset = (ckpt.get("config") or {}).get("dataset")
-        meta = tokenizer_meta(ckpt, source)
-        if meta is None and model.config.vocab_size < 50257:  # not a GPT-2 vocabulary: its own tokenizer is needed
-            raise UserError(f"{source} was trained on dataset {dataset!r}, whose meta.json (or meta.pkl) is not "
-                            f"found at {dataset_dir(dataset)}; re-run that dataset's prepare.py to decode its tokens")
-        tokenizer = tokenizer_from_meta(meta)
-    hint = (f"; copy the meta.json of the dataset it was trained on into {source} (export.py writes it)"
-            if cfg.init_from != "resume" and os.path.isdir(source) else "")
-    check_decodes(tokenizer, model.config.vocab_size, source, hint)
-    return model, tokenizer
-
-
-def check_decodes(tokenizer, vocab_size, source, hint=""):
-    """Refuse a tokenizer that cannot decode every id below the model's vocab_size (all of which it can emit),
-    or that has ids the model has not. A BPE decodes the ids past its own as nothing, for GPT-2's 50,257
-    tokens padded to 50,304 in nanoGPT's models; a char tokenizer has no padding, as train.py demands."""
-    short = isinstance(getattr(tokenizer, "base", tokenizer), CharTokenizer) and tokenizer.vocab_size < vocab_size
-    if short or tokenizer.vocab_size > vocab_size:
-        raise UserError(f"{source} has a vocabulary of {vocab_size} tokens but its tokenizer has "
-                        f"{tokenizer.vocab_size}; sample with the tokenizer (dataset) it was trained on{hint}")
-
-
 def main(argv):
     cfg, overrides = parse_args(SampleConfig, argv)
     report_overrides(overrides, SampleConfig(), log=lambda line: print(line, file=sys.stderr))  # stdout is the text
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
-    model, tokenizer = load(cfg, device)
-    model.eval().to(device)
+    model, tokenizer = load_model(cfg, device)
     if cfg.compile:
         if device.type == "cpu":
             print("note: compile=True on CPU compiles only what decode.FusedStep leaves to the model: the prompt, "

@@ -51,14 +51,13 @@ from starlette.responses import HTMLResponse, JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from batching import Engine, QueueFull, Sequence
-from checkpoint import is_pretrained
 from configurator import UserError, parse_args, report_overrides, run_main
 from device import autocast, resolve_device, resolve_dtype
-from generate import MAX_STOPS, Continuation, check_sampling, check_stops
+from generate import MAX_STOPS, Continuation, check_sampling, check_stops, sample_seed
 from memory import check_fits, kv_cache_bytes
-from sample import load, sample_seed
+from source import Source, load_model
 from tokenizer import ROLES, ChatTokenizer
-from trace import Recorder
+from tracing import Recorder
 
 PAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "playground.html")
 MAX_BODY_BYTES = 1 << 20  # a request's JSON; a longer prompt would not fit any block_size anyway
@@ -86,10 +85,7 @@ CHAT_PARAMS = {"model", "messages", "max_tokens", "max_completion_tokens", "temp
 
 
 @dataclass
-class ServeConfig:
-    init_from: str = "resume"  # "resume" (out_dir's checkpoint) or GPT-2 weights: gpt2, ..., gpt2-xl, a local HF dir
-    out_dir: str = "out"  # where train.py wrote the checkpoint
-    ckpt: str = "ckpt.pt"  # ckpt.pt (latest) or best.pt (best val loss)
+class ServeConfig(Source):
     host: str = "127.0.0.1"  # this machine only; 0.0.0.0 serves every network the machine is on
     port: int = 8000
     device: str = "auto"
@@ -100,9 +96,7 @@ class ServeConfig:
     api_key: str | None = None  # clients must send Authorization: Bearer KEY (the playground asks for it)
 
     def __post_init__(self):
-        if self.init_from != "resume" and not is_pretrained(self.init_from):
-            raise ValueError(f"init_from must be resume, gpt2, gpt2-medium, gpt2-large, gpt2-xl or a local "
-                             f"Hugging Face GPT-2 directory, got {self.init_from!r}")
+        super().__post_init__()
         if not 0 <= self.port < 1 << 16:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         if self.api_key == "":
@@ -393,8 +387,7 @@ class Service:
     def load(cls, cfg):
         device = resolve_device(cfg.device)
         dtype = resolve_dtype(cfg.dtype, device)
-        model, tokenizer = load(cfg, device)
-        model.eval().to(device)
+        model, tokenizer = load_model(cfg, device)
         check_fits(kv_cache_bytes(model.config, cfg.max_batch, model.lm_head.weight.element_size()), device,
                    f"a KV cache of {cfg.max_batch} sequences", "lower max_batch")
         name = cfg.init_from if cfg.init_from != "resume" else os.path.basename(os.path.abspath(cfg.out_dir))
@@ -627,7 +620,7 @@ class Service:
                              "layers": [{"layer": l, "heads": w} for l, w in zip(layers, weights)]})
 
     def attention_weights(self, ids, layers):
-        """Each layer's attention weights (heads, T, T) as lists, recorded by trace.Recorder between engine steps."""
+        """Each layer's attention weights (heads, T, T) as lists, recorded by tracing.Recorder between engine steps."""
         with self.engine.lock, ExitStack() as stack, torch.no_grad(), autocast(self.device, self.dtype):
             recorders = [stack.enter_context(Recorder(self.model, layer)) for layer in layers]
             self.model(torch.tensor([ids], device=self.device))

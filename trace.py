@@ -28,14 +28,12 @@ import torch.nn.functional as F
 from configurator import UserError, parse_args, report_overrides, run_main
 from device import resolve_device
 from generate import check_sampling, generate
-from sample import SampleConfig, load
+from source import Source, load_model
+from tracing import Recorder
 
 
 @dataclass
-class TraceConfig:
-    init_from: str = "resume"  # "resume" (out_dir's checkpoint) or GPT-2 weights: gpt2, ..., a local HF dir
-    out_dir: str = "out"  # where train.py wrote the checkpoint
-    ckpt: str = "ckpt.pt"  # ckpt.pt (latest) or best.pt (best val loss)
+class TraceConfig(Source):
     start: str = "Cats sit on"  # the prompt to follow through the model
     layer: int | None = None  # the layer to trace; None: every layer
     head: int | None = None  # the head to show; None: every head
@@ -52,6 +50,7 @@ class TraceConfig:
     html: str | None = None  # also write a page with attention heatmaps here (a bare name goes into out_dir)
 
     def __post_init__(self):
+        super().__post_init__()
         check_sampling(0, self.temperature, self.top_k, self.top_p)
         for name, low in (("steps", 0), ("top", 1), ("channels", 1)):
             if getattr(self, name) < low:
@@ -71,61 +70,6 @@ def tensor_data(t):
             return [fix(x) for x in v]
         return v if math.isfinite(v) else ("-inf" if v < 0 else "inf" if v > 0 else "nan")
     return fix(values)
-
-
-class Recorder:
-    """Standard forward hooks on one layer's modules and observation points (model.HookPoint):
-    records, by stage name, what the model itself computes. Nothing is patched or recomputed."""
-
-    def __init__(self, model, layer):
-        self.model, self.layer, self.stages, self.handles = model, layer, {}, []
-
-    def put(self, name, tensor):
-        self.stages[name] = tensor.detach().clone()
-
-    def hook(self, module, name, pre=False):
-        if pre:
-            self.handles.append(module.register_forward_pre_hook(lambda m, args: self.put(name, args[0])))
-        else:
-            self.handles.append(module.register_forward_hook(lambda m, args, out: self.put(name, out)))
-
-    def __enter__(self):
-        m, block = self.model, self.model.transformer.h[self.layer]
-        attn = block.attn
-        self.hook(m.transformer.wte, "embedding")
-        if "wpe" in m.transformer:
-            self.hook(m.transformer.wpe, "position embedding")
-        self.hook(block, "block input", pre=True)
-        self.hook(block.ln_1, "ln_1 (normed input)")
-        self.hook(attn.c_attn, "c_attn (q | k | v)")
-        rope = m.config.pos_emb == "rope"
-        for point, name in ((attn.hook_q, "q before RoPE" if rope else "q"), (attn.hook_k, "k before RoPE" if rope else "k"),
-                            (attn.hook_v, "v"), (attn.hook_scores, "scores (q.k / sqrt(hs))"),
-                            (attn.hook_masked, "masked scores"), (attn.hook_weights, "attention weights"),
-                            (attn.hook_heads, "head outputs")):
-            self.hook(point, name)
-        if rope:  # attention reads q and k after the rotation
-            for point, names in ((attn.hook_q_rot, ("q after RoPE", "q")), (attn.hook_k_rot, ("k after RoPE", "k"))):
-                for name in names:
-                    self.hook(point, name)
-        self.hook(attn.c_proj, "merged heads", pre=True)
-        self.hook(attn.c_proj, "attention projection")
-        self.hook(block.ln_2, "residual 1 (input + attention)", pre=True)
-        self.hook(block.ln_2, "ln_2")
-        self.hook(block.mlp.c_proj, "MLP hidden activations", pre=True)
-        self.hook(block.mlp, "MLP output")
-        self.hook(block, "residual 2 (block output)")
-        self.hook(m.transformer.ln_f, "final norm")
-        self.impls = [b.attn.impl for b in m.transformer.h]
-        for b in m.transformer.h:  # the manual path materializes scores and weights
-            b.attn.impl = "manual"
-        return self
-
-    def __exit__(self, *exc):
-        for h in self.handles:
-            h.remove()
-        for b, impl in zip(self.model.transformer.h, self.impls):
-            b.attn.impl = impl
 
 
 def trace_forward(model, idx, layer):
@@ -342,8 +286,7 @@ def main(argv):
     cfg, overrides = parse_args(TraceConfig, argv)
     report_overrides(overrides, TraceConfig(), log=lambda line: print(line, file=sys.stderr))
     device = resolve_device(cfg.device)
-    model, tokenizer = load(SampleConfig(init_from=cfg.init_from, out_dir=cfg.out_dir, ckpt=cfg.ckpt), device)
-    model.eval().to(device)
+    model, tokenizer = load_model(cfg, device)
     result = build_trace(model, tokenizer, cfg, device)
     result.pop("logits")
     print_trace(result, cfg)

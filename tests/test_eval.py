@@ -10,7 +10,8 @@ from lm_eval.api.instance import Instance
 from conftest import CORPUS, run_script
 from reference import next_token_log_probs
 from generate import generate
-from harness import NanoGPT, load
+from harness import NanoGPT
+from source import Source, load_model
 
 TINY_TRAIN = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, batch_size=8, gradient_accumulation_steps=1,
                   eval_iters=1, eval_interval=30, log_interval=30, learning_rate=1e-2, warmup_iters=2, min_lr=1e-3,
@@ -28,7 +29,7 @@ def trained(tmp_path_factory):
     prepare(str(tmp / "input.txt"), "char", str(tmp / "data"), 0.1, log=lambda *a: None)
     torch.manual_seed(0)
     train(TrainConfig(**TINY_TRAIN, out_dir=str(tmp / "out"), dataset=str(tmp / "data")), log=lambda *a, **k: None)
-    model, tokenizer = load(str(tmp / "out"))
+    model, tokenizer = load_model(Source(out_dir=str(tmp / "out")))
     return tmp / "out", model, tokenizer
 
 

@@ -154,9 +154,10 @@ def test_any_value_in_a_checkpoint_field(trained, tmp_path_factory, field, value
     path = str(out / "ckpt.pt")
 
     def sample_then_resume():
-        from sample import SampleConfig, load
+        from sample import SampleConfig
+        from source import load_model
         model_from_checkpoint(load_checkpoint(path), path)
-        load(SampleConfig(out_dir=str(out)), torch.device("cpu"))
+        load_model(SampleConfig(out_dir=str(out)), torch.device("cpu"))
         cfg, overrides = parse_args(TrainConfig, ["--init_from=resume", f"--out_dir={out}", "--max_iters=2",
                                                   f"--dataset={root / 'data'}"])
         train(cfg, overrides, log=lambda *a: None)

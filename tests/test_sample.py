@@ -167,9 +167,10 @@ def test_serve_refuses_the_same_checkpoint_at_load(tmp_path):
 def test_gpt2_bpe_loads_with_the_model_padded_to_50304(tmp_path):
     """nanoGPT pads GPT-2's 50,257 tokens to 50,304: the padding ids decode to nothing."""
     import torch
-    from sample import SampleConfig, load
+    from sample import SampleConfig
+    from source import load_model
     out = save_checkpoint_of(tmp_path, 50304, {"tokenizer": "gpt2"})
-    model, tokenizer = load(SampleConfig(out_dir=str(out)), torch.device("cpu"))
+    model, tokenizer = load_model(SampleConfig(out_dir=str(out)), torch.device("cpu"))
     assert (model.config.vocab_size, tokenizer.vocab_size) == (50304, 50257)
     decoder = tokenizer.decoder()
     assert decoder.feed(50303) == "" and decoder.feed(tokenizer.encode("hi")[0]) == "hi"

@@ -10,12 +10,11 @@ from contextlib import contextmanager
 import pytest
 import torch
 
-from generate import generate
+from generate import generate, sample_seed
 
 from checkpoint import model_args
 from conftest import CORPUS, run_script
 from model import GPTConfig
-from sample import sample_seed
 from test_generate import attention_weights, sharp
 
 openai = pytest.importorskip("openai")
