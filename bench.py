@@ -18,14 +18,18 @@ import importlib.util
 import io
 import json
 import os
+import re
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 
 import torch
 
 from batches import dataset_dir
+from checkpoint import model_args, save_checkpoint
 from configurator import UserError, parse_args, run_main
 from device import autocast, resolve_device, resolve_dtype, should_compile, training_products
 from generate import generate, packed_weights, window_start
@@ -34,7 +38,7 @@ from metrics import read_log
 from model import GPT
 from optim import OptimizerSettings, configure_optimizers
 from tokenizer import read_meta, tokenizer_from_meta
-from train import TrainConfig, train
+from train_config import TrainConfig
 
 
 @dataclass
@@ -159,14 +163,26 @@ def train_loop_ms(cfg):
     """ms per iteration of train.py itself (logging, progress bar, checkpoints), from its log; None without data."""
     if not os.path.exists(os.path.join(dataset_dir(cfg.dataset), "train.bin")):
         return None
+    n = cfg.bench_warmup + cfg.bench_iters
     with tempfile.TemporaryDirectory() as out:
-        n = cfg.bench_warmup + cfg.bench_iters
-        run = TrainConfig(**{**{k: v for k, v in asdict(cfg).items() if k in TrainConfig.__dataclass_fields__},
-                             "out_dir": out, "max_iters": n, "eval_interval": n, "eval_iters": 1,
-                             "log_interval": 1, "init_from": "scratch", "wandb_log": False})
-        train(run, log=lambda *a: None)
-        records = read_log(os.path.join(out, "log.jsonl"))
+        records = run_train(cfg, out, "the training loop", f"--max_iters={n}", f"--eval_interval={n}",
+                            "--eval_iters=1", "--log_interval=1", "--init_from=scratch", "--wandb_log=False")
     return statistics.median(r["ms"] for r in records if r.get("kind") == "train" and r["iter"] > cfg.bench_warmup)
+
+
+def run_train(cfg, out, what, *items, world=1):
+    """Run python train.py (under torchrun for world > 1) into out with cfg's training keys that differ from
+    TrainConfig's defaults, then items; its log.jsonl records. A failure is a UserError naming what."""
+    default = TrainConfig()
+    args = [f"--{f.name}={getattr(cfg, f.name)}" for f in fields(TrainConfig)
+            if getattr(cfg, f.name) != getattr(default, f.name) and f.name != "out_dir"]
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}"] if world > 1 else []
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")  # paths in cfg as given here
+    done = subprocess.run([sys.executable, *launcher, script, *args, *items, f"--out_dir={out}"],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise UserError(f"train.py failed while measuring {what}: {done.stderr.strip()[-500:]}")
+    return read_log(os.path.join(out, "log.jsonl"))
 
 
 def decode_tok_s(model, device, batch, new_tokens, use_cache=True, repeats=1, **sampling):
@@ -265,25 +281,15 @@ def decode_bytes_per_token(model, new_tokens):
 def held_per_process(cfg):
     """Bytes of parameters, gradients and optimizer state per process after one iteration of train.py:
     one process, then cfg.processes under torchrun with DDP and with FSDP (log.jsonl's memory record)."""
-    import subprocess
-    import sys
-    default = TrainConfig()
-    args = [f"--{f.name}={getattr(cfg, f.name)}" for f in fields(TrainConfig)
-            if getattr(cfg, f.name) != getattr(default, f.name) and f.name not in ("out_dir", "parallel")]
     n = cfg.processes
-    args += ["--max_iters=1", "--eval_interval=1000", "--eval_iters=1", "--compile=False",
-             f"--gradient_accumulation_steps={n * max(1, cfg.gradient_accumulation_steps // n)}"]
+    args = ["--max_iters=1", "--eval_interval=1000", "--eval_iters=1", "--compile=False",
+            f"--gradient_accumulation_steps={n * max(1, cfg.gradient_accumulation_steps // n)}"]
     rows, results = [], {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, world, parallel in (("one process", 1, "ddp"), (f"{n} x DDP", n, "ddp"), (f"{n} x FSDP", n, "fsdp")):
-            out = os.path.join(tmp, f"{parallel}{world}")
-            launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}"] if world > 1 else []
-            done = subprocess.run([sys.executable, *launcher, "train.py", *args, f"--out_dir={out}",
-                                   f"--parallel={parallel}"], cwd=os.path.dirname(os.path.abspath(__file__)),
-                                  capture_output=True, text=True)
-            if done.returncode != 0:
-                raise UserError(f"train.py failed while measuring memory ({name}): {done.stderr.strip()[-500:]}")
-            held = next(r for r in read_log(os.path.join(out, "log.jsonl")) if r["kind"] == "memory")
+            records = run_train(cfg, os.path.join(tmp, f"{parallel}{world}"), f"memory ({name})", *args,
+                                f"--parallel={parallel}", world=world)
+            held = next(r for r in records if r["kind"] == "memory")
             results[name] = {k: held[k] for k in ("params", "grads", "optimizer")}
             total = sum(results[name].values())
             rows.append((f"memory, {name}", f"{total / 2**20:,.1f} MiB per process (parameters "
@@ -315,21 +321,54 @@ def serve_figures(runs):
             "aggregate_tok_s": sum(r[3] for r in runs) / (max(r[2] for r in runs) - min(r[0] for r in runs))}
 
 
-def bench_serve(model, tokenizer, device, dtype, new_tokens, clients):
-    """serve.py's server on this process: serve_figures for 1 and for `clients` concurrent openai clients,
-    each streaming new_tokens from a 1-token prompt."""
+def bench_serve(model, tokenizer, meta, cfg):
+    """python serve.py on model's weights (a checkpoint written for it): serve_figures for 1 and for cfg.gen_batch
+    concurrent openai clients, each streaming cfg.new_tokens from a 1-token prompt."""
     from concurrent.futures import ThreadPoolExecutor
-    from serve import Service, running
-    service = Service(model, tokenizer, "bench", device, dtype, max_batch=clients, max_queue=clients)
-    prompt = tokenizer.decode([0])
-    max_tokens = min(new_tokens, model.config.block_size - len(tokenizer.encode(prompt)))
+    clients, prompt = cfg.gen_batch, tokenizer.decode([0])
+    max_tokens = min(cfg.new_tokens, model.config.block_size - len(tokenizer.encode(prompt)))
     figures = {}
-    with running(service.app()) as url:
-        serve_client(url, prompt, 8, 0)  # warm-up
-        for n in sorted({1, clients}):
-            with ThreadPoolExecutor(n) as pool:
-                figures[n] = serve_figures(list(pool.map(lambda i: serve_client(url, prompt, max_tokens, i), range(n))))
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "bench")  # serve.py names the model after its out_dir
+        save_checkpoint({"model": model.state_dict(), "model_args": model_args(model.config), "tokenizer": meta},
+                        os.path.join(out, "ckpt.pt"))
+        with serving(out, cfg, clients) as url:
+            serve_client(url, prompt, 8, 0)  # warm-up
+            for n in sorted({1, clients}):
+                with ThreadPoolExecutor(n) as pool:
+                    runs = list(pool.map(lambda i: serve_client(url, prompt, max_tokens, i), range(n)))
+                figures[n] = serve_figures(runs)
     return figures
+
+
+@contextlib.contextmanager
+def serving(out_dir, cfg, clients):
+    """Within: python serve.py on out_dir's checkpoint, on a free port, as a process of its own; yields its URL."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve.py")
+    with open(os.path.join(out_dir, "serve.log"), "w+") as log:
+        server = subprocess.Popen([sys.executable, script, f"--out_dir={out_dir}", "--port=0", f"--device={cfg.device}",
+                                   f"--dtype={cfg.dtype}", f"--max_batch={clients}", f"--max_queue={clients}"],
+                                  stdout=subprocess.DEVNULL, stderr=log, text=True)
+        try:
+            yield server_url(server, log)
+        finally:
+            server.terminate()
+            server.wait()
+
+
+def server_url(server, log, timeout=120):
+    """The base URL serve.py prints once it listens; a UserError with its last words where it exits first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        log.seek(0)
+        found = re.search(r"serving \S+ on (http://\S+?)/ ", log.read())
+        if found:
+            return found.group(1)
+        if server.poll() is not None:
+            log.seek(0)
+            raise UserError(f"serve.py failed while measuring serving: {log.read().strip()[-500:]}")
+        time.sleep(0.05)
+    raise UserError(f"serve.py did not start listening within {timeout} s")
 
 
 def generation_rows(cfg, model, device, ctx, result):
@@ -358,10 +397,9 @@ def generation_rows(cfg, model, device, ctx, result):
             ("bandwidth bound, batch 1", f"{bound:,.1f} tok/s")]
 
 
-def serve_rows(cfg, model, tokenizer, device, dtype, result):
+def serve_rows(cfg, model, meta, result):
     """serve.py's time to first token and tokens/s with 1 and gen_batch clients (into result)."""
-    model.eval()
-    figures = result["serve"] = bench_serve(model, tokenizer, device, dtype, cfg.new_tokens, cfg.gen_batch)
+    figures = result["serve"] = bench_serve(model, tokenizer_from_meta(meta), meta, cfg)
     one = figures[1]["aggregate_tok_s"]
     return [(f"serve.py, {n} client{'s' * (n > 1)}", f"first token {f['ttft_ms']:,.0f} ms, {f['tok_s_per_client']:,.1f} "
              f"tok/s per client, {f['aggregate_tok_s']:,.1f} tok/s in all ({f['aggregate_tok_s'] / one:.1f}x one client)")
@@ -408,7 +446,7 @@ def bench(cfg, log=print):
         result["memory"], more = held_per_process(cfg)
         rows += more
     if cfg.only == "serve":
-        rows += serve_rows(cfg, model, tokenizer_from_meta(meta), device, dtype, result)
+        rows += serve_rows(cfg, model, meta, result)
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         log(f"{key:<{width}}  {value}")

@@ -1,0 +1,111 @@
+"""How to train: TrainConfig, train.py's keys and defaults (the model's are GPTConfig's).
+
+A module of its own so that programs other than train.py (bench.py) build the same config
+without importing the training script.
+"""
+from dataclasses import dataclass, fields, replace
+
+from checkpoint import finetune_source, is_pretrained
+from model import GPTConfig
+
+
+@dataclass
+class TrainConfig(GPTConfig):
+    """How to train: the model's fields are GPTConfig's (n_layer, block_size, ...), the rest are here."""
+
+    # I/O
+    out_dir: str = "out"  # checkpoints and log.jsonl go here
+    eval_interval: int = 2000  # evaluate (and save) every this many iters
+    log_interval: int = 1  # print and log the training loss every this many iters
+    eval_iters: int = 200  # batches per split in each evaluation
+    eval_only: bool = False  # evaluate once and exit
+    always_save_checkpoint: bool = True  # False: at evals, write ckpt.pt only when val loss improves
+    keep_best: bool = True  # also keep best.pt, the checkpoint with the best val loss
+    init_from: str = "scratch"  # "scratch", "resume" (out_dir/ckpt.pt), a checkpoint to fine-tune (its out_dir or file), or GPT-2 weights: gpt2, ..., a local HF dir
+    wandb_log: bool = False  # also log to Weights & Biases (pip install wandb)
+    wandb_project: str = "owt"
+    wandb_run_name: str = "gpt2"
+    # data
+    dataset: str = "openwebtext"  # data/<dataset>/, or a path to a directory
+    gradient_accumulation_steps: int = 5 * 8  # micro-batches per iter, over all processes
+    batch_size: int = 12  # micro-batch size, per process
+    vocab_size: int = 50304  # the model's vocabulary where the dataset has no meta.json (GPT-2's, padded)
+    # optimizer: AdamW, or Muon for the blocks' matrices with AdamW for the rest
+    optimizer: str = "adamw"  # "adamw" or "muon"
+    muon_lr: float = 0.02  # Muon's peak learning rate (scheduled like learning_rate)
+    muon_momentum: float = 0.95
+    muon_weight_decay: float = 0.0
+    learning_rate: float = 6e-4  # AdamW's peak learning rate
+    embedding_lr: float | None = None  # AdamW's peak rate, undecayed, for the token and value embeddings (the head too, where tied); None: learning_rate
+    max_iters: int = 600000  # total optimizer steps
+    weight_decay: float = 1e-1  # AdamW's decoupled decay, for matrices and embeddings only
+    beta1: float = 0.9  # AdamW's first-moment decay
+    beta2: float = 0.95  # AdamW's second-moment decay
+    grad_clip: float = 1.0  # 0 disables clipping
+    # schedule: linear warmup, then cosine decay to min_lr ("cosine"), or constant then a linear
+    # cool-down to min_lr over the last cooldown_iters before lr_decay_iters ("wsd": warmup-stable-decay)
+    decay_lr: bool = True  # False: learning_rate throughout
+    lr_schedule: str = "cosine"  # "cosine" or "wsd"
+    cooldown_iters: int = 0  # wsd: iters of linear decay at the end
+    warmup_iters: int = 2000  # iters of linear warmup from 0
+    lr_decay_iters: int = 600000  # ~ max_iters, per Chinchilla
+    min_lr: float = 6e-5  # ~ learning_rate / 10
+    # system
+    device: str = "auto"  # auto (cuda, else mps, else cpu), cpu, cuda, cuda:1, mps
+    dtype: str = "auto"  # auto (bfloat16 on CUDA where supported, else float16; float32 on CPU)
+    compile: bool | None = None  # torch.compile the model; None: on CUDA yes (it pays off), elsewhere no
+    packed_linear: bool | None = None  # CPU, float32: linear layers through oneDNN on packed weights (kernels.py); None: where it applies
+    matmul_dtype: str = "float32"  # CPU: training's products (linear layers, Muon) in float32, bfloat16, or auto (bfloat16 where native)
+    backend: str = "auto"  # torch.distributed backend: auto (nccl on CUDA, gloo on CPU), nccl, gloo
+    parallel: str = "ddp"  # under torchrun: ddp (a whole copy per process) or fsdp (parameters, grads, optimizer sharded)
+    activation_checkpointing: bool = False  # recompute each Block's activations in backward: less memory, ~1/3 more compute
+    seed: int = 1337  # initial weights, batches and dropout all follow from it
+    peak_flops: float | None = None  # the device's peak FLOP/s for MFU (bench.py measures it)
+    # measurement: val loss over fixed windows, and stopping at a target
+    eval_windows: int = 0  # > 0: val loss over this many fixed block_size windows spread over val, not eval_iters batches
+    target_loss: float | None = None  # stop once val loss <= target_loss (and report the training time it took)
+    # lm-eval tasks scored at each evaluation (train_tasks.py, docs/eval.md)
+    eval_tasks: str = ""  # lm-eval task names, comma-separated: tangshi_next_line; "" for none
+    eval_tasks_limit: int = 100  # the first this many items of each task, the same ones at every evaluation
+    eval_tasks_include_path: str = "tasks"  # a folder of task YAMLs besides lm-eval's own (ours: tasks)
+
+
+    def __post_init__(self):
+        super().__post_init__()  # the model's fields
+        if (self.init_from not in ("scratch", "resume") and not is_pretrained(self.init_from)
+                and finetune_source(self.init_from) is None):
+            raise ValueError(f"init_from must be scratch, resume, a checkpoint to fine-tune (an out_dir holding "
+                             f"ckpt.pt, or the file), gpt2, gpt2-medium, gpt2-large, gpt2-xl or a local Hugging Face "
+                             f"GPT-2 directory, got {self.init_from!r}")
+        if self.optimizer not in ("adamw", "muon"):
+            raise ValueError(f"optimizer must be adamw or muon, got {self.optimizer!r}")
+        if self.parallel not in ("ddp", "fsdp"):
+            raise ValueError(f"parallel must be ddp or fsdp, got {self.parallel!r}")
+        if self.lr_schedule not in ("cosine", "wsd"):
+            raise ValueError(f"lr_schedule must be cosine or wsd, got {self.lr_schedule!r}")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.matmul_dtype not in ("float32", "bfloat16", "auto"):
+            raise ValueError(f"matmul_dtype must be float32, bfloat16 or auto, got {self.matmul_dtype!r}")
+        for name in ("batch_size", "gradient_accumulation_steps", "eval_interval", "log_interval", "eval_iters"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("max_iters", "warmup_iters", "lr_decay_iters", "learning_rate", "min_lr", "grad_clip",
+                     "cooldown_iters", "eval_windows", "muon_lr", "weight_decay", "muon_weight_decay"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("beta1", "beta2", "muon_momentum"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if not 0 <= self.seed < 1 << 64:
+            raise ValueError(f"seed must be in [0, 2^64), got {self.seed}")
+        if self.embedding_lr is not None and self.embedding_lr < 0:
+            raise ValueError(f"embedding_lr must be >= 0 (or None), got {self.embedding_lr}")
+        if self.eval_tasks_limit < 1:
+            raise ValueError(f"eval_tasks_limit must be at least 1, got {self.eval_tasks_limit}")
+        if self.peak_flops is not None and self.peak_flops <= 0:
+            raise ValueError(f"peak_flops must be > 0 (or None), got {self.peak_flops}")
+
+    def model_config(self, vocab_size):
+        """The model's shape: this config's GPTConfig fields, with the vocabulary the data has."""
+        return replace(GPTConfig(**{f.name: getattr(self, f.name) for f in fields(GPTConfig)}), vocab_size=vocab_size)
