@@ -206,9 +206,9 @@ def test_fsdp_in_one_process_says_there_is_nothing_to_shard(tmp_path, char_datas
 
 def test_activation_checkpointing_without_fsdp_follows_the_plain_run(tmp_path, char_dataset, monkeypatch):
     """Recomputing each Block in backward (dropout included: its RNG state is replayed) changes nothing."""
-    import fsdp
-    calls, real = [], fsdp.checkpoint
-    monkeypatch.setattr(fsdp, "checkpoint", lambda *a, **k: calls.append(1) or real(*a, **k))
+    import sharding
+    calls, real = [], sharding.checkpoint
+    monkeypatch.setattr(sharding, "checkpoint", lambda *a, **k: calls.append(1) or real(*a, **k))
     for name, on in (("plain", False), ("recomputed", True)):
         one_process(tmp_path, name, dataset=str(char_dataset), parallel="ddp", dropout=0.1, activation_checkpointing=on)
     assert len(calls) >= 2 * 5 * 2  # 2 Blocks x 5 iters x 2 micro-batches went through torch.utils.checkpoint
