@@ -44,3 +44,26 @@ def test_no_module_imports_in_a_circle():
 def test_the_graph_is_read_from_the_files(tmp_path):
     """The checker sees function-level imports too: hf.py's own import of checkpoint is in the graph."""
     assert "checkpoint" in imports_of("hf") and "model" in imports_of("decode")
+
+
+def is_script(module):
+    """A module run as a program: it has an `if __name__ == "__main__":` entry."""
+    with open(os.path.join(ROOT, module + ".py"), encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    return any(isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
+               and isinstance(node.test.left, ast.Name) and node.test.left.id == "__name__"
+               for node in tree.body)
+
+
+SCRIPTS = {m for m in MODULES if is_script(m)}
+
+
+def test_the_scripts_are_read_from_the_files():
+    assert {"train", "sample", "serve", "trace", "export", "bench", "chat", "eval", "fsdp", "plot"} <= SCRIPTS
+    assert not SCRIPTS & {"model", "checkpoint", "source", "generate", "tracing", "configurator"}
+
+
+def test_no_script_imports_a_script():
+    """What two scripts share lives in a library module: a script's imports run nothing of another's."""
+    found = sorted(f"{m} imports {s}" for m in SCRIPTS for s in imports_of(m) & SCRIPTS)
+    assert found == [], found
