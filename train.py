@@ -41,11 +41,11 @@ from hf import load_pretrained
 from configurator import UserError, convert, parse_args, report_overrides, run_main
 from device import (autocast, cpu_matmul_flops, peak_flops_for, resolve_device, resolve_dtype, should_compile,
                     training_products)
-from fsdp import checkpoint_activations, first_non_finite, held_bytes, load_optimizer_state, no_gradient_sync, shard
 from memory import check_fits, param_count, training_bytes
 from metrics import Clock, Metrics
 from model import GPT, GPTConfig
 from optim import OptimizerSettings, configure_optimizers, lr_scale
+from sharding import checkpoint_activations, first_non_finite, held_bytes, load_optimizer_state, no_gradient_sync, shard
 from stopping import Interrupted, StopFlag
 from tokenizer import base_meta, read_meta, token_byte_lengths, tokenizer_from_meta, tokenizer_kind
 from train_config import TrainConfig
