@@ -10,9 +10,7 @@ over out_dir/ckpt.pt with its own tokenizer). Prints lm-eval's table and writes 
 results JSON to --output_path (default out_dir/eval_results.json). docs/eval.md
 says what each task measures.
 """
-import difflib
 import json
-import logging
 import os
 import sys
 from dataclasses import dataclass
@@ -44,29 +42,6 @@ class EvalConfig(Source):
         return [t.strip() for t in self.tasks.split(",") if t.strip()]
 
 
-def task_manager(include_path, names):
-    """lm-eval's TaskManager with include_path's tasks; every name checked, with the nearest as a hint."""
-    from lm_eval.tasks import TaskManager
-    if include_path is not None and not os.path.isdir(include_path):
-        raise UserError(f"--include_path={include_path} is not a folder of task YAMLs (ours: --include_path=tasks)")
-    if include_path is not None:  # lm-eval's own thousands of YAMLs are indexed only when a name needs them
-        manager = TaskManager(include_path=include_path, include_defaults=False)
-        if all(name in manager.all_tasks for name in names):
-            return manager
-    manager = TaskManager(include_path=include_path)
-    check_names(names, set(manager.all_tasks), include_path)
-    return manager
-
-
-def check_names(names, known, include_path):
-    for name in names:
-        if name not in known:
-            near = difflib.get_close_matches(name, known, n=1)
-            hint = f" (did you mean {near[0]!r}?)" if near else (
-                "" if include_path else "; ours need --include_path=tasks")
-            raise UserError(f"unknown task {name!r}{hint}; lm-eval's list: python -m lm_eval ls tasks")
-
-
 def read_caches_if_offline():
     """Where the Hugging Face Hub cannot be reached, read only Hugging Face's caches, as HF_HUB_OFFLINE=1
     does: datasets would retry each task's download for half a minute before failing (hf.from_hf reads
@@ -94,13 +69,6 @@ def fetch_error(e):
                      f"local data (--include_path=tasks)")
 
 
-def quiet_logging():
-    logging.getLogger("lm_eval").setLevel(logging.WARNING)  # its per-task INFO lines drown the table
-    logging.getLogger("huggingface_hub").setLevel(logging.ERROR)  # offline: the one line below says it
-    # a note for task authors, logged each time a task with its own loader (ours) is built
-    logging.getLogger("lm_eval.api.task").addFilter(lambda record: "Custom kwargs" not in record.getMessage())
-
-
 def evaluate(lm, cfg, manager):
     import lm_eval
     limit = int(cfg.limit) if cfg.limit is not None and cfg.limit >= 1 else cfg.limit
@@ -122,10 +90,10 @@ def main(argv):
     if not cfg.task_list:
         raise UserError("no tasks: name them with --tasks=a,b (e.g. --tasks=tangshi_next_line --include_path=tasks)")
     output_path = cfg.output_path or os.path.join(cfg.out_dir, "eval_results.json")  # init_from=gpt2: out/
-    quiet_logging()
     read_caches_if_offline()
     from lm_eval.utils import handle_non_serializable, make_table
-    from harness import NanoGPT
+    from harness import NanoGPT, quiet_logging, task_manager
+    quiet_logging()
     # the model first: GPT-2's weights not found offline is said before lm-eval indexes its own tasks (seconds)
     lm = NanoGPT(out_dir=cfg.out_dir, ckpt=cfg.ckpt, device=resolve_device(cfg.device), batch_size=cfg.batch_size,
                  init_from=cfg.init_from)

@@ -11,6 +11,9 @@ one after a prefix token; generate_until decodes with the KV cache (generate.py)
 until a stop string. Inputs longer than block_size keep their last block_size
 tokens. Requests are sorted by length (longest first) and run several to a forward.
 """
+import difflib
+import logging
+import os
 import zlib
 
 import torch
@@ -155,3 +158,33 @@ class NanoGPT(TemplateLM):
                               stream(self.model, x, int(kwargs["max_gen_toks"]), temperature, kwargs.get("top_k"),
                                      kwargs.get("top_p"), generator=generators))
         return [text.text for text in texts]
+
+
+def quiet_logging():
+    logging.getLogger("lm_eval").setLevel(logging.WARNING)  # its per-task INFO lines drown the table
+    logging.getLogger("huggingface_hub").setLevel(logging.ERROR)  # offline: the one line below says it
+    # a note for task authors, logged each time a task with its own loader (ours) is built
+    logging.getLogger("lm_eval.api.task").addFilter(lambda record: "Custom kwargs" not in record.getMessage())
+
+
+def task_manager(include_path, names):
+    """lm-eval's TaskManager with include_path's tasks; every name checked, with the nearest as a hint."""
+    from lm_eval.tasks import TaskManager
+    if include_path is not None and not os.path.isdir(include_path):
+        raise UserError(f"--include_path={include_path} is not a folder of task YAMLs (ours: --include_path=tasks)")
+    if include_path is not None:  # lm-eval's own thousands of YAMLs are indexed only when a name needs them
+        manager = TaskManager(include_path=include_path, include_defaults=False)
+        if all(name in manager.all_tasks for name in names):
+            return manager
+    manager = TaskManager(include_path=include_path)
+    check_names(names, set(manager.all_tasks), include_path)
+    return manager
+
+
+def check_names(names, known, include_path):
+    for name in names:
+        if name not in known:
+            near = difflib.get_close_matches(name, known, n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else (
+                "" if include_path else "; ours need --include_path=tasks")
+            raise UserError(f"unknown task {name!r}{hint}; lm-eval's list: python -m lm_eval ls tasks")

@@ -63,8 +63,7 @@ class TaskScores:
         except ImportError:
             raise UserError("eval_tasks needs lm-evaluation-harness: pip install lm-eval "
                             "(or drop --eval_tasks)") from None
-        from eval import quiet_logging, task_manager
-        from harness import NanoGPT
+        from harness import NanoGPT, quiet_logging, task_manager
         quiet_logging()
         with kept_rng(), quiet_progress():
             self.tasks = task_manager(include_folder(cfg.eval_tasks_include_path), self.names).load(self.names)

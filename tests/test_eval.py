@@ -237,7 +237,7 @@ def test_ctrl_c_during_scoring_is_one_line_and_writes_no_results(trained, tmp_pa
 
 def test_unknown_task_names_the_nearest_or_says_ours_need_the_include_path():
     from configurator import UserError
-    from eval import check_names
+    from harness import check_names
     with pytest.raises(UserError, match="unknown task 'tangshi_next_lin' \\(did you mean 'tangshi_next_line'\\?\\)"):
         check_names(["hellaswag", "tangshi_next_lin"], {"hellaswag", "tangshi_next_line"}, "tasks")
     with pytest.raises(UserError, match="unknown task 'shakespeare_next_line'; ours need --include_path=tasks"):

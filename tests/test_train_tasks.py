@@ -14,7 +14,8 @@ import torch
 from checkpoint import load_checkpoint
 from configurator import UserError, parse_args
 from conftest import ROOT, run_script
-from harness import NanoGPT, load
+from harness import NanoGPT
+from source import Source, load_model
 from test_eval import reference_loglikelihood, write_task
 from train import TrainConfig, train
 
@@ -59,7 +60,7 @@ def records(out_dir, kind):
 
 def reference_perplexity(out_dir, docs):
     """exp(-mean log-likelihood) of the targets, from the checkpoint's weights: a numpy log-softmax."""
-    model, tok = load(str(out_dir))
+    model, tok = load_model(Source(out_dir=str(out_dir)), "cpu")
     return math.exp(-np.mean([reference_loglikelihood(model, tok.encode(c), tok.encode(t))[0] for c, t in docs]))
 
 
