@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from configurator import UserError
+from errors import UserError
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 # the first element of a batch key: which stream of draws it belongs to, so that training's

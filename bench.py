@@ -30,7 +30,8 @@ import torch
 
 from batches import dataset_dir
 from checkpoint import model_args, save_checkpoint
-from configurator import UserError, parse_args, run_main
+from configurator import parse_args, run_main
+from errors import UserError
 from device import autocast, resolve_device, resolve_dtype, should_compile, training_products
 from generate import generate, packed_weights, window_start
 from kernels import bfloat16_products_supported, onednn_available, pack, packed_product

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from configurator import UserError, parse_args, report_overrides, run_main
+from configurator import parse_args, report_overrides, run_main
+from errors import UserError
 from device import autocast, resolve_device, resolve_dtype
 from generate import Continuation, check_sampling, stream
 from source import Source, load_model

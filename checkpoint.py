@@ -25,7 +25,8 @@ from dataclasses import asdict
 import numpy as np
 import torch
 
-from configurator import UserError, convert, describe_os_error
+from configurator import convert, describe_os_error
+from errors import UserError
 from model import GPT, GPTConfig
 
 # prefixes torch.compile and DDP add to state_dict keys

@@ -22,9 +22,7 @@ import tokenize
 import types
 import typing
 
-
-class UserError(Exception):
-    """A mistake the user can fix: scripts print it as one line and exit with code 2."""
+from errors import UserError  # noqa: F401: scripts' and users' code import it from here too
 
 
 REPOSITORY = os.path.dirname(os.path.realpath(__file__))

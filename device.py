@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-from configurator import UserError
+from errors import UserError
 from kernels import bfloat16_products_supported, onednn_available, packed_training
 
 

@@ -15,7 +15,8 @@ import os
 import sys
 from dataclasses import dataclass
 
-from configurator import UserError, parse_args, report_overrides, run_main
+from configurator import parse_args, report_overrides, run_main
+from errors import UserError
 from device import resolve_device
 from source import Source
 

@@ -18,7 +18,8 @@ import json
 import os
 from dataclasses import dataclass
 
-from configurator import UserError, parse_args, run_main
+from configurator import parse_args, run_main
+from errors import UserError
 from hf import GPT2_EOT, incompatibilities, to_hf
 from source import Source, read_source
 from tokenizer import tokenizer_kind

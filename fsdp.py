@@ -14,7 +14,8 @@ configurator.exit_quietly_on_ctrl_c()  # before the slow imports (torch): Ctrl-C
 import os
 from dataclasses import dataclass
 
-from configurator import UserError, parse_args, run_main
+from configurator import parse_args, run_main
+from errors import UserError
 
 
 @dataclass

@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from decode import FusedStep
+from fused_step import FusedStep
 from kernels import packed_inference
 
 # bytes of linear weights packed_weights copies; beyond this (gpt2-large holds 3.1 GB,
@@ -280,7 +280,7 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, 
     step, so the two differ beyond block_size). On CPU the linear layers
     run on packed float32 weights (packed_weights), a second copy of them
     held while the generator runs, up to PACKED_COPY_LIMIT bytes, and each decode step
-    is decode.FusedStep where it applies (no hooks, a config it knows).
+    is fused_step.FusedStep where it applies (no hooks, a config it knows).
     on_step(report): called each step with the step's logits, probs, draws and tokens.
     The yielded tensors are inference tensors: call .tolist() or .clone().
     """

@@ -23,7 +23,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.utils import Collator, handle_stop_sequences, normalize_gen_kwargs
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-from configurator import UserError
+from errors import UserError
 from generate import Continuation, continue_rows, stream
 from source import Source, load_model
 

@@ -12,7 +12,7 @@ from urllib.parse import urlparse
 import torch
 
 from checkpoint import check_shapes
-from configurator import UserError
+from errors import UserError
 from model import GPT, GPTConfig
 
 # ours (nn.Linear, (out, in)) <-> Hugging Face's Conv1D ((in, out)): the same matrix, transposed

@@ -20,11 +20,11 @@ returned in float32, as autocast's bfloat16 products are. oneDNN runs these
 faster than packed float32 on such CPUs, with no packing (docs/speedrun.md,
 Speedrun III). device.training_products decides which of the two a run uses.
 
-Generation packs too (packed_inference, through generate.packed_weights), for inference mode only; decode.py's
+Generation packs too (packed_inference, through generate.packed_weights), for inference mode only; fused_step.py's
 fused step reads those copies. This module is the one place that calls oneDNN. Both contexts set the layers'
 forward through patched_forwards, which gives each layer back what it ran before: generating inside
 packed_training leaves the training kernels in place. WeightVersion is the one rule for "has this weight
-changed": WeightCopy makes its copies again on it, and decode.FusedStep steps aside on it.
+changed": WeightCopy makes its copies again on it, and fused_step.FusedStep steps aside on it.
 """
 import weakref
 from contextlib import contextmanager

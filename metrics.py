@@ -7,7 +7,7 @@ from dataclasses import asdict
 
 from tqdm import tqdm
 
-from configurator import UserError
+from errors import UserError
 
 
 class Clock:

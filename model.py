@@ -331,7 +331,7 @@ class GPT(nn.Module):
 
         Training sees every position at once (the mask keeps each from the later ones).
         kv_cache: continue from the positions it holds (and add these): generate.py's KVCache, or
-        batching.py's SlotCache, whose rows sit at different positions. The cache says where the new
+        engine.py's SlotCache, whose rows sit at different positions. The cache says where the new
         tokens go: their positions, (T,) or (B, T), and the mask, None for the causal rule or (B, 1, T, L).
         last_only: compute logits for the last position only (generation).
         """

@@ -11,7 +11,8 @@ import argparse
 import os
 import sys
 
-from configurator import UserError, run_main
+from configurator import run_main
+from errors import UserError
 from metrics import read_log
 
 

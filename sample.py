@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from configurator import UserError, parse_args, report_overrides, run_main
+from configurator import parse_args, report_overrides, run_main
+from errors import UserError
 from device import autocast, resolve_device, resolve_dtype
 from memory import check_fits, kv_cache_bytes
 from generate import Continuation, check_sampling, check_stops, continue_rows, sample_seed, stream
@@ -86,7 +87,7 @@ def main(argv):
     model, tokenizer = load_model(cfg, device)
     if cfg.compile:
         if device.type == "cpu":
-            print("note: compile=True on CPU compiles only what decode.FusedStep leaves to the model: the prompt, "
+            print("note: compile=True on CPU compiles only what fused_step.FusedStep leaves to the model: the prompt, "
                   "context shifts, and the steps of configs it does not cover, which compiled lose the packed "
                   "weights; float32 decode steps run fused either way (docs/generation.md)", file=sys.stderr)
         model.compile(dynamic=True)  # in place: generate's own calls go through the compiled forward

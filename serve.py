@@ -50,8 +50,9 @@ from starlette.middleware import Middleware
 from starlette.responses import HTMLResponse, JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from batching import Engine, QueueFull, Sequence
-from configurator import UserError, parse_args, report_overrides, run_main
+from engine import Engine, QueueFull, Sequence
+from configurator import parse_args, report_overrides, run_main
+from errors import UserError
 from device import autocast, resolve_device, resolve_dtype
 from generate import MAX_STOPS, Continuation, check_sampling, check_stops, sample_seed
 from memory import check_fits, kv_cache_bytes
@@ -323,7 +324,7 @@ def check_settings(req):
 # --- one choice's text --------------------------------------------------------------------------------
 
 class Choice:
-    """A batching.Sequence's sink: one choice's text, its stops and logprobs as its tokens arrive.
+    """A engine.Sequence's sink: one choice's text, its stops and logprobs as its tokens arrive.
 
     Text that a stop could still remove is held back (generate.Continuation), and so is each
     token's logprobs entry until its text has been sent; entries past a stop are dropped. Each
@@ -426,7 +427,7 @@ class Service:
 
     def encode(self, prompt):
         """The prompt's token ids. The model reads the last block_size of them; past that, as text grows,
-        the context shifts (batching.Engine.prefill)."""
+        the context shifts (engine.Engine.prefill)."""
         try:
             ids = self.tokenizer.encode(prompt) or ([self.tokenizer.eot] if self.tokenizer.eot is not None else [])
         except UserError as e:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from batches import dataset_dir
 from checkpoint import is_pretrained, load_checkpoint, model_from_checkpoint
-from configurator import UserError
+from errors import UserError
 from hf import load_pretrained
 from tokenizer import CharTokenizer, check_meta, read_meta, tokenizer_from_meta
 

@@ -16,7 +16,7 @@ import os
 import pickle
 import stat
 
-from configurator import UserError
+from errors import UserError
 
 BPE_ENCODING = "r50k_base"  # the same 50,257-token vocabulary as tiktoken's "gpt2"
 

@@ -25,7 +25,8 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
-from configurator import UserError, parse_args, report_overrides, run_main
+from configurator import parse_args, report_overrides, run_main
+from errors import UserError
 from device import resolve_device
 from generate import check_sampling, generate
 from source import Source, load_model

@@ -34,11 +34,12 @@ from tqdm import tqdm
 
 from batches import ROOT, TRAINING, dataset_dir, estimate_loss, make_batches
 from checkpoint import (RUNTIME_FIELDS, OutDirLock, config_from_model_args, discard, finetune_source,
-                        interrupted_save, is_pretrained, latest_form, load_checkpoint, load_sharded,
+                        interrupted_save, latest_form, load_checkpoint, load_sharded,
                         model_args, model_from_checkpoint, rng_state, save_checkpoint, save_sharded, set_rng_state,
                         sharded_path)
 from hf import load_pretrained
-from configurator import UserError, convert, parse_args, report_overrides, run_main
+from configurator import convert, parse_args, report_overrides, run_main
+from errors import UserError
 from device import (autocast, cpu_matmul_flops, peak_flops_for, resolve_device, resolve_dtype, should_compile,
                     training_products)
 from memory import check_fits, param_count, training_bytes

@@ -18,7 +18,7 @@ from functools import partial
 import torch
 
 from checkpoint import rng_state, set_rng_state
-from configurator import UserError
+from errors import UserError
 from tokenizer import tokenizer_from_meta
 
 ROOT = os.path.dirname(os.path.abspath(__file__))

@@ -24,7 +24,8 @@ configurator.exit_quietly_on_ctrl_c()  # before the slow imports (numpy): Ctrl-C
 import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from configurator import UserError, read_config_file, run_main  # noqa: E402
+from configurator import read_config_file, run_main  # noqa: E402
+from errors import UserError  # noqa: E402
 from tokenizer import BPETokenizer, CharTokenizer, TrainedBPE, ranks_text, write_meta  # noqa: E402
 
 CHUNK_BYTES = 1 << 22  # 4 MiB of text per read

@@ -22,7 +22,8 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
-from configurator import UserError, run_main  # noqa: E402
+from configurator import run_main  # noqa: E402
+from errors import UserError  # noqa: E402
 from tokenizer import read_meta, tokenizer_from_meta  # noqa: E402
 
 DATA = os.path.join(HERE, "data")

@@ -43,7 +43,7 @@ def test_no_module_imports_in_a_circle():
 
 def test_the_graph_is_read_from_the_files(tmp_path):
     """The checker sees function-level imports too: hf.py's own import of checkpoint is in the graph."""
-    assert "checkpoint" in imports_of("hf") and "model" in imports_of("decode")
+    assert "checkpoint" in imports_of("hf") and "model" in imports_of("fused_step")
 
 
 def is_script(module):

@@ -24,7 +24,8 @@ from tqdm import tqdm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
-from configurator import UserError, run_main  # noqa: E402
+from configurator import run_main  # noqa: E402
+from errors import UserError  # noqa: E402
 from tokenizer import ROLES, chat_meta, read_meta, tokenizer_from_meta  # noqa: E402
 
 SHOWN = 5  # bad lines reported one by one; the rest are counted

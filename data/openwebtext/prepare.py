@@ -20,7 +20,8 @@ configurator.exit_quietly_on_ctrl_c()  # before the slow imports (numpy): Ctrl-C
 import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from configurator import UserError, run_main  # noqa: E402
+from configurator import run_main  # noqa: E402
+from errors import UserError  # noqa: E402
 from tokenizer import BPE_ENCODING, write_meta  # noqa: E402
 
 _encoding = None

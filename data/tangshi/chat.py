@@ -21,7 +21,8 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
-from configurator import UserError, run_main  # noqa: E402
+from configurator import run_main  # noqa: E402
+from errors import UserError  # noqa: E402
 from data.chat.prepare import prepare_chat  # noqa: E402
 from data.tangshi.poems import conversations, parse_poems  # noqa: E402
 from tokenizer import read_meta, tokenizer_from_meta  # noqa: E402
@@ -54,7 +55,7 @@ def main(argv):
         f.writelines(json.dumps(c, ensure_ascii=False) + "\n" for c in chats)
     os.replace(jsonl + ".tmp", jsonl)
     prepare_chat(jsonl, args.dataset, args.out, block_size=BLOCK_SIZE)
-    print(f"done; fine-tune on it with: python train.py config/tangshi_sft.py")
+    print("done; fine-tune on it with: python train.py config/tangshi_sft.py")
 
 
 if __name__ == "__main__":

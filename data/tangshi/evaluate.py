@@ -25,7 +25,8 @@ from tqdm import tqdm
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 from checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
-from configurator import UserError, run_main  # noqa: E402
+from configurator import run_main  # noqa: E402
+from errors import UserError  # noqa: E402
 from data.tangshi.poems import ACROSTIC, clauses, form, parse_poems, score_acrostic  # noqa: E402
 from generate import generate  # noqa: E402
 from tokenizer import ChatTokenizer, read_meta, tokenizer_from_meta  # noqa: E402

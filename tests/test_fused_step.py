@@ -1,4 +1,4 @@
-"""decode.FusedStep: GPT.forward's math for one cached position, against the model's uncached forward."""
+"""fused_step.FusedStep: GPT.forward's math for one cached position, against the model's uncached forward."""
 import contextlib
 import dataclasses
 from dataclasses import replace
@@ -6,8 +6,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-import decode
-from decode import SUPPORTED, FusedStep
+import fused_step
+from fused_step import SUPPORTED, FusedStep
 from generate import KVCache, generate, packed_weights
 from kernels import onednn_available
 from model import GPTConfig
@@ -61,14 +61,14 @@ def test_generation_runs_on_the_fused_step_and_gives_the_greedy_tokens(monkeypat
 
 
 def test_every_gptconfig_field_is_one_the_fused_step_knows():
-    """A field added to GPTConfig must be decided on in decode.SUPPORTED: until then the step is off."""
+    """A field added to GPTConfig must be decided on in fused_step.SUPPORTED: until then the step is off."""
     assert set(SUPPORTED) == {f.name for f in dataclasses.fields(GPTConfig)}
-    assert decode.supported(GPTConfig())
+    assert fused_step.supported(GPTConfig())
 
     @dataclasses.dataclass
     class Extended(GPTConfig):
         new_option: bool = False
-    assert not decode.supported(Extended())
+    assert not fused_step.supported(Extended())
 
 
 def test_the_model_runs_itself_where_the_fused_step_does_not_apply(tiny_config):
@@ -121,8 +121,8 @@ def test_a_weight_given_new_data_sends_the_step_back(tiny_config):
 
 
 def engine_for(model, slots, fused):
-    """A batching.Engine on model whose decode steps run on fused (a FusedStep, or None: the model)."""
-    from batching import Engine
+    """A engine.Engine on model whose decode steps run on fused (a FusedStep, or None: the model)."""
+    from engine import Engine
     engine = Engine(model, slots, 16, torch.device("cpu"), contextlib.nullcontext())
     engine.fused = fused
     return engine

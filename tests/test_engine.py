@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from generate import generate
 
-from batching import Engine, QueueFull, Sequence
+from engine import Engine, QueueFull, Sequence
 from test_generate import sharp
 from test_model_options import OPTIONS
 

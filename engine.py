@@ -11,7 +11,7 @@ cancel sequences.
 The cache owns the positions (as nanochat's cache_seqlens, litgpt's input_pos):
 SlotCache knows how many positions each slot holds, and model.forward asks it for
 the new tokens' positions and for the mask that keeps each row to its own slot's
-positions; the Engine runs the model, or decode.FusedStep where it applies, on
+positions; the Engine runs the model, or fused_step.FusedStep where it applies, on
 it. The numbers are those of decoding each sequence alone.
 """
 import collections
@@ -21,7 +21,7 @@ import traceback
 import torch
 import torch.nn.functional as F
 
-from decode import FusedStep
+from fused_step import FusedStep
 from generate import packed_weights, sample_next, window_start
 
 
@@ -133,7 +133,7 @@ class Engine:
         self.wake = threading.Condition()
         self.lock = threading.Lock()
         self.stopping = False
-        self.fused = None  # decode.FusedStep while run() holds packed weights
+        self.fused = None  # fused_step.FusedStep while run() holds packed weights
 
     def submit(self, seqs):
         with self.wake:

@@ -8,7 +8,7 @@ calls, hook points, dropout no-ops, the views of the general path. This step
 is the forward of model.py for one position, written flat over the model's own
 parameters, with the bias, the GELU or ReLU and the residual addition fused
 into oneDNN's products. It is the same float32 math summed in another order
-(tests/test_decode.py holds it to the model's cached and uncached paths for
+(tests/test_fused_step.py holds it to the model's cached and uncached paths for
 every GPTConfig option).
 
 FusedStep.build returns None wherever it does not apply, and callers then run
@@ -24,7 +24,7 @@ from kernels import WeightVersion, packed_product, packed_product_add
 from model import apply_rope, value_embedded
 
 # every GPTConfig field and what this step supports of it (None: any value); a field added to
-# GPTConfig and not here turns the step off until it is written here (tests/test_decode.py checks)
+# GPTConfig and not here turns the step off until it is written here (tests/test_fused_step.py checks)
 SUPPORTED = {
     "block_size": None, "vocab_size": None, "n_layer": None, "n_head": None, "n_embd": None,
     "dropout": None,  # generation runs in eval mode: dropout is the identity
@@ -118,7 +118,7 @@ class FusedStep:
     @torch.inference_mode()
     def __call__(self, tokens, cache):
         """Logits (B, 1, V) for tokens (B,), one new position per row where the cache places it (a KVCache's
-        next position, or a batching.SlotCache's rows each at its own, with its mask); stores their keys and
+        next position, or a engine.SlotCache's rows each at its own, with its mask); stores their keys and
         values in cache and advances it, as GPT.forward does with a kv_cache."""
         c = self.config
         pos, mask = cache.positions(1), cache.mask(1)  # (1,) or (B, 1); None or (B, 1, 1, L)
