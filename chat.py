@@ -104,7 +104,7 @@ class Session:
         self.messages.append({"role": "user", "content": self.convert(text)})
         ids = self.prompt_ids()
         x = torch.tensor([ids], dtype=torch.long, device=self.device)
-        reply = Continuation(self.tokenizer, stop_ids=[[self.tokenizer.end]])
+        reply = Continuation(self.tokenizer, stop_ids=self.tokenizer.answer_stops)
         cfg = self.cfg
         try:
             with autocast(self.device, resolve_dtype(cfg.dtype, self.device)):

@@ -482,7 +482,7 @@ class Service:
             raise BadRequest(str(e), "messages") from None
         head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
                 "model": self.name}
-        return await self.answer(request, req, [ids], [0], head, [[self.tokenizer.end]], CHAT)
+        return await self.answer(request, req, [ids], [0], head, self.tokenizer.answer_stops, CHAT)
 
     async def answer(self, request, req, prompt_ids, prompt_chars, head, stop_ids, shape, echoes=None):
         """Decode each prompt n times in the engine's batch; the response, whole or streamed, in shape's format.

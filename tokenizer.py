@@ -338,6 +338,8 @@ class ChatTokenizer:
         self.vocab_size = base.vocab_size + len(tokens)
         self.end = self.ids["<|end|>"]
         self.eot = self.end
+        # what ends an answer: <|end|>, or any role token (a model that starts the next turn has finished)
+        self.answer_stops = [[self.end]] + [[i] for name, i in self.ids.items() if i != self.end]
 
     def encode(self, text):
         return self.base.encode(text)

@@ -403,3 +403,26 @@ def test_the_playground_chats_in_chromium(chat_server):
             assert page.locator("#output .turn").count() == 0 and page.evaluate("messages.length") == 0
         page.select_option("#mode", "complete")
         assert page.inner_text("#generate") == "Generate"
+
+
+def test_an_answer_ends_where_the_model_starts_another_turn(chat_server):
+    """A model that writes <|user|> (or any role token) instead of <|end|> has finished its answer: the role
+    token is not text of the reply."""
+    client, service = chat_server
+    user = service.tokenizer.ids["<|user|>"]
+    first = []
+
+    def start_a_turn(module, args, logits):  # after one token of its own, the model writes <|user|>
+        if first:
+            logits = logits.clone()
+            logits[..., user] += 1e4
+        first.append(1)
+        return logits
+    handle = service.model.lm_head.register_forward_hook(start_a_turn)
+    try:
+        reply = client.chat.completions.create(model=service.name, messages=[{"role": "user", "content": "say fa"}],
+                                               temperature=0, max_tokens=20)
+    finally:
+        handle.remove()
+    choice = reply.choices[0]
+    assert choice.message.content == "f" and choice.finish_reason == "stop"

@@ -70,7 +70,7 @@ def answers(model, tokenizer, keys, decoding, seed, batch):
             prompts = [tokenizer.encode(ACROSTIC + k + "\n") for k in part]
         x = torch.tensor(prompts, dtype=torch.long)  # every request has the same length
         generators = [torch.Generator().manual_seed(seed + i + j) for j in range(len(part))]
-        stop = [[tokenizer.end]] if chat else None
+        stop = tokenizer.answer_stops if chat else None
         y = generate(model, x, MAX_NEW_TOKENS, stop=stop, generator=generators, **DECODINGS[decoding])
         for row in y[:, x.size(1):].tolist():
             text = tokenizer.decode([t for t in row if t >= 0])
