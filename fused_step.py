@@ -81,9 +81,11 @@ class FusedStep:
                        for i, b in enumerate(t.h)]
         self.wte, self.wpe = t.wte.weight, t.wpe.weight if c.pos_emb == "learned" else None
         self.ln_f, self.head = norm(t.ln_f), weights(model.lm_head)
-        # the weights as packed and read: one changed or replaced since sends the step back
-        self.weights = [(m._parameters, name, WeightVersion(p)) for m in self.modules
-                        for name, p in m._parameters.items() if p is not None]
+        # every parameter as read: one replaced since sends the step back (the others are read live)
+        self.params = [(m._parameters, name, p) for m in self.modules for name, p in m._parameters.items()
+                       if p is not None]
+        # the weights behind the packed copies: one changed in place or given new data since does too
+        self.packed_from = [WeightVersion(m.weight) for m in packed]
         self.attns = [block.attn for block in t.h]  # a tool may switch one to the manual path
 
     @staticmethod
@@ -97,7 +99,8 @@ class FusedStep:
         mode, and no autocast (the model's forward would compute in another dtype)."""
         return (not self.model.training and not torch.is_autocast_enabled("cpu")
                 and all(attn.impl == "sdpa" for attn in self.attns)
-                and all(version.holds(params.get(name)) for params, name, version in self.weights)
+                and all(params.get(name) is p for params, name, p in self.params)
+                and all(version.holds(version.tensor) for version in self.packed_from)
                 and not hooked(self.modules))
 
     def norm(self, x, params):

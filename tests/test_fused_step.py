@@ -101,7 +101,14 @@ def test_the_model_runs_itself_where_the_fused_step_does_not_apply(tiny_config):
         model.eval()
         assert step.valid()
         with torch.no_grad():
-            model.transformer.ln_f.weight.mul_(2)  # not a packed weight, still read by the step
+            model.transformer.ln_f.weight.mul_(2)  # not a packed weight: the step reads it as it is now
+        assert step.valid()
+        with torch.inference_mode():
+            cached = KVCache(model.config, 1, "cpu", torch.float32), KVCache(model.config, 1, "cpu", torch.float32)
+            token = torch.tensor([3])
+            torch.testing.assert_close(step(token, cached[0]), model(token[:, None], kv_cache=cached[1])[0])
+        with torch.no_grad():
+            model.transformer.h[0].mlp.c_fc.weight.mul_(2)  # a packed weight: its copy is stale
         assert not step.valid()
     with packed_weights(model, 1) as packed:
         step = FusedStep.build(model, packed)
