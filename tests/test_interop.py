@@ -7,7 +7,6 @@ import torch
 
 from conftest import run_script
 from hf import from_pretrained
-from model import GPT
 
 transformers = pytest.importorskip("transformers")
 
