@@ -8,9 +8,9 @@
 Prints a table and, with --json, writes the same figures as JSON. Timings are
 medians after warm-up; compare figures measured in one run, not across runs.
 """
-import configurator
+from nanogpt import program
 
-configurator.exit_quietly_on_ctrl_c()  # before the slow imports (torch): Ctrl-C during them exits quietly
+program.exit_quietly_on_ctrl_c()  # before the slow imports (torch): Ctrl-C during them exits quietly
 
 # ruff: noqa: E402
 import contextlib
@@ -28,18 +28,19 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from batches import dataset_dir
-from checkpoint import model_args, save_checkpoint
-from configurator import parse_args, run_main
-from errors import UserError
-from device import autocast, resolve_device, resolve_dtype, should_compile, training_products
-from generate import generate, packed_weights, window_start
-from kernels import bfloat16_products_supported, onednn_available, pack, packed_product
-from metrics import read_log
+from nanogpt.batches import dataset_dir
+from nanogpt.checkpoint import model_args, save_checkpoint
+from configurator import parse_args
+from nanogpt.program import run_main
+from nanogpt.errors import UserError
+from nanogpt.device import autocast, resolve_device, resolve_dtype, should_compile, training_products
+from nanogpt.generate import generate, packed_weights, window_start
+from nanogpt.cpu.kernels import bfloat16_products_supported, onednn_available, pack, packed_product
+from nanogpt.metrics import read_log
 from model import GPT
-from optim import OptimizerSettings, configure_optimizers
-from tokenizer import read_meta, tokenizer_from_meta
-from train_config import TrainConfig
+from nanogpt.optim import OptimizerSettings, configure_optimizers
+from nanogpt.tokenizer import read_meta, tokenizer_from_meta
+from nanogpt.train_config import TrainConfig
 
 
 @dataclass

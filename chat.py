@@ -14,12 +14,14 @@ from dataclasses import dataclass
 
 import torch
 
-from configurator import parse_args, report_overrides, run_main
-from errors import UserError
-from device import autocast, resolve_device, resolve_dtype
-from generate import Continuation, check_sampling, stream
-from source import Source, load_model
-from tokenizer import CharTokenizer, ChatTokenizer
+from configurator import parse_args, report_overrides
+
+from nanogpt.program import run_main
+from nanogpt.errors import UserError
+from nanogpt.device import autocast, resolve_device, resolve_dtype
+from nanogpt.generate import Continuation, check_sampling, stream
+from nanogpt.source import Source, load_model
+from nanogpt.tokenizer import CharTokenizer, ChatTokenizer
 
 
 @dataclass

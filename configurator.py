@@ -10,77 +10,15 @@ keys and values of the wrong type are errors that say what to do.
 import ast
 import dataclasses
 import difflib
-import errno
 import inspect
 import io
-import math
-import os
-import signal
 import sys
-import threading
 import tokenize
 import types
 import typing
 
-from errors import UserError  # noqa: F401: scripts' and users' code import it from here too
-
-
-REPOSITORY = os.path.dirname(os.path.realpath(__file__))
-
-
-def exit_quietly_on_ctrl_c():
-    """Until run_main starts, Ctrl-C ends the program with one line and exit code 130 instead of a
-    KeyboardInterrupt traceback from whatever was importing (torch takes seconds). Scripts call it before
-    their slow imports; it acts only where the program run is a script of this repository, so a test or
-    a program that imports the scripts keeps Python's KeyboardInterrupt."""
-    script = getattr(sys.modules.get("__main__"), "__file__", None)
-    if (script and os.path.realpath(script).startswith(REPOSITORY + os.sep)
-            and threading.current_thread() is threading.main_thread()
-            and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
-        signal.signal(signal.SIGINT, interrupted_while_starting)
-
-
-def interrupted_while_starting(signum, frame):
-    os.write(2, b"interrupted\n")
-    os._exit(130)  # at once: nothing is written yet, and a half-done import has nothing to clean up
-
-
-def run_main(main, argv=None):
-    """Run a script's main(argv): a UserError, or an OSError from the machine (disk full, no permission),
-    becomes one line on stderr and exit code 2; a second Ctrl-C one line and exit code 130."""
-    if signal.getsignal(signal.SIGINT) is interrupted_while_starting:  # from here on, KeyboardInterrupt
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        main(sys.argv[1:] if argv is None else argv)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-    except OSError as e:
-        print(f"error: {describe_os_error(e)}", file=sys.stderr)
-        sys.exit(2)
-    except KeyboardInterrupt as e:
-        print(f"interrupted: {e}" if str(e) else "interrupted", file=sys.stderr)
-        sys.exit(130)
-
-
-OS_ERROR_HINTS = {
-    errno.ENOSPC: "free some disk space, or write elsewhere",
-    errno.EDQUOT: "free some disk space, or write elsewhere",
-    errno.EACCES: "check the permissions, or write elsewhere",
-    errno.EPERM: "check the permissions, or write elsewhere",
-    errno.EROFS: "the file system is read-only: write elsewhere",
-    errno.ENOTDIR: "a file stands where a directory is expected: choose another path",
-    errno.EEXIST: "a file stands where a directory is expected: choose another path",
-    errno.EISDIR: "a directory stands where a file is expected: choose another path",
-}
-
-
-def describe_os_error(e):
-    """"cannot access out/ckpt.pt: Permission denied; check the permissions, or write elsewhere"; without a file
-    name, "No space left on device; free some disk space, or write elsewhere"."""
-    what = f"cannot access {e.filename}: {e.strerror or e}" if e.filename else f"{e.strerror or e}"
-    hint = OS_ERROR_HINTS.get(e.errno, "")
-    return what + (f"; {hint}" if hint else "")
+from nanogpt.errors import UserError  # noqa: F401: scripts' and users' code import it from here too
+from nanogpt.values import convert
 
 
 def parse_args(cls, argv):
@@ -222,70 +160,3 @@ def parse_literal(text, hint):
         return ast.literal_eval(text)
     except (ValueError, SyntaxError):
         return text
-
-
-def convert(value, hint, key, source):
-    """value as the field's type, or a UserError naming the key and the expected type."""
-    options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
-    if value is None:
-        if type(None) in options:
-            return None
-        raise UserError(f"{source}: {key} cannot be None; give a {type_name(hint)}")
-    for option in options:
-        if option is type(None):
-            continue
-        try:
-            return convert_one(value, option)
-        except (TypeError, ValueError):
-            continue
-    shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
-    finite = "a finite " if float in options and isinstance(value, float) else ""
-    raise UserError(f"{source}: {key} expects {finite}{type_name(hint)}, got {shown}")
-
-
-def convert_one(value, t):
-    if t is bool:
-        if isinstance(value, bool):
-            return value
-        text = str(value)
-        if text in ("True", "true", "1"):
-            return True
-        if text in ("False", "false", "0"):
-            return False
-        raise ValueError(value)
-    if t is int:
-        if isinstance(value, bool):
-            raise TypeError(value)
-        if isinstance(value, float) and value.is_integer():  # 1e4 iters
-            return int(value)
-        if isinstance(value, int):
-            return value
-        raise TypeError(value)
-    if t is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            try:
-                value = float(value)
-            except OverflowError:  # an int beyond float's range
-                raise ValueError(value) from None
-            if not math.isfinite(value):  # no setting means nan or inf
-                raise ValueError(value)
-            return value
-        raise TypeError(value)
-    if t is str:
-        if isinstance(value, str):
-            return value
-        raise TypeError(value)
-    if typing.get_origin(t) is list:
-        (item,) = typing.get_args(t)
-        items = [value] if isinstance(value, (str, int)) else value
-        if not isinstance(items, (list, tuple)):
-            raise TypeError(value)
-        return [convert_one(v, item) if typing.get_origin(item) is None else v for v in items]
-    if t is typing.Any:
-        return value
-    raise TypeError(f"unsupported field type {t}")
-
-
-def type_name(hint):
-    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
-

@@ -15,10 +15,12 @@ import os
 import sys
 from dataclasses import dataclass
 
-from configurator import parse_args, report_overrides, run_main
-from errors import UserError
-from device import resolve_device
-from source import Source
+from configurator import parse_args, report_overrides
+
+from nanogpt.program import run_main
+from nanogpt.errors import UserError
+from nanogpt.device import resolve_device
+from nanogpt.source import Source
 
 
 @dataclass
@@ -49,7 +51,7 @@ def read_caches_if_offline():
     the weights' cache at once itself)."""
     import datasets.config
     from huggingface_hub import constants
-    from hf import hub_reachable
+    from nanogpt.hf import hub_reachable
     if constants.is_offline_mode() or hub_reachable():
         return
     os.environ["HF_HUB_OFFLINE"] = "1"  # for what reads it later
@@ -93,7 +95,7 @@ def main(argv):
     output_path = cfg.output_path or os.path.join(cfg.out_dir, "eval_results.json")  # init_from=gpt2: out/
     read_caches_if_offline()
     from lm_eval.utils import handle_non_serializable, make_table
-    from harness import NanoGPT, quiet_logging, task_manager
+    from nanogpt.harness import NanoGPT, quiet_logging, task_manager
     quiet_logging()
     # the model first: GPT-2's weights not found offline is said before lm-eval indexes its own tasks (seconds)
     lm = NanoGPT(out_dir=cfg.out_dir, ckpt=cfg.ckpt, device=resolve_device(cfg.device), batch_size=cfg.batch_size,

@@ -9,20 +9,22 @@ use Hugging Face's "gpt2" tokenizer; a model with a tokenizer of its own (charac
 a trained BPE) gets its meta.json (and BPE merges) beside the weights, as a dataset
 holds them, so that `python sample.py --init_from=hf_dir` decodes its tokens.
 """
-import configurator
+from nanogpt import program
 
-configurator.exit_quietly_on_ctrl_c()  # before the slow imports (torch): Ctrl-C during them exits quietly
+program.exit_quietly_on_ctrl_c()  # before the slow imports (torch): Ctrl-C during them exits quietly
 
 # ruff: noqa: E402
 import json
 import os
 from dataclasses import dataclass
 
-from configurator import parse_args, run_main
-from errors import UserError
-from hf import GPT2_EOT, incompatibilities, to_hf
-from source import Source, read_source
-from tokenizer import tokenizer_kind
+from configurator import parse_args
+
+from nanogpt.program import run_main
+from nanogpt.errors import UserError
+from nanogpt.hf import GPT2_EOT, incompatibilities, to_hf
+from nanogpt.source import Source, read_source
+from nanogpt.tokenizer import tokenizer_kind
 
 
 @dataclass

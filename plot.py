@@ -11,9 +11,9 @@ import argparse
 import os
 import sys
 
-from configurator import run_main
-from errors import UserError
-from metrics import read_log
+from nanogpt.program import run_main
+from nanogpt.errors import UserError
+from nanogpt.metrics import read_log
 
 
 def last_run(path):

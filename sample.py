@@ -8,9 +8,9 @@ The tokenizer is the one of the dataset the checkpoint was trained on (its
 meta.json / meta.pkl), or the meta.json export.py wrote beside a model's weights
 (--init_from=DIR), else GPT-2 BPE. The same seed gives the same text.
 """
-import configurator
+from nanogpt import program
 
-configurator.exit_quietly_on_ctrl_c()  # before the slow imports (torch): Ctrl-C during them exits quietly
+program.exit_quietly_on_ctrl_c()  # before the slow imports (torch): Ctrl-C during them exits quietly
 
 # ruff: noqa: E402
 import sys
@@ -18,12 +18,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from configurator import parse_args, report_overrides, run_main
-from errors import UserError
-from device import autocast, resolve_device, resolve_dtype
-from memory import check_fits, kv_cache_bytes
-from generate import Continuation, check_sampling, check_stops, continue_rows, sample_seed, stream
-from source import Source, load_model
+from configurator import parse_args, report_overrides
+
+from nanogpt.program import run_main
+from nanogpt.errors import UserError
+from nanogpt.device import autocast, resolve_device, resolve_dtype
+from nanogpt.memory import check_fits, kv_cache_bytes
+from nanogpt.generate import Continuation, check_sampling, check_stops, continue_rows, sample_seed, stream
+from nanogpt.source import Source, load_model
 
 SEPARATOR = "---------------"
 

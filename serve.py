@@ -21,9 +21,9 @@ with echo the prompt's tokens have theirs, each given the tokens before it (prom
 Only requests addressed to this server's own names, with JSON bodies as application/json, and with
 --api_key=KEY only those carrying Authorization: Bearer KEY, are served (Guard; docs/serving.md).
 """
-import configurator
+from nanogpt import program
 
-configurator.exit_quietly_on_ctrl_c()  # before the slow imports (torch): Ctrl-C during them exits quietly
+program.exit_quietly_on_ctrl_c()  # before the slow imports (torch): Ctrl-C during them exits quietly
 
 # ruff: noqa: E402
 import asyncio
@@ -50,17 +50,18 @@ from starlette.middleware import Middleware
 from starlette.responses import HTMLResponse, JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from engine import Engine, QueueFull, Sequence
-from configurator import parse_args, report_overrides, run_main
-from errors import UserError
-from device import autocast, resolve_device, resolve_dtype
-from generate import MAX_STOPS, Continuation, check_sampling, check_stops, sample_seed
-from memory import check_fits, kv_cache_bytes
-from source import Source, load_model
-from tokenizer import ROLES, ChatTokenizer
-from tracing import Recorder
+from nanogpt.engine import Engine, QueueFull, Sequence
+from configurator import parse_args, report_overrides
+from nanogpt.program import run_main
+from nanogpt.errors import UserError
+from nanogpt.device import autocast, resolve_device, resolve_dtype
+from nanogpt.generate import MAX_STOPS, Continuation, check_sampling, check_stops, sample_seed
+from nanogpt.memory import check_fits, kv_cache_bytes
+from nanogpt.source import Source, load_model
+from nanogpt.tokenizer import ROLES, ChatTokenizer
+from nanogpt.tracing import Recorder
 
-PAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "playground.html")
+PAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nanogpt", "playground.html")
 MAX_BODY_BYTES = 1 << 20  # a request's JSON; a longer prompt would not fit any block_size anyway
 MAX_LOGPROBS = 20  # alternatives per token (OpenAI's limit is 5)
 LOGITS_MAX_VALUES = 1 << 25  # logits one forward of prompt_logprobs holds (windows x block_size x vocabulary)

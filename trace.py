@@ -10,9 +10,9 @@ norm, head), and the sampler reports each generation step; nothing is patched
 or recomputed here. Prints tables, and writes the same data as JSON (--json) and
 as one self-contained HTML page with attention heatmaps (--html).
 """
-import configurator
+from nanogpt import program
 
-configurator.exit_quietly_on_ctrl_c()  # before the slow imports (torch): Ctrl-C during them exits quietly
+program.exit_quietly_on_ctrl_c()  # before the slow imports (torch): Ctrl-C during them exits quietly
 
 # ruff: noqa: E402
 import html
@@ -25,12 +25,14 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
-from configurator import parse_args, report_overrides, run_main
-from errors import UserError
-from device import resolve_device
-from generate import check_sampling, generate
-from source import Source, load_model
-from tracing import Recorder
+from configurator import parse_args, report_overrides
+
+from nanogpt.program import run_main
+from nanogpt.errors import UserError
+from nanogpt.device import resolve_device
+from nanogpt.generate import check_sampling, generate
+from nanogpt.source import Source, load_model
+from nanogpt.tracing import Recorder
 
 
 @dataclass

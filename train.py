@@ -15,9 +15,9 @@ import time
 
 PROCESS_START = time.time()  # before the heavy imports: "training time" counts from here
 
-import configurator
+from nanogpt import program
 
-configurator.exit_quietly_on_ctrl_c()  # before the slow imports (torch): Ctrl-C during them exits quietly
+program.exit_quietly_on_ctrl_c()  # before the slow imports (torch): Ctrl-C during them exits quietly
 
 # ruff: noqa: E402
 import math
@@ -32,25 +32,27 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from batches import ROOT, TRAINING, dataset_dir, estimate_loss, make_batches
-from checkpoint import (RUNTIME_FIELDS, OutDirLock, config_from_model_args, discard, finetune_source,
+from nanogpt import REPOSITORY
+from nanogpt.batches import TRAINING, dataset_dir, estimate_loss, make_batches
+from nanogpt.checkpoint import (RUNTIME_FIELDS, OutDirLock, config_from_model_args, discard, finetune_source,
                         interrupted_save, latest_form, load_checkpoint, load_sharded,
                         model_args, model_from_checkpoint, rng_state, save_checkpoint, save_sharded, set_rng_state,
                         sharded_path)
-from hf import load_pretrained
-from configurator import convert, parse_args, report_overrides, run_main
-from errors import UserError
-from device import (autocast, cpu_matmul_flops, peak_flops_for, resolve_device, resolve_dtype, should_compile,
+from nanogpt.hf import load_pretrained
+from configurator import convert, parse_args, report_overrides
+from nanogpt.program import run_main
+from nanogpt.errors import UserError
+from nanogpt.device import (autocast, cpu_matmul_flops, peak_flops_for, resolve_device, resolve_dtype, should_compile,
                     training_products)
-from memory import check_fits, param_count, training_bytes
-from metrics import Clock, Metrics
+from nanogpt.memory import check_fits, param_count, training_bytes
+from nanogpt.metrics import Clock, Metrics
 from model import GPT, GPTConfig
-from optim import OptimizerSettings, configure_optimizers, lr_scale
-from sharding import checkpoint_activations, first_non_finite, held_bytes, load_optimizer_state, no_gradient_sync, shard
-from stopping import Interrupted, StopFlag
-from tokenizer import base_meta, read_meta, token_byte_lengths, tokenizer_from_meta, tokenizer_kind
-from train_config import TrainConfig
-from train_tasks import task_scores
+from nanogpt.optim import OptimizerSettings, configure_optimizers, lr_scale
+from nanogpt.sharding import checkpoint_activations, first_non_finite, held_bytes, load_optimizer_state, no_gradient_sync, shard
+from nanogpt.stopping import Interrupted, StopFlag
+from nanogpt.tokenizer import base_meta, read_meta, token_byte_lengths, tokenizer_from_meta, tokenizer_kind
+from nanogpt.train_config import TrainConfig
+from nanogpt.train_tasks import task_scores
 
 # the model's fields that fix what its weights mean: a resumed run keeps the checkpoint's
 SHAPE_FIELDS = tuple(f.name for f in fields(GPTConfig) if f.name not in RUNTIME_FIELDS)
@@ -594,7 +596,7 @@ def startup_notes(cfg, model, device, tokens_per_iter, ckpt_path, iter_num=0, ea
         per_eval = 2 * cfg.eval_iters * cfg.batch_size * cfg.block_size * flops_per_token / 3 / rate  # forward only
         if per_iter > 1.0:
             laptop = f"config/{os.path.basename(os.path.normpath(cfg.dataset))}_cpu.py"
-            if not os.path.exists(os.path.join(ROOT, laptop)):
+            if not os.path.exists(os.path.join(REPOSITORY, laptop)):
                 laptop = "a smaller batch_size, block_size, n_layer and n_embd (see config/shakespeare_char_cpu.py)"
             total = cfg.max_iters * per_iter + (cfg.max_iters // cfg.eval_interval + 1) * per_eval
             notes.append(f"this run is sized for a GPU: on this CPU an iter takes about {fmt_seconds(per_iter)} and "

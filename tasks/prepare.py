@@ -22,9 +22,9 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
-from configurator import run_main  # noqa: E402
-from errors import UserError  # noqa: E402
-from tokenizer import read_meta, tokenizer_from_meta  # noqa: E402
+from nanogpt.program import run_main  # noqa: E402
+from nanogpt.errors import UserError  # noqa: E402
+from nanogpt.tokenizer import read_meta, tokenizer_from_meta  # noqa: E402
 
 DATA = os.path.join(HERE, "data")
 TASKS = {"tangshi": "tangshi_next_line", "shakespeare_char": "shakespeare_next_line"}

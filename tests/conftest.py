@@ -39,7 +39,7 @@ def char_dataset(tmp_path):
 
 def optimizer_settings(**changes):
     """The OptimizerSettings train.py builds for TrainConfig(**changes)."""
-    from optim import OptimizerSettings
+    from nanogpt.optim import OptimizerSettings
     from train import TrainConfig
     return OptimizerSettings.of(TrainConfig(**changes))
 

@@ -3,7 +3,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import batches  # noqa: E402
+from nanogpt import batches  # noqa: E402
 import train  # noqa: E402
 
 if os.environ.get("RANK") == "1":

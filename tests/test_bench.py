@@ -7,7 +7,7 @@ import torch
 
 from bench import BenchConfig, bench, decode_bytes_per_token, serve_figures
 from model import GPT
-from tokenizer import read_meta
+from nanogpt.tokenizer import read_meta
 
 
 def test_bench_reports_every_figure(tmp_path, char_dataset):
@@ -130,7 +130,7 @@ def test_the_plain_loop_runs_the_products_train_py_runs(tmp_path, char_dataset, 
     """Per iteration bench's plain loop calls kernels.py's training products exactly as often as train.py's
     loop for the same config, so that the two figures differ by train.py's loop alone."""
     import bench as bench_module
-    import kernels
+    from nanogpt.cpu import kernels
     from train import TrainConfig, train
     if keys.get("matmul_dtype") == "bfloat16" and not kernels.bfloat16_products_supported():
         pytest.skip("this CPU has no native bfloat16")

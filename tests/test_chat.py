@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from batches import ChatBatches
-from checkpoint import load_checkpoint
+from nanogpt.batches import ChatBatches
+from nanogpt.checkpoint import load_checkpoint
 from configurator import UserError, parse_args
 from conftest import run_script
 from reference import next_token_log_probs
 from data.chat.prepare import prepare_chat
-from tokenizer import CHAT_TOKENS, BPETokenizer, CharTokenizer, ChatTokenizer, read_meta, tokenizer_from_meta
+from nanogpt.tokenizer import CHAT_TOKENS, BPETokenizer, CharTokenizer, ChatTokenizer, read_meta, tokenizer_from_meta
 from train import TrainConfig, train
 
 BASE_TEXT = "say abcdefgh, then stop.\n" * 200
@@ -39,7 +39,7 @@ def write_jsonl(path, records):
 @pytest.fixture
 def base(tmp_path):
     """A char dataset of the letters the conversations use."""
-    from data.prepare import prepare
+    from nanogpt.dataset import prepare
     (tmp_path / "base.txt").write_text(BASE_TEXT)
     prepare(str(tmp_path / "base.txt"), "char", str(tmp_path / "base"), log=quiet)
     return tmp_path / "base"
@@ -183,7 +183,7 @@ def test_finetune_grows_the_vocabulary_and_keeps_the_trained_rows(tmp_path, base
 
 
 def test_finetune_refuses_a_dataset_of_another_tokenizer(tmp_path, base):
-    from data.prepare import prepare
+    from nanogpt.dataset import prepare
     train(TrainConfig(**TINY, out_dir=str(tmp_path / "pre"), dataset=str(base), max_iters=2, lr_decay_iters=2,
                       eval_interval=2), log=quiet)
     (tmp_path / "other.txt").write_text("say abcdefghij.\n" * 100)
@@ -216,7 +216,7 @@ def test_finetune_resumes_exactly(tmp_path, base, chats):
 @pytest.fixture(scope="module")
 def sft(tmp_path_factory):
     """A model pretrained a little on the letters, then fine-tuned on 'say xy' -> 'xyxy.': its out_dir."""
-    from data.prepare import prepare
+    from nanogpt.dataset import prepare
     root = tmp_path_factory.mktemp("sft")
     (root / "base.txt").write_text(BASE_TEXT)
     prepare(str(root / "base.txt"), "char", str(root / "base"), log=quiet)
@@ -283,7 +283,7 @@ def chat_server(sft):
 
 def reference_reply(service, messages, max_tokens=20):
     """What the model writes greedily after the template's prompt, decoded without the cache, up to <|end|>."""
-    from generate import generate
+    from nanogpt.generate import generate
     ids = service.tokenizer.render(messages)[0]
     out = generate(service.model, torch.tensor([ids]), max_tokens, temperature=0.0, use_cache=False)[0, len(ids):]
     out = out.tolist()

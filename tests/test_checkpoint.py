@@ -12,13 +12,13 @@ import time
 import pytest
 import torch
 
-import checkpoint
-from checkpoint import load_checkpoint, save_checkpoint
+from nanogpt import checkpoint
+from nanogpt.checkpoint import load_checkpoint, save_checkpoint
 from conftest import ROOT, optimizer_settings, run_script
 from configurator import UserError, parse_args
 from model import GPT, GPTConfig
-from optim import configure_optimizers
-from tokenizer import read_meta
+from nanogpt.optim import configure_optimizers
+from nanogpt.tokenizer import read_meta
 from train import TrainConfig, train
 
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, batch_size=4, gradient_accumulation_steps=1,

@@ -4,11 +4,11 @@ from dataclasses import replace
 import pytest
 import torch
 
-from generate import generate
+from nanogpt.generate import generate
 
 from model import GPT, CausalSelfAttention
 from conftest import optimizer_settings
-from optim import configure_optimizers
+from nanogpt.optim import configure_optimizers
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

@@ -3,7 +3,7 @@ import json
 
 import torch
 
-from checkpoint import load_checkpoint
+from nanogpt.checkpoint import load_checkpoint
 from conftest import run_script
 from train import TrainConfig, train
 

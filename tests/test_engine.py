@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from generate import generate
+from nanogpt.generate import generate
 
-from engine import Engine, QueueFull, Sequence
+from nanogpt.engine import Engine, QueueFull, Sequence
 from test_generate import sharp
 from test_model_options import OPTIONS
 

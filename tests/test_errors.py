@@ -51,7 +51,7 @@ CASES = {
     "data shorter than block_size + 1": (["train.py", *TINY, "--dataset={root}/short", "--block_size=64", "--out_dir={root}/out"], "fewer than block_size + 1 (65)"),
     "n_embd not divisible by n_head": (["train.py", "--n_embd=100", "--n_head=6"], "n_embd (100) must be divisible by n_head (6)"),
     "resume without a checkpoint": (["train.py", "--init_from=resume", "--out_dir={root}/empty"], "no checkpoint at"),
-    "consolidate without a sharded checkpoint": (["fsdp.py", "--out_dir={root}/empty"], "no sharded checkpoint at {root}/empty/ckpt.dcp; train one first"),
+    "consolidate without a sharded checkpoint": (["consolidate.py", "--out_dir={root}/empty"], "no sharded checkpoint at {root}/empty/ckpt.dcp; train one first"),
     "sample without a checkpoint": (["sample.py", "--out_dir={root}/empty"], "no checkpoint at"),
     "truncated checkpoint": (["sample.py", "--out_dir={root}/truncated"], "is not a readable checkpoint"),
     "corrupted checkpoint": (["train.py", "--init_from=resume", "--out_dir={root}/garbage"], "is not a readable checkpoint"),
@@ -202,7 +202,7 @@ def test_bad_input_is_one_line_exit_2_and_touches_nothing(run, case):
 
 
 
-SCRIPTS = ["train.py", "sample.py", "serve.py", "trace.py", "export.py", "bench.py", "fsdp.py", "data/prepare.py",
+SCRIPTS = ["train.py", "sample.py", "serve.py", "trace.py", "export.py", "bench.py", "consolidate.py", "data/prepare.py",
            "data/shakespeare_char/prepare.py", "data/shakespeare/prepare.py", "data/tangshi/prepare.py",
            "data/openwebtext/prepare.py"]  # plot.py imports nothing slow before main
 SLOW_IMPORT = "import os, time\nopen(os.environ['IMPORTING'], 'w').close()\ntime.sleep(60)\n"

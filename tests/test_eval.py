@@ -9,9 +9,9 @@ from lm_eval.api.instance import Instance
 
 from conftest import CORPUS, run_script
 from reference import next_token_log_probs
-from generate import generate
-from harness import NanoGPT
-from source import Source, load_model
+from nanogpt.generate import generate
+from nanogpt.harness import NanoGPT
+from nanogpt.source import Source, load_model
 
 TINY_TRAIN = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, batch_size=8, gradient_accumulation_steps=1,
                   eval_iters=1, eval_interval=30, log_interval=30, learning_rate=1e-2, warmup_iters=2, min_lr=1e-3,
@@ -22,7 +22,7 @@ BLOCK = TINY_TRAIN["block_size"]
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """A char-level checkpoint trained briefly on CORPUS (block_size 16), its model and tokenizer."""
-    from data.prepare import prepare
+    from nanogpt.dataset import prepare
     from train import TrainConfig, train
     tmp = tmp_path_factory.mktemp("eval")
     (tmp / "input.txt").write_text(CORPUS, encoding="utf-8")
@@ -219,7 +219,7 @@ def test_next_line_items_come_from_the_val_split_with_distractors_of_the_answers
 
 
 def test_ctrl_c_during_scoring_is_one_line_and_writes_no_results(trained, tmp_path, monkeypatch, capsys):
-    from configurator import run_main
+    from nanogpt.program import run_main
     from eval import main as eval_main
     out, model, tok = trained
     write_task(tmp_path / "tasks", "tiny_known", known_answer_docs(model, tok))
@@ -237,7 +237,7 @@ def test_ctrl_c_during_scoring_is_one_line_and_writes_no_results(trained, tmp_pa
 
 def test_unknown_task_names_the_nearest_or_says_ours_need_the_include_path():
     from configurator import UserError
-    from harness import check_names
+    from nanogpt.harness import check_names
     with pytest.raises(UserError, match="unknown task 'tangshi_next_lin' \\(did you mean 'tangshi_next_line'\\?\\)"):
         check_names(["hellaswag", "tangshi_next_lin"], {"hellaswag", "tangshi_next_line"}, "tasks")
     with pytest.raises(UserError, match="unknown task 'shakespeare_next_line'; ours need --include_path=tasks"):

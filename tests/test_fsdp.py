@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from checkpoint import OutDirLock, load_checkpoint, read_sharded
+from nanogpt.checkpoint import OutDirLock, load_checkpoint, read_sharded
 from configurator import UserError
 from conftest import ROOT, run_script
 from test_ddp import TINY
@@ -121,7 +121,7 @@ def test_readers_take_a_sharded_checkpoint_and_fsdp_py_writes_one_file(tmp_path,
 
     sharded = load_checkpoint(str(out / "ckpt.pt"))
     assert sharded["sharded"] == str(out / "ckpt.dcp")
-    result = run_script(["fsdp.py", f"--out_dir={out}"])
+    result = run_script(["consolidate.py", f"--out_dir={out}"])
     assert result.returncode == 0, result.stderr
     ckpt = torch.load(out / "ckpt.pt", weights_only=True)  # nanoGPT's way of reading it
     assert {"model", "optimizer", "model_args", "iter_num", "best_val_loss", "config"} <= set(ckpt)
@@ -206,7 +206,7 @@ def test_fsdp_in_one_process_says_there_is_nothing_to_shard(tmp_path, char_datas
 
 def test_activation_checkpointing_without_fsdp_follows_the_plain_run(tmp_path, char_dataset, monkeypatch):
     """Recomputing each Block in backward (dropout included: its RNG state is replayed) changes nothing."""
-    import sharding
+    from nanogpt import sharding
     calls, real = [], sharding.checkpoint
     monkeypatch.setattr(sharding, "checkpoint", lambda *a, **k: calls.append(1) or real(*a, **k))
     for name, on in (("plain", False), ("recomputed", True)):
@@ -244,7 +244,7 @@ READERS = {
     "serve.py": ["serve.py", "--port=0"],
     "trace.py": ["trace.py", "--start=the", "--steps=1"],
     "export.py": ["export.py", "--hf_dir={tmp}/hf"],
-    "fsdp.py": ["fsdp.py"],
+    "consolidate.py": ["consolidate.py"],
     "train.py resume": ["train.py", "--init_from=resume", "--max_iters=4"],
 }
 
@@ -279,7 +279,7 @@ def test_sharded_processes_refuse_metadata_that_runs_code(tmp_path, char_dataset
 
 def test_the_metadata_reader_refuses_code_even_where_dcp_load_reads_it(tmp_path, char_dataset):
     """dcp.load reads .metadata itself: through the allow-listed reader, one swapped in after the check runs nothing."""
-    from checkpoint import dcp_load
+    from nanogpt.checkpoint import dcp_load
     out, marker = tmp_path / "o", tmp_path / "pwned"
     one_process(tmp_path, "o", dataset=str(char_dataset), max_iters=2)
     ckpt = read_sharded(str(out / "ckpt.dcp"), weights=True)
@@ -291,7 +291,7 @@ def test_the_metadata_reader_refuses_code_even_where_dcp_load_reads_it(tmp_path,
 
 def test_readers_and_fsdp_py_take_the_visible_checkpoint_not_one_moved_aside(tmp_path, char_dataset):
     """A newer .ckpt.dcp.old beside ckpt.pt (what a save interrupted between its renames leaves) is not what
-    the user sees: sample.py and fsdp.py take ckpt.pt, which stays as it is."""
+    the user sees: sample.py and consolidate.py take ckpt.pt, which stays as it is."""
     out = tmp_path / "o"
     one_process(tmp_path, "o", dataset=str(char_dataset), parallel="ddp", max_iters=2)
     sample = ["sample.py", f"--out_dir={out}", "--temperature=0", "--max_new_tokens=20", "--start=the"]
@@ -302,7 +302,7 @@ def test_readers_and_fsdp_py_take_the_visible_checkpoint_not_one_moved_aside(tmp
     ckpt = load_checkpoint(str(out / "ckpt.pt"))
     assert "sharded" not in ckpt and ckpt["iter_num"] == 2
     assert run_script(sample).stdout == visible.stdout
-    result = run_script(["fsdp.py", f"--out_dir={out}"])
+    result = run_script(["consolidate.py", f"--out_dir={out}"])
     assert result.returncode == 2 and "is already a single file" in result.stderr, result.stderr
     assert (out / "ckpt.pt").read_bytes() == before and (out / ".ckpt.dcp.old" / "meta.pt").exists()
 
@@ -327,14 +327,14 @@ def test_fsdp_py_refuses_an_out_dir_another_writer_holds(tmp_path, char_dataset)
     before = sorted(os.listdir(out))
     lock = OutDirLock(str(out)).acquire()  # a run training there
     try:
-        result = run_script(["fsdp.py", f"--out_dir={out}"])
+        result = run_script(["consolidate.py", f"--out_dir={out}"])
     finally:
         lock.release()
     errors = [line for line in result.stderr.splitlines()]
     assert result.returncode == 2 and len(errors) == 1, result.stderr
     assert f"{out} is in use by train.py (pid {os.getpid()} on" in errors[0]
     assert sorted(os.listdir(out)) == before  # no ckpt.pt written
-    assert run_script(["fsdp.py", f"--out_dir={out}"]).returncode == 0
+    assert run_script(["consolidate.py", f"--out_dir={out}"]).returncode == 0
 
 
 def by_value(consolidated, source):
@@ -363,7 +363,7 @@ def test_fsdp_py_keeps_every_optimizer_value_and_group_and_its_file_resumes_exac
              *(f"--{k}={v}" for k, v in options.items()))
     dcp_to_torch_save(str(out / "ckpt.dcp"), str(tmp_path / "source.pt"))  # DCP's own reading of every shard
     source = torch.load(tmp_path / "source.pt", weights_only=True)["optimizer"]
-    assert run_script(["fsdp.py", f"--out_dir={out}"]).returncode == 0
+    assert run_script(["consolidate.py", f"--out_dir={out}"]).returncode == 0
     consolidated = torch.load(out / "ckpt.pt", weights_only=True)["optimizer"]
     match, groups = by_value(consolidated, source)
     # embeddings: their own group; Muon with a tied head and no position table leaves AdamW no decayed matrix
@@ -381,7 +381,7 @@ def test_fsdp_py_keeps_every_optimizer_value_and_group_and_its_file_resumes_exac
 
 def test_sharded_sizes_claimed_beyond_the_shard_files_allocate_nothing(tmp_path, char_dataset, monkeypatch):
     """meta.pt's model_args and .metadata's sizes agree on a model 32 times wider than the shards hold."""
-    import memory
+    from nanogpt import memory
     from model import GPT, GPTConfig
     out = tmp_path / "o"
     one_process(tmp_path, "o", dataset=str(char_dataset), max_iters=2)
@@ -406,7 +406,7 @@ def test_sharded_sizes_claimed_beyond_the_shard_files_allocate_nothing(tmp_path,
 
 @pytest.mark.parametrize("damage", [dict(optimizer="sgd"), dict(learning_rate=None)], ids=["optimizer-sgd", "no-learning_rate"])
 def test_fsdp_py_refuses_a_saved_config_that_describes_no_optimizer(tmp_path, char_dataset, damage):
-    """fsdp.py builds the optimizer from the checkpoint's config (train.py's own): a config that cannot build one
+    """consolidate.py builds the optimizer from the checkpoint's config (train.py's own): a config that cannot build one
     is a one-line error naming the file, and nothing is written."""
     from fsdp import consolidate
     out = tmp_path / "o"

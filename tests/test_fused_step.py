@@ -6,10 +6,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-import fused_step
-from fused_step import SUPPORTED, FusedStep
-from generate import KVCache, generate, packed_weights
-from kernels import onednn_available
+from nanogpt.cpu import fused_step
+from nanogpt.cpu.fused_step import SUPPORTED, FusedStep
+from nanogpt.generate import KVCache, generate, packed_weights
+from nanogpt.cpu.kernels import onednn_available
 from model import GPTConfig
 from test_generate import assert_attention_is_sharp, greedy_by_hand, sharp
 from test_model_options import OPTIONS
@@ -129,7 +129,7 @@ def test_a_weight_given_new_data_sends_the_step_back(tiny_config):
 
 def engine_for(model, slots, fused):
     """A engine.Engine on model whose decode steps run on fused (a FusedStep, or None: the model)."""
-    from engine import Engine
+    from nanogpt.engine import Engine
     engine = Engine(model, slots, 16, torch.device("cpu"), contextlib.nullcontext())
     engine.fused = fused
     return engine

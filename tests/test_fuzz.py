@@ -76,8 +76,8 @@ def make_dataset(root, meta_text, train_bytes, val_bytes):
 
 def read_dataset(root, vocab_size=65):
     """What train.py does with a dataset before training: metadata, tokenizer, a batch of each split."""
-    from batches import Batches
-    from tokenizer import read_meta, tokenizer_from_meta
+    from nanogpt.batches import Batches
+    from nanogpt.tokenizer import read_meta, tokenizer_from_meta
     meta = read_meta(str(root))
     if meta is not None and meta.get("tokenizer", "char") == "char":
         tokenizer_from_meta(meta)
@@ -137,7 +137,7 @@ NESTED = ["config.batch_size", "config.learning_rate", "config.dataset", "config
 @given(field=st.sampled_from(FIELDS + NESTED), value=VALUES | JSON)
 def test_any_value_in_a_checkpoint_field(trained, tmp_path_factory, field, value):
     """Sampling and resuming a checkpoint whose one field holds something random."""
-    from checkpoint import load_checkpoint, model_from_checkpoint
+    from nanogpt.checkpoint import load_checkpoint, model_from_checkpoint
     from train import train
     root, state = trained
     ckpt = {**state, **{k: dict(v) if isinstance(v, dict) else list(v) if isinstance(v, list) else v
@@ -155,7 +155,7 @@ def test_any_value_in_a_checkpoint_field(trained, tmp_path_factory, field, value
 
     def sample_then_resume():
         from sample import SampleConfig
-        from source import load_model
+        from nanogpt.source import load_model
         model_from_checkpoint(load_checkpoint(path), path)
         load_model(SampleConfig(out_dir=str(out)), torch.device("cpu"))
         cfg, overrides = parse_args(TrainConfig, ["--init_from=resume", f"--out_dir={out}", "--max_iters=2",

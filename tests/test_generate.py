@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-import generate as generate_module
-import kernels
-from generate import filter_logits, generate, sample_next, stream
-from kernels import onednn_available, packed_inference
+from nanogpt import generate as generate_module
+from nanogpt.cpu import kernels
+from nanogpt.generate import filter_logits, generate, sample_next, stream
+from nanogpt.cpu.kernels import onednn_available, packed_inference
 from model import GPT
 from test_model_options import OPTIONS, perturbed
 
@@ -211,7 +211,7 @@ def assert_attention_is_sharp(model, idx):
 @pytest.mark.parametrize("option", OPTIONS)
 def test_cached_logits_match_full_forward(tiny_config, option, impl):
     """Prefill 5 positions, then one at a time: each step's logits equal a full forward's last row."""
-    from generate import KVCache
+    from nanogpt.generate import KVCache
     model = sharp(replace(tiny_config, attn_impl=impl, **OPTIONS[option]))
     idx = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1))
     assert_attention_is_sharp(model, idx)
@@ -300,7 +300,7 @@ def test_generate_restores_training_mode(tiny_config):
 
 
 def test_pick_is_inverse_cdf_and_never_picks_a_zero_probability_token():
-    from generate import pick
+    from nanogpt.generate import pick
     probs = torch.tensor([[0.1, 0.6, 0.0, 0.3]]).expand(6, 4)
     draws = torch.tensor([[0.0], [0.05], [0.1], [0.69], [0.71], [0.999]])  # cdf: 0.1, 0.7, 0.7, 1.0
     assert pick(probs, draws).tolist() == [0, 0, 1, 1, 3, 3]

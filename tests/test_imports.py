@@ -1,23 +1,46 @@
-"""The repository's modules as an import graph: the teaching file stands alone, and nothing imports in a circle."""
+"""The repository's modules as an import graph: the programs at the top, one library package below them,
+the teaching file standing alone, and nothing importing in a circle."""
 import ast
 import os
 
 from conftest import ROOT
 
-MODULES = {f[:-3] for f in os.listdir(ROOT) if f.endswith(".py")}
+PACKAGE = "nanogpt"
+TOP = {"model", "configurator"}  # the course's model and the config parser: at the top, though not programs
+
+
+def module_files():
+    """{dotted module name: path} for the programs at the top and every module of the package."""
+    found = {f[:-3]: os.path.join(ROOT, f) for f in os.listdir(ROOT) if f.endswith(".py")}
+    for folder, _, files in os.walk(os.path.join(ROOT, PACKAGE)):
+        dotted = os.path.relpath(folder, ROOT).replace(os.sep, ".")
+        for f in files:
+            if f.endswith(".py"):
+                name = dotted if f == "__init__.py" else f"{dotted}.{f[:-3]}"
+                found[name] = os.path.join(folder, f)
+    return found
+
+
+FILES = module_files()
+MODULES = set(FILES)
+
+
+def parse(module):
+    with open(FILES[module], encoding="utf-8") as f:
+        return ast.parse(f.read())
 
 
 def imports_of(module):
-    """The repository's modules that module imports, at its top or inside a function alike."""
-    with open(os.path.join(ROOT, module + ".py"), encoding="utf-8") as f:
-        tree = ast.parse(f.read())
+    """The repository's modules that module imports, at its top or inside a function alike: `from nanogpt.cpu
+    import kernels` names nanogpt.cpu.kernels, `from nanogpt import hf` nanogpt.hf."""
     names = set()
-    for node in ast.walk(tree):
+    for node in ast.walk(parse(module)):
         if isinstance(node, ast.Import):
-            names |= {alias.name.split(".")[0] for alias in node.names}
+            names |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module.split(".")[0])
-    return names & MODULES - {module}
+            names.add(node.module)
+            names |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return {n for n in names if n in MODULES} - {module}
 
 
 def test_model_py_imports_nothing_of_ours():
@@ -41,30 +64,55 @@ def test_no_module_imports_in_a_circle():
         visit(module)
 
 
-def test_the_graph_is_read_from_the_files(tmp_path):
-    """The checker sees function-level imports too: hf.py's own import of checkpoint is in the graph."""
-    assert "checkpoint" in imports_of("hf") and "model" in imports_of("fused_step")
+def test_the_graph_is_read_from_the_files():
+    """The checker sees the package's modules and function-level imports: hf.py's own import of checkpoint
+    is in the graph, and so is the fused step's import of the model at the top."""
+    assert "nanogpt.checkpoint" in imports_of("nanogpt.hf") and "model" in imports_of("nanogpt.cpu.fused_step")
+    assert "nanogpt.cpu.kernels" in MODULES and "nanogpt.generate" in imports_of("sample")
 
 
-def is_script(module):
+def is_program(module):
     """A module run as a program: it has an `if __name__ == "__main__":` entry."""
-    with open(os.path.join(ROOT, module + ".py"), encoding="utf-8") as f:
-        tree = ast.parse(f.read())
     return any(isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
                and isinstance(node.test.left, ast.Name) and node.test.left.id == "__name__"
-               for node in tree.body)
+               for node in parse(module).body)
 
 
-SCRIPTS = {m for m in MODULES if is_script(m)}
+PROGRAMS = {m for m in MODULES if is_program(m)}
 
 
-def test_the_scripts_are_read_from_the_files():
-    assert {"train", "sample", "serve", "trace", "export", "bench", "chat", "eval", "fsdp", "plot"} <= SCRIPTS
-    assert not SCRIPTS & {"model", "checkpoint", "source", "generate", "tracing", "configurator"}
+def test_the_programs_are_read_from_the_files():
+    assert {"train", "sample", "serve", "trace", "export", "bench", "chat", "eval", "consolidate", "plot"} <= PROGRAMS
+    assert not PROGRAMS & {"model", "configurator", "nanogpt.checkpoint", "nanogpt.source", "nanogpt.generate"}
 
 
-def test_no_module_imports_a_script():
-    """Scripts are leaves: what a script shares with another script or a library lives in a library module,
+def test_the_top_is_a_menu_of_programs():
+    """Every module at the top is a program a user runs, or the course's model, or the config parser; the
+    modules the programs share live in the package."""
+    top = {m for m in MODULES if "." not in m and m != PACKAGE}
+    assert sorted(top - PROGRAMS - TOP) == []
+
+
+def test_the_package_holds_no_program():
+    assert sorted(m for m in PROGRAMS if m.startswith(PACKAGE)) == []
+
+
+def test_no_module_imports_a_program():
+    """Programs are leaves: what a program shares with another program or a library lives in the package,
     so importing anything runs nothing of a program."""
-    found = sorted(f"{m} imports {s}" for m in MODULES for s in imports_of(m) & SCRIPTS)
+    found = sorted(f"{m} imports {s}" for m in MODULES for s in imports_of(m) & PROGRAMS)
+    assert found == [], found
+
+
+def test_no_library_parses_a_command_line():
+    """The package parses no argv: how a program starts and ends is nanogpt.program's, and the most a library
+    takes from the config parser is a recipe's assignments (read_config_file), to say what train.py would run."""
+    found = []
+    for m in MODULES:
+        if m.startswith(PACKAGE):
+            for node in ast.walk(parse(m)):
+                if isinstance(node, ast.Import) and any(a.name == "configurator" for a in node.names):
+                    found.append(f"{m}: import configurator")
+                elif isinstance(node, ast.ImportFrom) and node.module == "configurator":
+                    found += [f"{m}: {a.name}" for a in node.names if a.name != "read_config_file"]
     assert found == [], found

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import run_script
-from hf import from_pretrained
+from nanogpt.hf import from_pretrained
 
 transformers = pytest.importorskip("transformers")
 
@@ -67,7 +67,7 @@ def test_from_pretrained_matches_hugging_face_logits_and_greedy_tokens(hf_dir):
 
 def trained_then_randomized(tmp_path, char_dataset, **options):
     """A checkpoint as train.py writes it, its every parameter then made random; returns (out_dir, model)."""
-    from checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
+    from nanogpt.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
     from train import TrainConfig, train
     cfg = TrainConfig(out_dir=str(tmp_path / "out"), dataset=str(char_dataset), n_layer=2, n_head=2, n_embd=32,
                       block_size=16, batch_size=4, gradient_accumulation_steps=1, eval_iters=2, max_iters=3,
@@ -231,8 +231,8 @@ def test_a_config_json_claiming_more_than_its_weights_is_refused_before_building
     import json
     import shutil
 
-    import hf
-    from hf import load_pretrained
+    from nanogpt import hf
+    from nanogpt.hf import load_pretrained
     from configurator import UserError
     claimed = tmp_path / "claimed"
     shutil.copytree(hf_dir, claimed)

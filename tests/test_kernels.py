@@ -6,8 +6,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import kernels
-from kernels import PackedLinear, PackedWeight, onednn_available, packed_training
+from nanogpt.cpu import kernels
+from nanogpt.cpu.kernels import PackedLinear, PackedWeight, onednn_available, packed_training
 
 pytestmark = pytest.mark.skipif(not onednn_available(), reason="this PyTorch build has no oneDNN")
 
@@ -106,7 +106,7 @@ def loss_and_grads(model, idx):
 def test_generation_inside_packed_training_leaves_the_training_kernels(tiny_config, monkeypatch):
     """Sampling during training: generate's packed weights, patched within packed_training, give back the
     training kernels, and the training step and the tokens are those of each alone."""
-    from generate import generate
+    from nanogpt.generate import generate
     from model import GPT
     model, idx = GPT(tiny_config), torch.randint(0, tiny_config.vocab_size, (2, 8))
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
@@ -128,7 +128,7 @@ def test_generation_inside_packed_training_leaves_the_training_kernels(tiny_conf
 def test_packed_training_inside_packed_weights_leaves_the_packed_weights(tiny_config, monkeypatch):
     """A training step within generation's packed weights gives them back: inference then runs on them
     again, with the logits of packed weights alone."""
-    from generate import packed_weights
+    from nanogpt.generate import packed_weights
     from model import GPT
     model, idx = GPT(tiny_config), torch.randint(0, tiny_config.vocab_size, (2, 8))
     with packed_training(model):
@@ -151,7 +151,7 @@ def test_packed_training_inside_packed_weights_leaves_the_packed_weights(tiny_co
 def test_a_generator_closed_after_packed_training_leaves_no_patch(tiny_config):
     """stream() holds its packed weights until it is closed, which may be after the packed_training it
     started in has ended: neither patch outlives its own end."""
-    from generate import stream
+    from nanogpt.generate import stream
     from model import GPT
     model = GPT(tiny_config)
     with packed_training(model):
@@ -195,7 +195,7 @@ def test_bfloat16_linear_rounds_the_products_inputs_and_outputs_only(bias):
 def test_training_with_bfloat16_products_follows_the_float32_run(tmp_path, char_dataset, monkeypatch):
     """matmul_dtype=bfloat16: the linear layers and Muon's iteration run in bfloat16, the losses stay within
     bfloat16's rounding of the float32 run's."""
-    import optim
+    from nanogpt import optim
     from train import TrainConfig, train
     calls, apply = [], kernels.BFloat16Linear.apply
     monkeypatch.setattr(kernels.BFloat16Linear, "apply", lambda *a: calls.append(1) or apply(*a))

@@ -3,7 +3,7 @@ from dataclasses import replace
 
 import pytest
 
-from memory import param_count
+from nanogpt.memory import param_count
 from model import GPT
 
 OPTIONS = [dict(), dict(bias=False), dict(tie_weights=False), dict(n_kv_head=2), dict(n_kv_head=1, mlp_hidden=40),

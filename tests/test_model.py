@@ -9,7 +9,7 @@ import torch
 import reference
 from model import GPT, CausalSelfAttention, GPTConfig
 from conftest import optimizer_settings
-from optim import configure_optimizers
+from nanogpt.optim import configure_optimizers
 from test_model_options import spread
 
 
@@ -203,7 +203,7 @@ def test_estimate_mfu_uses_the_given_peak(tiny_config):
 
 def test_forward_compiles_without_graph_breaks(tiny_config):
     """torch.compile(dynamic=True) as sample.py uses it: training, prefill and decode each trace as one graph."""
-    from generate import KVCache
+    from nanogpt.generate import KVCache
     model = GPT(tiny_config).eval()
     compiled = torch.compile(model, backend="eager", dynamic=True, fullgraph=True)  # a graph break raises
     idx = torch.randint(0, tiny_config.vocab_size, (2, 8))

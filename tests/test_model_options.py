@@ -221,7 +221,7 @@ def test_option_validation_messages():
 def test_each_option_survives_a_checkpoint(tmp_path, tiny_config, option):
     """ckpt.pt with the option recorded in model_args loads back (sample.py's and resume's path) to the same
     logits; a weight of the wrong shape is refused in one line."""
-    from checkpoint import load_checkpoint, model_args, model_from_checkpoint, save_checkpoint
+    from nanogpt.checkpoint import load_checkpoint, model_args, model_from_checkpoint, save_checkpoint
     from configurator import UserError
     model = perturbed(replace(tiny_config, **{"n_layer": 4, **OPTIONS[option]}))
     path = str(tmp_path / "ckpt.pt")
@@ -239,7 +239,7 @@ def test_each_option_survives_a_checkpoint(tmp_path, tiny_config, option):
 
 
 def test_model_args_keep_nanogpt_keys_and_record_options():
-    from checkpoint import config_from_model_args, model_args
+    from nanogpt.checkpoint import config_from_model_args, model_args
     plain = model_args(GPTConfig(n_layer=2))
     assert set(plain) == {"n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "dropout"}
     modern = model_args(GPTConfig(pos_emb="rope", norm="rmsnorm", n_kv_head=4, tie_weights=False))

@@ -7,8 +7,8 @@ import torch
 
 from model import GPT
 from conftest import optimizer_settings
-from optim import Muon, configure_optimizers, orthogonalize
-from tokenizer import read_meta
+from nanogpt.optim import Muon, configure_optimizers, orthogonalize
+from nanogpt.tokenizer import read_meta
 
 
 def test_orthogonalize_pushes_singular_values_towards_one():
@@ -155,11 +155,11 @@ def described(model, optimizer):
 
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_bench_and_fsdp_py_build_the_optimizer_train_py_builds(tmp_path, char_dataset, monkeypatch, optimizer):
-    """One config, three callers: bench's plain loop and fsdp.py's consolidation hold the groups, rates and
+    """One config, three callers: bench's plain loop and consolidate.py's consolidation hold the groups, rates and
     settings train.py's run holds (embedding_lr's group too), and bench Muon's Newton-Schulz dtype."""
     import bench
-    import fsdp  # noqa: F401 (consolidate imports configure_optimizers from optim when called)
-    import optim
+    import consolidate  # noqa: F401 (consolidate imports configure_optimizers from optim when called)
+    from nanogpt import optim
     import train
     built = {}
 
@@ -178,11 +178,11 @@ def test_bench_and_fsdp_py_build_the_optimizer_train_py_builds(tmp_path, char_da
     out = tmp_path / "out"
     train.train(train.TrainConfig(**options, max_iters=1, eval_iters=1, parallel="fsdp", out_dir=str(out)),
                 log=lambda *a: None)
-    fsdp.consolidate(str(out / "ckpt.pt"))
+    consolidate.consolidate(str(out / "ckpt.pt"))
     cfg = bench.BenchConfig(**options, bench_iters=1, bench_warmup=0)
     model = GPT(cfg.model_config(read_meta(str(char_dataset))["vocab_size"]))
     bench.plain_loop_ms(cfg, model, torch.device("cpu"), torch.float32, log=lambda *a: None)
     groups, ns_dtype = built["train"]
     assert len(groups) == (4 if optimizer == "muon" else 3)  # with the embeddings' own group
-    assert built["optim"][0] == groups  # fsdp.py's
+    assert built["optim"][0] == groups  # consolidate.py's
     assert built["bench"] == (groups, ns_dtype)

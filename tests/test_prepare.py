@@ -8,7 +8,7 @@ import pytest
 import tiktoken
 
 from conftest import CORPUS, SHAKESPEARE
-from data import prepare as prep
+from nanogpt import dataset as prep
 
 
 def test_char_dataset_matches_a_plain_split(tmp_path):
@@ -118,7 +118,7 @@ def test_openwebtext_recipe_on_a_local_dataset(tmp_path):
 
 
 def test_vocabularies_over_65536_use_uint32_and_train_reads_them(tmp_path):
-    from batches import Batches
+    from nanogpt.batches import Batches
     import torch
     text = "".join(chr(0x10000 + i) for i in range(70_000)) * 2  # 70,000 symbols: too many for uint16
     (tmp_path / "in.txt").write_text(text, encoding="utf-8")
@@ -168,7 +168,7 @@ def bpe_dataset(tmp_path_factory):
 
 
 def test_trained_bpe_round_trips_any_text_and_splits_like_the_whole(bpe_dataset):
-    from tokenizer import read_meta, tokenizer_from_meta
+    from nanogpt.tokenizer import read_meta, tokenizer_from_meta
     data, counts = bpe_dataset
     meta = read_meta(str(data))
     tok = tokenizer_from_meta(meta)
@@ -353,7 +353,7 @@ def test_the_gpt2_suggestion_names_the_vocabulary_as_what_makes_it_slow_on_a_cpu
 def test_a_tokenizer_linked_within_the_dataset_is_read(tmp_path, bpe_dataset):
     """Only a link out of the dataset is refused: the file is copied into every checkpoint."""
     import shutil
-    from tokenizer import read_meta, tokenizer_from_meta
+    from nanogpt.tokenizer import read_meta, tokenizer_from_meta
     data, counts = bpe_dataset
     shutil.copytree(data, tmp_path / "data")
     (tmp_path / "data" / "merges").mkdir()
@@ -367,7 +367,7 @@ def test_a_tokenizer_linked_within_the_dataset_is_read(tmp_path, bpe_dataset):
 @pytest.mark.parametrize("name", ["meta.json", "meta.pkl"])
 def test_dataset_metadata_that_is_a_fifo_is_refused_not_waited_on(tmp_path, name):
     import signal
-    from tokenizer import read_meta
+    from nanogpt.tokenizer import read_meta
 
     def hung(*_):
         pytest.fail(f"reading a FIFO named {name} blocked for 60 s")

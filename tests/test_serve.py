@@ -10,9 +10,9 @@ from contextlib import contextmanager
 import pytest
 import torch
 
-from generate import generate, sample_seed
+from nanogpt.generate import generate, sample_seed
 
-from checkpoint import model_args
+from nanogpt.checkpoint import model_args
 from conftest import CORPUS, run_script
 from model import GPTConfig
 from test_generate import attention_weights, sharp

@@ -9,7 +9,7 @@ import torch
 
 from conftest import CORPUS, run_script
 from reference import next_token_log_probs
-from tokenizer import BPETokenizer, CharTokenizer, ChatTokenizer
+from nanogpt.tokenizer import BPETokenizer, CharTokenizer, ChatTokenizer
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")
@@ -194,7 +194,7 @@ def test_lm_eval_cli_scores_a_multiple_choice_and_a_generate_until_task(server, 
     (samples,) = tmp_path.glob("out/*/samples_tiny_gen_*.jsonl")
     assert [s["resps"] for s in map(json.loads, samples.read_text().splitlines())] == [[[t]] for t in texts]
     assert scores["tiny_gen"]["exact_match,none"] == 0.5 and all(0 < len(t) < 12 for t in texts)
-    from harness import NanoGPT
+    from nanogpt.harness import NanoGPT
     from lm_eval.api.instance import Instance
     requests = [Instance("loglikelihood", d, (d["context"], c), i) for d in MC_DOCS for i, c in enumerate(d["choices"])]
     harness = [ll for ll, _ in NanoGPT(model, tok).loglikelihood(requests)]
@@ -208,7 +208,7 @@ def test_lm_eval_scores_perplexity_as_eval_py_with_the_newline_as_prefix_token(s
     max_length=block_size+2 makes lm-eval's windows block_size tokens, as eval.py's (it windows at
     max_length - 2: one token for context, one for generation)."""
     import lm_eval
-    from harness import NanoGPT
+    from nanogpt.harness import NanoGPT
     from lm_eval.api.instance import Instance
     from lm_eval.tasks import TaskManager
     url, service = server
@@ -261,7 +261,7 @@ def write_chat_task(directory, docs, shot, stop):
 def sampled_reply(model, tok, messages, n, seed):
     """What the model samples at temperature 2 after the template's prompt (generate.py, uncached, sample 0's
     generator for the seed), up to <|end|>, as text."""
-    from generate import generate
+    from nanogpt.generate import generate
     from sample import sample_seed
     ids = tok.render(messages)[0]
     out = generate(model, torch.tensor([ids]), n, temperature=2.0, use_cache=False,

@@ -6,12 +6,12 @@ from html.parser import HTMLParser
 import pytest
 import torch
 
-from generate import generate
+from nanogpt.generate import generate
 
 from conftest import run_script
 from model import GPT
 from test_model_options import OPTIONS, perturbed
-from tokenizer import BPETokenizer, CharTokenizer
+from nanogpt.tokenizer import BPETokenizer, CharTokenizer
 from trace import TraceConfig, build_trace, render_html
 
 CHARS = CharTokenizer(sorted(set("Cats sit on the mat. ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz,;:!?'\n-")))

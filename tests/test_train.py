@@ -9,10 +9,10 @@ from contextlib import nullcontext
 import pytest
 import torch
 
-from checkpoint import load_checkpoint
+from nanogpt.checkpoint import load_checkpoint
 from conftest import run_script
 from configurator import parse_args
-from optim import lr_scale
+from nanogpt.optim import lr_scale
 from train import TrainConfig, train
 
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, batch_size=4, gradient_accumulation_steps=1,
@@ -293,7 +293,7 @@ def muon_cfg(tmp_path, dataset, **kw):
 
 
 def test_muon_through_train_py_trains_the_blocks_matrices(tmp_path, char_dataset, monkeypatch):
-    from optim import Muon
+    from nanogpt.optim import Muon
     before, calls = {}, []
     original = Muon.step
 
@@ -366,7 +366,7 @@ def test_target_loss_stops_at_the_first_evaluation_reaching_it(tmp_path, char_da
 def test_eval_windows_val_loss_is_the_mean_over_evenly_spread_fixed_windows(tmp_path, char_dataset):
     """5 windows (batches of 4 and 1): the logged val loss equals a loss worked independently from the checkpoint."""
     import numpy as np
-    from checkpoint import model_from_checkpoint
+    from nanogpt.checkpoint import model_from_checkpoint
     n, block = 5, TINY["block_size"]
     train(tiny_cfg(tmp_path, char_dataset, eval_windows=n, max_iters=3, eval_interval=3), log=quiet)
     logged = train_records(tmp_path / "out", "eval")[-1]
@@ -408,9 +408,9 @@ def test_val_bpb_counts_the_utf8_bytes_of_the_targets(tmp_path):
     The text is not periodic, so the inputs' bytes differ from the targets': counting the wrong ones shows."""
     import random
     import numpy as np
-    from batches import Batches, estimate_loss
-    from data.prepare import prepare
-    from tokenizer import CharTokenizer, read_meta, token_byte_lengths
+    from nanogpt.batches import Batches, estimate_loss
+    from nanogpt.dataset import prepare
+    from nanogpt.tokenizer import CharTokenizer, read_meta, token_byte_lengths
     rng = random.Random(0)
     (tmp_path / "in.txt").write_text("".join(rng.choice("aé漢 b\n") for _ in range(2400)), encoding="utf-8")
     prepare(str(tmp_path / "in.txt"), "char", str(tmp_path / "d"), 0.2, log=quiet)
@@ -464,7 +464,7 @@ def test_accumulating_k_micro_batches_gives_the_gradient_of_one_batch_k_times_la
                                                                                      monkeypatch):
     """One iteration's gradients over 3 micro-batches of 2 rows equal those of one batch of the same 6 rows,
     in one process; the rows come from one fixed tensor, split as the micro-step index says."""
-    from batches import Batches
+    from nanogpt.batches import Batches
     k, rows = 3, 2
     data = torch.randint(0, 30, (k * rows, TINY["block_size"] + 1), generator=torch.Generator().manual_seed(0))
     original = Batches.get
@@ -520,8 +520,8 @@ def test_a_new_run_interrupted_before_it_saved_keeps_the_earlier_runs_checkpoint
 def test_resume_checks_the_memory_of_its_batch_before_allocating(tmp_path, char_dataset, where, monkeypatch):
     """batch_size=10**7 on resume, given on the command line or saved in the checkpoint's config: refused at
     start-up as a scratch run is (about 10^7 x 16 tokens of activations), and the checkpoint is untouched."""
-    from batches import Batches
-    from checkpoint import save_checkpoint
+    from nanogpt.batches import Batches
+    from nanogpt.checkpoint import save_checkpoint
     from configurator import UserError
     train(tiny_cfg(tmp_path, char_dataset, max_iters=1), log=quiet)
     path = tmp_path / "out" / "ckpt.pt"
@@ -562,7 +562,7 @@ def test_a_log_write_that_fails_leaves_no_torn_line_and_the_next_run_appends_who
     """The disk fills during the first log write (half of it lands): the run stops with the error naming
     log.jsonl, the half is cut back, and the next run's log reads whole."""
     import errno
-    import metrics
+    from nanogpt import metrics
     real = os.write
 
     def disk_full(fd, data):
@@ -592,7 +592,7 @@ def test_a_run_appending_to_a_log_cut_mid_line_starts_on_a_line_of_its_own(tmp_p
 
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_optimizer_state_of_the_wrong_shape_is_refused_at_load(tmp_path, char_dataset, optimizer):
-    from checkpoint import save_checkpoint
+    from nanogpt.checkpoint import save_checkpoint
     from configurator import UserError
     train(tiny_cfg(tmp_path, char_dataset, max_iters=1, optimizer=optimizer), log=quiet)
     path = tmp_path / "out" / "ckpt.pt"
@@ -612,7 +612,7 @@ def test_a_resumed_run_continues_the_training_clock_and_the_figure(tmp_path, cha
     what a fresh clock could reach), the resumed records go on from it, and plot.py draws iters 0 to 8."""
     pytest.importorskip("matplotlib")
     import plot
-    from checkpoint import save_checkpoint
+    from nanogpt.checkpoint import save_checkpoint
     train(tiny_cfg(tmp_path, char_dataset, max_iters=4, lr_decay_iters=8, eval_interval=2), log=quiet)
     path, out = tmp_path / "out" / "ckpt.pt", tmp_path / "out"
     ckpt = load_checkpoint(str(path))

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from checkpoint import load_checkpoint
+from nanogpt.checkpoint import load_checkpoint
 from configurator import UserError, parse_args
 from conftest import ROOT, run_script
-from harness import NanoGPT
-from source import Source, load_model
+from nanogpt.harness import NanoGPT
+from nanogpt.source import Source, load_model
 from test_eval import reference_loglikelihood, write_task
 from train import TrainConfig, train
 

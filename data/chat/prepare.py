@@ -24,9 +24,9 @@ from tqdm import tqdm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
-from configurator import run_main  # noqa: E402
-from errors import UserError  # noqa: E402
-from tokenizer import ROLES, chat_meta, read_meta, tokenizer_from_meta  # noqa: E402
+from nanogpt.program import run_main  # noqa: E402
+from nanogpt.errors import UserError  # noqa: E402
+from nanogpt.tokenizer import ROLES, chat_meta, read_meta, tokenizer_from_meta  # noqa: E402
 
 SHOWN = 5  # bad lines reported one by one; the rest are counted
 MAX_LINE_BYTES = 1 << 24  # a line longer than this is not a conversation of any context

@@ -14,15 +14,15 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
-import configurator  # noqa: E402
+from nanogpt import program  # noqa: E402
 
-configurator.exit_quietly_on_ctrl_c()  # before the slow imports (numpy): Ctrl-C during them exits quietly
+program.exit_quietly_on_ctrl_c()  # before the slow imports (numpy): Ctrl-C during them exits quietly
 import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from configurator import run_main  # noqa: E402
-from errors import UserError  # noqa: E402
-from tokenizer import BPE_ENCODING, write_meta  # noqa: E402
+from nanogpt.program import run_main  # noqa: E402
+from nanogpt.errors import UserError  # noqa: E402
+from nanogpt.tokenizer import BPE_ENCODING, write_meta  # noqa: E402
 
 _encoding = None
 

@@ -9,8 +9,9 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-from prepare import find_or_download, prepare, run_main  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repository: the nanogpt package
+from nanogpt.dataset import find_or_download, prepare  # noqa: E402
+from nanogpt.program import run_main  # noqa: E402
 
 
 def main(argv):

@@ -21,11 +21,11 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
-from configurator import run_main  # noqa: E402
-from errors import UserError  # noqa: E402
+from nanogpt.program import run_main  # noqa: E402
+from nanogpt.errors import UserError  # noqa: E402
 from data.chat.prepare import prepare_chat  # noqa: E402
 from data.tangshi.poems import conversations, parse_poems  # noqa: E402
-from tokenizer import read_meta, tokenizer_from_meta  # noqa: E402
+from nanogpt.tokenizer import read_meta, tokenizer_from_meta  # noqa: E402
 
 BLOCK_SIZE = 128  # config/tangshi_sft.py's context: a 七言律詩 and its request fit
 

@@ -24,12 +24,12 @@ from tqdm import tqdm
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
-from checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
-from configurator import run_main  # noqa: E402
-from errors import UserError  # noqa: E402
+from nanogpt.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
+from nanogpt.program import run_main  # noqa: E402
+from nanogpt.errors import UserError  # noqa: E402
 from data.tangshi.poems import ACROSTIC, clauses, form, parse_poems, score_acrostic  # noqa: E402
-from generate import generate  # noqa: E402
-from tokenizer import ChatTokenizer, read_meta, tokenizer_from_meta  # noqa: E402
+from nanogpt.generate import generate  # noqa: E402
+from nanogpt.tokenizer import ChatTokenizer, read_meta, tokenizer_from_meta  # noqa: E402
 
 DECODINGS = {"greedy": dict(temperature=0.0), "sampled": dict(temperature=0.8, top_k=200)}
 MAX_NEW_TOKENS = 80  # a 七言絕句 is 34 characters; a 律詩 of 8 is 68

@@ -16,8 +16,10 @@ import urllib.parse
 import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-from prepare import DEFAULT_BPE_VOCAB, UserError, prepare, run_main, vocabulary_note  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repository: the nanogpt package
+from nanogpt.dataset import DEFAULT_BPE_VOCAB, prepare, vocabulary_note  # noqa: E402
+from nanogpt.errors import UserError  # noqa: E402
+from nanogpt.program import run_main  # noqa: E402
 
 SOURCE = "https://raw.githubusercontent.com/chinese-poetry/chinese-poetry/master/全唐诗/poet.tang.{}.json"
 FILES = range(0, 58000, 1000)  # poet.tang.0.json, poet.tang.1000.json, ..., poet.tang.57000.json

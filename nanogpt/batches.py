@@ -12,9 +12,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from errors import UserError
+from nanogpt import REPOSITORY
+from nanogpt.errors import UserError
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
 # the first element of a batch key: which stream of draws it belongs to, so that training's
 # (TRAINING, iter, micro-step) and evaluation's (EVAL[split], k) never draw the same windows
 TRAINING = 0
@@ -23,10 +23,10 @@ EVAL = {"train": 1, "val": 2}
 
 def dataset_dir(dataset):
     """data/<dataset> (beside train.py or under the working directory), or dataset itself if a directory."""
-    for path in (dataset, os.path.join("data", dataset), os.path.join(ROOT, "data", dataset)):
+    for path in (dataset, os.path.join("data", dataset), os.path.join(REPOSITORY, "data", dataset)):
         if os.path.isdir(path) and os.path.exists(os.path.join(path, "train.bin")):
             return path
-    return os.path.join(ROOT, "data", dataset)
+    return os.path.join(REPOSITORY, "data", dataset)
 
 
 class Batches:

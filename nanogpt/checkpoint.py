@@ -25,9 +25,10 @@ from dataclasses import asdict
 import numpy as np
 import torch
 
-from configurator import convert, describe_os_error
-from errors import UserError
 from model import GPT, GPTConfig
+from nanogpt.errors import UserError
+from nanogpt.program import describe_os_error
+from nanogpt.values import convert
 
 # prefixes torch.compile and DDP add to state_dict keys
 WRAPPER_PREFIXES = ("_orig_mod.", "module.")
@@ -382,7 +383,7 @@ def read_sharded(directory, weights=True):
     config = config_from_model_args(ckpt["model_args"], directory, {})
     check_shapes(config, {k: torch.empty(size, device="meta") for k, (size, _) in shapes.items()}, directory)
     if weights:
-        from memory import check_fits
+        from nanogpt.memory import check_fits
         claimed = sum(size.numel() * dtype.itemsize for size, dtype in shapes.values())
         held = sum(e.stat().st_size for e in os.scandir(directory) if e.name.endswith(".distcp"))
         if claimed > held:
@@ -506,7 +507,7 @@ def is_pretrained(init_from):
 
 
 class OutDirLock:
-    """An exclusive lock on out_dir for a writer's lifetime (train.py, fsdp.py): a second writer is refused
+    """An exclusive lock on out_dir for a writer's lifetime (train.py, consolidate.py): a second writer is refused
     in one line naming the holder. The lock dies with its process (flock), so a killed run leaves none
     behind; the file .lock stays, naming the last holder. Only the holder removes stale temporary files of
     saves. Readers (sample.py, eval_only, trace.py, export.py) take no lock and delete nothing.

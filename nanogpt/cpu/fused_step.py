@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules import module as nn_module
 
-from kernels import WeightVersion, packed_product, packed_product_add
+from nanogpt.cpu.kernels import WeightVersion, packed_product, packed_product_add
 from model import apply_rope, value_embedded
 
 # every GPTConfig field and what this step supports of it (None: any value); a field added to

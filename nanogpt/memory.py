@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import torch
 
-from errors import UserError
+from nanogpt.errors import UserError
 from model import GPT
 
 # AdamW training in float32: weights, gradients and two moments, 4 bytes each

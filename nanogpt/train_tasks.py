@@ -17,11 +17,11 @@ from functools import partial
 
 import torch
 
-from checkpoint import rng_state, set_rng_state
-from errors import UserError
-from tokenizer import tokenizer_from_meta
+from nanogpt import REPOSITORY
+from nanogpt.checkpoint import rng_state, set_rng_state
+from nanogpt.errors import UserError
+from nanogpt.tokenizer import tokenizer_from_meta
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
 BINARY = ("acc", "acc_norm", "exact_match")  # 0 or 1 per item: the stderr of their mean is sqrt(p (1 - p) / (n - 1))
 FEWSHOT_SEED = 1234  # lm-eval's default
 
@@ -36,7 +36,7 @@ def task_scores(cfg, model, meta, rank, sharded):
 
 def include_folder(path):
     """path as given (from the working directory), else beside train.py (the default: tasks)."""
-    for candidate in (path, os.path.join(ROOT, path)):
+    for candidate in (path, os.path.join(REPOSITORY, path)):
         if os.path.isdir(candidate):
             return candidate
     raise UserError(f"eval_tasks_include_path={path} is not a folder of task YAMLs (ours: tasks, beside train.py)")
@@ -63,7 +63,7 @@ class TaskScores:
         except ImportError:
             raise UserError("eval_tasks needs lm-evaluation-harness: pip install lm-eval "
                             "(or drop --eval_tasks)") from None
-        from harness import NanoGPT, quiet_logging, task_manager
+        from nanogpt.harness import NanoGPT, quiet_logging, task_manager
         quiet_logging()
         with kept_rng(), quiet_progress():
             self.tasks = task_manager(include_folder(cfg.eval_tasks_include_path), self.names).load(self.names)

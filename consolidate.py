@@ -1,21 +1,23 @@
 """Consolidate a sharded checkpoint: out_dir/ckpt.dcp, written by train.py --parallel=fsdp, into one file.
 
-    python fsdp.py --out_dir=out    # out/ckpt.dcp (sharded) -> out/ckpt.pt (one file, nanoGPT's keys)
+    python consolidate.py --out_dir=out    # out/ckpt.dcp (sharded) -> out/ckpt.pt (one file, nanoGPT's keys)
 
 The file has nanoGPT's keys and the optimizer state keyed by index, as a run on one process writes it:
 train.py resumes from it on any number of processes, sample.py and nanoGPT read it. How the sharding
 itself works: sharding.py.
 """
-import configurator
+from nanogpt import program
 
-configurator.exit_quietly_on_ctrl_c()  # before the slow imports (torch): Ctrl-C during them exits quietly
+program.exit_quietly_on_ctrl_c()  # before the slow imports (torch): Ctrl-C during them exits quietly
 
 # ruff: noqa: E402
 import os
 from dataclasses import dataclass
 
-from configurator import parse_args, run_main
-from errors import UserError
+from configurator import parse_args
+
+from nanogpt.program import run_main
+from nanogpt.errors import UserError
 
 
 @dataclass
@@ -25,7 +27,7 @@ class ConsolidateConfig:
 
 
 def check_exists(path):
-    from checkpoint import complete_sharded, sharded_path
+    from nanogpt.checkpoint import complete_sharded, sharded_path
     if complete_sharded(path) is None and not os.path.exists(path):
         raise UserError(f"no sharded checkpoint at {sharded_path(path)}; train one first (python train.py ... "
                         f"--parallel=fsdp --out_dir={os.path.dirname(path) or '.'})")
@@ -33,8 +35,8 @@ def check_exists(path):
 
 def consolidate(path):
     """The single-file checkpoint (nanoGPT's keys, optimizer keyed by index) of path's sharded form."""
-    from checkpoint import load_checkpoint, load_sharded, model_from_checkpoint
-    from optim import OptimizerSettings, configure_optimizers
+    from nanogpt.checkpoint import load_checkpoint, load_sharded, model_from_checkpoint
+    from nanogpt.optim import OptimizerSettings, configure_optimizers
     check_exists(path)
     ckpt = load_checkpoint(path)
     if "sharded" not in ckpt:
@@ -54,14 +56,14 @@ def consolidate(path):
 
 
 def main(argv):
-    from checkpoint import OutDirLock, save_checkpoint
+    from nanogpt.checkpoint import OutDirLock, save_checkpoint
     cfg, _ = parse_args(ConsolidateConfig, argv)
     path = os.path.join(cfg.out_dir, cfg.ckpt)
     if not os.path.isdir(cfg.out_dir):
         raise UserError(f"no checkpoint at {path}: {cfg.out_dir} is not a directory")
     check_exists(path)  # before the lock, which writes .lock: a refusal leaves out_dir as it was
     # a writer: a run training there would save after us, or we after it, and the older state win
-    lock = OutDirLock(cfg.out_dir, "fsdp.py", instead=None).acquire()
+    lock = OutDirLock(cfg.out_dir, "consolidate.py", instead=None).acquire()
     try:
         ckpt = consolidate(path)
         if not lock.held():

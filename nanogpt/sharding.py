@@ -11,7 +11,7 @@ the root (embeddings, final norm, head) another. With --dtype=bfloat16 (the
 default on CUDA) the units compute in bfloat16 and reduce gradients in
 float32, in place of autocast.
 
-fsdp.py turns the sharded checkpoints such a run writes into one file.
+consolidate.py turns the sharded checkpoints such a run writes into one file.
 """
 import functools
 from contextlib import contextmanager

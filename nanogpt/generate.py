@@ -13,8 +13,8 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from fused_step import FusedStep
-from kernels import packed_inference
+from nanogpt.cpu.fused_step import FusedStep
+from nanogpt.cpu.kernels import packed_inference
 
 # bytes of linear weights packed_weights copies; beyond this (gpt2-large holds 3.1 GB,
 # gpt2-xl 6.2 GB) a second copy could exhaust a laptop's memory

@@ -5,7 +5,7 @@ without importing the training script.
 """
 from dataclasses import dataclass, fields, replace
 
-from checkpoint import finetune_source, is_pretrained
+from nanogpt.checkpoint import finetune_source, is_pretrained
 from model import GPTConfig
 
 

@@ -11,8 +11,8 @@ from urllib.parse import urlparse
 
 import torch
 
-from checkpoint import check_shapes
-from errors import UserError
+from nanogpt.checkpoint import check_shapes
+from nanogpt.errors import UserError
 from model import GPT, GPTConfig
 
 # ours (nn.Linear, (out, in)) <-> Hugging Face's Conv1D ((in, out)): the same matrix, transposed

@@ -7,11 +7,11 @@ Source with its own keys and loads with load_model; what a file lacks or holds w
 import os
 from dataclasses import dataclass
 
-from batches import dataset_dir
-from checkpoint import is_pretrained, load_checkpoint, model_from_checkpoint
-from errors import UserError
-from hf import load_pretrained
-from tokenizer import CharTokenizer, check_meta, read_meta, tokenizer_from_meta
+from nanogpt.batches import dataset_dir
+from nanogpt.checkpoint import is_pretrained, load_checkpoint, model_from_checkpoint
+from nanogpt.errors import UserError
+from nanogpt.hf import load_pretrained
+from nanogpt.tokenizer import CharTokenizer, check_meta, read_meta, tokenizer_from_meta
 
 
 @dataclass

@@ -7,7 +7,7 @@ from dataclasses import asdict
 
 from tqdm import tqdm
 
-from errors import UserError
+from nanogpt.errors import UserError
 
 
 class Clock:

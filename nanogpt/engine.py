@@ -21,8 +21,8 @@ import traceback
 import torch
 import torch.nn.functional as F
 
-from fused_step import FusedStep
-from generate import packed_weights, sample_next, window_start
+from nanogpt.cpu.fused_step import FusedStep
+from nanogpt.generate import packed_weights, sample_next, window_start
 
 
 class SlotCache:

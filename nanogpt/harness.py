@@ -1,6 +1,6 @@
 """lm-evaluation-harness's model "nanogpt": a checkpoint of this repository scored in process, no server.
 
-    from harness import NanoGPT; lm_eval.simple_evaluate(NanoGPT(out_dir="out-tangshi"), tasks=[...])
+    from nanogpt.harness import NanoGPT; lm_eval.simple_evaluate(NanoGPT(out_dir="out-tangshi"), tasks=[...])
 
 The three request types, with the semantics of lm-eval's Hugging Face model:
 loglikelihood sums the log-probabilities of the continuation's tokens given the
@@ -23,9 +23,9 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.utils import Collator, handle_stop_sequences, normalize_gen_kwargs
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-from errors import UserError
-from generate import Continuation, continue_rows, stream
-from source import Source, load_model
+from nanogpt.errors import UserError
+from nanogpt.generate import Continuation, continue_rows, stream
+from nanogpt.source import Source, load_model
 
 MAX_GEN_TOKS = 256  # lm-eval's default when a task names no max_gen_toks
 

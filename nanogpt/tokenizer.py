@@ -16,7 +16,7 @@ import os
 import pickle
 import stat
 
-from errors import UserError
+from nanogpt.errors import UserError
 
 BPE_ENCODING = "r50k_base"  # the same 50,257-token vocabulary as tiktoken's "gpt2"
 

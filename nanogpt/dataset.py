@@ -1,0 +1,321 @@
+"""Datasets from text: read a file or a directory of them, split it (the first 1 - val_fraction of the
+characters train, the rest val, as nanoGPT splits), tokenize it, and write train.bin / val.bin (uint16
+tokens, uint32 if the vocabulary needs it) and meta.json (plus nanoGPT's meta.pkl for char vocabularies),
+each renamed into place. data/prepare.py and every data/<name>/prepare.py write their datasets with it."""
+import argparse
+import codecs
+import os
+import shlex
+import urllib.request
+
+import numpy as np
+from tqdm import tqdm
+
+from configurator import read_config_file  # a recipe's assignments: what train.py would run
+from nanogpt import REPOSITORY
+from nanogpt.errors import UserError
+from nanogpt.tokenizer import BPETokenizer, CharTokenizer, TrainedBPE, ranks_text, write_meta
+
+CHUNK_BYTES = 1 << 22  # 4 MiB of text per read
+DEFAULT_BPE_VOCAB = 4096
+RANKS_FILE = "tokenizer.bpe"  # a trained BPE's merges, beside meta.json
+DATASET_FILES = ("train.bin", "val.bin", RANKS_FILE, "meta.pkl", "meta.json")  # renamed into place in this order
+TMP = ".tmp"  # the suffix of a file written aside, in the dataset directory
+SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+
+
+def find_or_download(argv, here, url=SHAKESPEARE_URL):
+    """The corpus path: --input PATH, else input.txt in `here`, else downloaded there."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--input", help="a local copy of the corpus (no download)")
+    args = parser.parse_args(argv)
+    if args.input:
+        if not os.path.isfile(args.input):
+            raise UserError(f"--input {args.input} not found")
+        return args.input
+    path = os.path.join(here, "input.txt")
+    if not os.path.exists(path):
+        print(f"downloading {url} to {path}")
+        try:
+            urllib.request.urlretrieve(url, path + ".tmp")
+        except OSError as e:
+            if os.path.exists(path + ".tmp"):
+                os.remove(path + ".tmp")
+            raise UserError(f"download failed ({e}); offline, pass a local copy with --input PATH") from None
+        os.replace(path + ".tmp", path)
+    return path
+
+
+def list_inputs(path):
+    """The input files: the file itself, or every file under a directory in sorted order, hidden files and
+    folders (names starting with a dot) skipped."""
+    if os.path.isfile(path):
+        return [path]
+    if not os.path.isdir(path):
+        raise UserError(f"input {path} not found; give a UTF-8 text file or a directory of them")
+    files = []
+    for d, dirs, names in os.walk(path):
+        dirs[:] = [name for name in dirs if not name.startswith(".")]  # hidden folders (.git, .cache) at any depth
+        files += [os.path.join(d, name) for name in names if not name.startswith(".")]
+    files.sort()
+    if not files:
+        raise UserError(f"input directory {path} has no files")
+    return files
+
+
+def read_text(path, chunk_bytes=None):
+    """Yield (bytes read, text) chunks of chunk_bytes (CHUNK_BYTES) with universal newlines, as open(path).read()
+    gives."""
+    chunk_bytes = chunk_bytes or CHUNK_BYTES  # read at each call: tests set it small
+    utf8 = codecs.getincrementaldecoder("utf-8")()
+    pending = ""  # a trailing \r waits: it may start a \r\n
+    offset = 0
+    with open(path, "rb") as f:
+        while True:
+            raw = f.read(chunk_bytes)
+            try:
+                text = pending + utf8.decode(raw, final=not raw)
+            except UnicodeDecodeError as e:
+                if not raw:  # the bytes held back at the end never completed a character
+                    raise UserError(f"{path} ends in the middle of a UTF-8 character (the file was cut, e.g. by "
+                                    f"head -c): drop its last {len(utf8.getstate()[0])} byte(s) or cut it at a "
+                                    f"line end (head -n)") from None
+                raise UserError(f"{path} is not UTF-8 text (bad byte near offset {offset + e.start}); "
+                                f"convert it first, e.g. iconv -t utf-8") from None
+            offset += len(raw)
+            pending = ""
+            if raw and text.endswith("\r"):
+                text, pending = text[:-1], "\r"
+            yield len(raw), text.replace("\r\n", "\n").replace("\r", "\n")
+            if not raw:
+                return
+
+
+def safe_pieces(chunks):
+    """Re-cut text so no piece boundary changes BPE: cut only after a newline that a non-space follows.
+
+    No chunk of GPT-2's split pattern, nor of GPT-4's (a trained BPE's), spans such a place.
+    """
+    carry = ""
+    for text in chunks:
+        text = carry + text
+        cut, pos = -1, len(text) - 1  # text[pos + 1] must exist to look at
+        while cut < 0:
+            i = text.rfind("\n", 0, pos)
+            if i < 0:
+                break
+            if not text[i + 1].isspace():
+                cut = i + 1
+            pos = i
+        if cut <= 0:  # no safe place yet: keep reading (a single giant line is cut at the end)
+            carry = text
+            continue
+        yield text[:cut]
+        carry = text[cut:]
+    if carry:
+        yield carry
+
+
+def scan(files, bar):
+    """Total characters of each file and the set of characters used."""
+    sizes, chars = [], set()
+    for path in files:
+        n = 0
+        for nbytes, text in read_text(path):
+            n += len(text)
+            chars.update(text)
+            bar.update(nbytes)
+        sizes.append(n)
+    return sizes, chars
+
+
+def prepare(input_path, tokenizer="char", out_dir=".", val_fraction=0.1, log=print, vocab_size=DEFAULT_BPE_VOCAB,
+            check=None):
+    """Tokenize input_path into out_dir; returns {"train": n, "val": n, "vocab_size": n}.
+
+    tokenizer: char, gpt2 (GPT-2's BPE), or bpe (a byte-level BPE of vocab_size tokens trained here
+    on the train split, saved in out_dir beside meta.json). check(counts) may refuse the result with a
+    UserError. Every file is written aside and renamed into place only once all of them are written and
+    check has passed: a refused or failed prepare leaves out_dir as it was.
+    """
+    if not 0 < val_fraction < 1:
+        raise UserError(f"--val_fraction must be between 0 and 1, got {val_fraction}")
+    if tokenizer not in ("char", "gpt2", "bpe"):
+        raise UserError(f"--tokenizer must be char, gpt2 or bpe, got {tokenizer!r}")
+    if tokenizer == "bpe" and not 257 <= vocab_size <= 1 << 20:
+        raise UserError(f"--vocab_size must be at least 257 (the 256 bytes and <|endoftext|>) and at most "
+                        f"{1 << 20}, got {vocab_size}")
+    files = list_inputs(input_path)
+    total_bytes = sum(os.path.getsize(f) for f in files)
+    passes = 3 if tokenizer == "bpe" else 2  # scan, (train,) encode
+    with tqdm(total=passes * total_bytes, unit="B", unit_scale=True, desc="prepare", disable=None) as bar:
+        sizes, chars = scan(files, bar)
+        total = sum(sizes)
+        if total < 2:
+            raise UserError(f"{input_path} holds {total} characters; a dataset needs at least 2")
+        split_at = int(total * (1 - val_fraction))  # nanoGPT: data[:int(n*0.9)] is train
+        if tokenizer == "char":
+            tok = CharTokenizer(sorted(chars))
+            meta = {"tokenizer": "char", "chars": tok.chars}
+        elif tokenizer == "gpt2":
+            tok = BPETokenizer()
+            meta = {"tokenizer": "gpt2", "encoding": "r50k_base"}
+        else:
+            tok = train_bpe(files, split_at, vocab_size, bar)
+            meta = tok.meta(RANKS_FILE)
+        meta["vocab_size"] = tok.vocab_size
+        meta["dtype"] = "uint16" if tok.vocab_size <= 1 << 16 else "uint32"
+        encode = tok.encode if tokenizer == "char" else tok.encode_ordinary
+        created = not os.path.isdir(out_dir)
+        os.makedirs(out_dir, exist_ok=True)
+        try:
+            counts = write_splits(files, encode, tok.eot, split_at, out_dir, np.dtype(meta["dtype"]), bar)
+            if tokenizer == "bpe":
+                with open(os.path.join(out_dir, RANKS_FILE + TMP), "w", encoding="ascii") as f:
+                    f.write(ranks_text(tok.enc._mergeable_ranks))
+            staged = ["train.bin", "val.bin"] + ([RANKS_FILE] if tokenizer == "bpe" else [])
+            staged += write_meta(out_dir, meta, suffix=TMP)
+            if check is not None:
+                check(counts)
+        except BaseException:
+            discard(out_dir, created)
+            raise
+    commit(out_dir, staged)
+    log(f"vocab size: {tok.vocab_size:,}")
+    log(f"train has {counts['train']:,} tokens")
+    log(f"val has {counts['val']:,} tokens")
+    per_char = (counts["train"] + counts["val"]) / total
+    if tokenizer == "gpt2" and per_char > 1.2:  # GPT-2's merges are English ones: other scripts fall apart into bytes
+        log(f"note: GPT-2's BPE spends {per_char:.2f} tokens per character on this text, and a 50,257-token "
+            f"vocabulary makes a small model mostly embedding; --tokenizer char or --tokenizer bpe fits it better")
+    return {**counts, "vocab_size": tok.vocab_size}
+
+
+def train_bpe(files, split_at, vocab_size, bar):
+    """A byte-level BPE of vocab_size tokens (the 256 bytes, merges, <|endoftext|>) trained with rustbpe
+    on the first split_at characters (the train split), streamed."""
+    try:
+        import rustbpe
+    except ImportError:
+        raise UserError("--tokenizer bpe needs rustbpe: pip install rustbpe") from None
+
+    def train_text():
+        pos = 0
+        for path in files:
+            for nbytes, text in read_text(path):
+                bar.update(nbytes)
+                if pos < split_at:
+                    yield text[:split_at - pos]
+                pos += len(text)
+    trainer = rustbpe.Tokenizer()
+    trainer.train_from_iterator(safe_pieces(train_text()), vocab_size - 1)
+    if trainer.vocab_size < vocab_size - 1:
+        raise UserError(f"the train split supports only {trainer.vocab_size + 1} tokens (no pair of tokens repeats "
+                        f"beyond that); use --vocab_size={trainer.vocab_size + 1} or less, or more text")
+    ranks = {bytes(token): rank for token, rank in trainer.get_mergeable_ranks()}
+    return TrainedBPE(trainer.get_pattern(), ranks, {"<|endoftext|>": len(ranks)})
+
+
+def write_splits(files, encode, eot, split_at, out_dir, dtype, bar):
+    """Encode every file, routing characters before split_at to train.bin and the rest to val.bin."""
+    counts = {"train": 0, "val": 0}
+    outs = {s: open(os.path.join(out_dir, f"{s}.bin{TMP}"), "wb") for s in counts}
+    try:
+        def emit(split, ids):
+            np.asarray(ids, dtype=dtype).tofile(outs[split])
+            counts[split] += len(ids)
+
+        pos = 0  # characters seen so far
+        for i, path in enumerate(files):
+            def counted(p=path):
+                for nbytes, text in read_text(p):
+                    bar.update(nbytes)
+                    yield text
+            for piece in safe_pieces(counted()):
+                if pos < split_at < pos + len(piece):  # the split falls inside: cut exactly there
+                    emit("train", encode(piece[:split_at - pos]))
+                    emit("val", encode(piece[split_at - pos:]))
+                else:
+                    emit("train" if pos < split_at else "val", encode(piece))
+                pos += len(piece)
+            if eot is not None and i < len(files) - 1:
+                emit("train" if pos <= split_at else "val", [eot])
+    finally:
+        for f in outs.values():
+            f.close()
+    return counts
+
+
+def commit(out_dir, staged):
+    """Rename each staged file over its name; remove the dataset files the new dataset has not (a stale
+    meta.pkl or tokenizer.bpe would describe the old tokens: nanoGPT reads meta.pkl before meta.json)."""
+    for name in DATASET_FILES:
+        path = os.path.join(out_dir, name)
+        if name in staged:
+            os.replace(path + TMP, path)
+        elif os.path.isfile(path):
+            os.remove(path)
+
+
+def discard(out_dir, created):
+    """Remove the files written aside, and out_dir too where this prepare created it."""
+    for name in DATASET_FILES:
+        if os.path.isfile(os.path.join(out_dir, name + TMP)):
+            os.remove(os.path.join(out_dir, name + TMP))
+    if created and not os.listdir(out_dir):
+        os.rmdir(out_dir)
+
+
+def torch_cuda_available():
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def recipe_for(out, cuda=False):
+    """The config that fits dataset out on this machine: the dataset's own (config/NAME_cpu.py on a CPU,
+    config/NAME.py on a GPU, as train.py names them) where there is one, else Shakespeare's characters'."""
+    name = os.path.basename(os.path.normpath(out))
+    own = f"config/{name}.py" if cuda else f"config/{name}_cpu.py"
+    if os.path.isfile(os.path.join(REPOSITORY, own)):
+        return own
+    return "config/shakespeare_char.py" if cuda else "config/shakespeare_char_cpu.py"
+
+
+def recipe_settings(recipe):
+    return read_config_file(os.path.join(REPOSITORY, recipe))
+
+
+def train_command(out, counts, cuda=False):
+    """A train.py command for this dataset on this machine: a recipe sized for it, with a context that fits."""
+    recipe = recipe_for(out, cuda)
+    block = recipe_settings(recipe).get("block_size", 1024)
+    fits = min(counts["train"], counts["val"]) - 1  # a window needs block_size + 1 tokens
+    if fits < 8:
+        raise UserError(f"{out} has {counts['train']} train and {counts['val']} val tokens: too few to train on "
+                        f"(a context of 8 needs 9 in each); give more text or a larger --val_fraction")
+    name = os.path.basename(os.path.normpath(out))
+    command = f"python train.py {recipe} --dataset={shlex.quote(out)} --out_dir={shlex.quote('out-' + name)}"
+    if fits < block:
+        command += f" --block_size={1 << (fits.bit_length() - 1)}"  # the largest power of 2 that fits
+    return command
+
+
+def vocabulary_note(counts, recipe):
+    """A note where the vocabulary makes the output layer most of a recipe's work on a CPU (GPT-2's 50,257
+    tokens on a small model): train.py may then call the run sized for a GPU, and the cause is the tokenizer."""
+    settings = recipe_settings(recipe)
+    width, layers = settings.get("n_embd", 768), settings.get("n_layer", 12)
+
+    def work(vocab):  # multiply-adds per token: the blocks' matrices and the output layer, attention aside
+        return 12 * layers * width * width + vocab * width
+    vocab = counts["vocab_size"]
+    share = vocab * width / work(vocab)
+    if share <= 0.75:
+        return None
+    return (f"note: the {vocab:,}-token vocabulary makes the output layer {share:.0%} of the work per token of "
+            f"{recipe} ({work(vocab) / work(DEFAULT_BPE_VOCAB):.1f} times that of a {DEFAULT_BPE_VOCAB:,}-token "
+            f"BPE): that is why, on a CPU, train.py may call the run sized for a GPU; --tokenizer char or "
+            f"--tokenizer bpe --vocab_size {DEFAULT_BPE_VOCAB} trains in minutes there")

@@ -1,0 +1,73 @@
+"""Typed values: a value from a config file, the command line or a checkpoint's model_args, converted to
+its dataclass field's type, or a UserError naming the key and the type it expects."""
+import math
+import types
+import typing
+
+from nanogpt.errors import UserError
+
+
+def convert(value, hint, key, source):
+    """value as the field's type, or a UserError naming the key and the expected type."""
+    options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    if value is None:
+        if type(None) in options:
+            return None
+        raise UserError(f"{source}: {key} cannot be None; give a {type_name(hint)}")
+    for option in options:
+        if option is type(None):
+            continue
+        try:
+            return convert_one(value, option)
+        except (TypeError, ValueError):
+            continue
+    shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+    finite = "a finite " if float in options and isinstance(value, float) else ""
+    raise UserError(f"{source}: {key} expects {finite}{type_name(hint)}, got {shown}")
+
+
+def convert_one(value, t):
+    if t is bool:
+        if isinstance(value, bool):
+            return value
+        text = str(value)
+        if text in ("True", "true", "1"):
+            return True
+        if text in ("False", "false", "0"):
+            return False
+        raise ValueError(value)
+    if t is int:
+        if isinstance(value, bool):
+            raise TypeError(value)
+        if isinstance(value, float) and value.is_integer():  # 1e4 iters
+            return int(value)
+        if isinstance(value, int):
+            return value
+        raise TypeError(value)
+    if t is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            try:
+                value = float(value)
+            except OverflowError:  # an int beyond float's range
+                raise ValueError(value) from None
+            if not math.isfinite(value):  # no setting means nan or inf
+                raise ValueError(value)
+            return value
+        raise TypeError(value)
+    if t is str:
+        if isinstance(value, str):
+            return value
+        raise TypeError(value)
+    if typing.get_origin(t) is list:
+        (item,) = typing.get_args(t)
+        items = [value] if isinstance(value, (str, int)) else value
+        if not isinstance(items, (list, tuple)):
+            raise TypeError(value)
+        return [convert_one(v, item) if typing.get_origin(item) is None else v for v in items]
+    if t is typing.Any:
+        return value
+    raise TypeError(f"unsupported field type {t}")
+
+
+def type_name(hint):
+    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
