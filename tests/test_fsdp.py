@@ -172,7 +172,7 @@ def free_port():
 
 
 def test_two_nodes_on_localhost_equal_one_process(tmp_path, char_dataset):
-    """The README's multi-node command: one torchrun agent per node, rendezvous over c10d."""
+    """docs/fsdp.md's multi-node command: one torchrun agent per node, rendezvous over c10d."""
     port = free_port()
     args = [f"--{k}={v}" for k, v in FSDP.items()] + [f"--dataset={char_dataset}", f"--out_dir={tmp_path / 'nodes'}"]
     agents = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
