@@ -211,7 +211,7 @@ def apply_rope(x, rope):
 
 
 class LayerNorm(nn.Module):
-    """LayerNorm with an optional bias (PyTorch's has no bias=False before 2.1)."""
+    """LayerNorm whose bias is optional (bias=False: weight only), as GPT-2-style checkpoints without biases need."""
 
     def __init__(self, ndim, bias, eps):
         super().__init__()

@@ -22,7 +22,7 @@ def last_run(path):
     runs = []
     for record in read_log(path, note=lambda line: print(line, file=sys.stderr)):
         if record["kind"] == "config" and record.get("init_from") == "resume" and runs:
-            start = record.get("iter", float("inf"))  # logs of older versions do not say
+            start = record.get("iter", float("inf"))  # a config record that does not say where it resumed: every earlier record is kept
             runs[-1] = [r for r in runs[-1] if r.get("iter", 0) <= start]
         elif record["kind"] == "config":
             runs.append([])

@@ -123,7 +123,7 @@ def check_claims(directory, config):
                             f"export it again") from None
         for key, shape in shapes.items():
             name = key if key.startswith(("transformer.", "lm_head.")) else "transformer." + key  # GPT2Model's
-            if not name.endswith((".attn.bias", ".attn.masked_bias")):  # older versions' mask buffers
+            if not name.endswith((".attn.bias", ".attn.masked_bias")):  # mask buffers, not weights: a checkpoint may hold them
                 state[name] = torch.empty(shape[::-1] if name.endswith(CONV1D) else shape, device="meta")
     if not state:
         return  # no safetensors file: from_pretrained says so

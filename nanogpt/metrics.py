@@ -102,8 +102,7 @@ class Metrics:
 
 
 def read_log(path, note=None):
-    """The records of a log.jsonl. A line cut short (a write that failed under an older version, a lost
-    power) is skipped with a note, and a record appended to it on the same line is kept."""
+    """The records of a log.jsonl. A line cut short (a write that failed, a lost power) is skipped with a note, and a record appended to it on the same line is kept."""
     records = []
     with open(path, encoding="utf-8", errors="replace") as f:
         for number, line in enumerate(f, 1):

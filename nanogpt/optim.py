@@ -39,7 +39,7 @@ class OptimizerSettings:
     @classmethod
     def of(cls, config, ns_dtype=None):
         """The settings config holds: an object with these fields as attributes (a TrainConfig), or a dict of
-        them (a checkpoint's config; embedding_lr absent: None, as in checkpoints from before it)."""
+        them (a checkpoint's config; a key it does not hold, such as embedding_lr, is None)."""
         values = config if isinstance(config, dict) else vars(config)
         return cls(**{f.name: values[f.name] for f in fields(cls) if f.name not in ("embedding_lr", "ns_dtype")},
                    embedding_lr=values.get("embedding_lr"), ns_dtype=ns_dtype)

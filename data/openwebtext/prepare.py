@@ -5,8 +5,8 @@
 
 Each document is encoded on its own, followed by <|endoftext|>; a random 0.05%
 of documents (seed 2357) is val, as in nanoGPT. Expect about 9.0B train and 4.4M
-val tokens for OpenWebText. The default source is a Parquet copy (dataset scripts
-no longer load).
+val tokens for OpenWebText. The default source is a Parquet copy (the datasets
+library runs no dataset scripts).
 """
 import argparse
 import os
