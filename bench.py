@@ -33,7 +33,7 @@ from nanogpt.checkpoint import model_args, save_checkpoint
 from configurator import parse_args
 from nanogpt.program import run_main
 from nanogpt.errors import UserError
-from nanogpt.device import autocast, resolve_device, resolve_dtype, should_compile, training_products
+from nanogpt.device import autocast, resolve_device, resolve_dtype, should_compile, training_kernels
 from nanogpt.generate import generate, packed_weights, window_start
 from nanogpt.cpu.kernels import bfloat16_products_supported, onednn_available, pack, packed_product
 from nanogpt.metrics import read_log
@@ -129,14 +129,14 @@ def plain_loop_ms(cfg, model, device, dtype, log=print):
     """ms per iteration of the bare minimum: forward, backward, clip, optimizer step on random batches.
 
     The same computation as train.py's iteration for cfg: compiled as train.py would compile it (cfg.compile;
-    None means on CUDA), the same training products (device.training_products) and the same optimizer, so
+    None means on CUDA), the same training products (device.training_kernels) and the same optimizer, so
     that train.py's figure against this one is the cost of its loop alone (batches, logging, checkpoints).
     """
     compile = should_compile(cfg.compile, device)
     step_model = torch.compile(model) if compile else model
-    products = training_products(cfg, device, dtype, compile, log=log)
-    optimizer = configure_optimizers(model, OptimizerSettings.of(cfg, products.ns_dtype))
-    with products.applied(model):
+    kernels = training_kernels(cfg, device, dtype, compile, log=log)
+    optimizer = configure_optimizers(model, OptimizerSettings.of(cfg, kernels.ns_dtype))
+    with kernels.applied(model):
         return timed_steps(cfg, model, step_model, optimizer, device, autocast(device, dtype))
 
 

@@ -85,7 +85,7 @@ class GPTConfig:
         return self.n_kv_head or self.n_head
 
     @property
-    def hidden(self):
+    def mlp_width(self):
         if self.mlp_hidden is not None:
             return self.mlp_hidden
         if self.activation == "swiglu":  # same parameter count as a 4x GELU MLP
@@ -251,7 +251,7 @@ class MLP(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.activation = config.activation
-        hidden = config.hidden
+        hidden = config.mlp_width
         # swiglu: c_fc produces gate rows first, then up rows
         self.c_fc = nn.Linear(config.n_embd, 2 * hidden if self.activation == "swiglu" else hidden, bias=config.bias)
         self.c_proj = nn.Linear(hidden, config.n_embd, bias=config.bias)

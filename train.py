@@ -43,7 +43,7 @@ from configurator import convert, parse_args, report_overrides
 from nanogpt.program import run_main
 from nanogpt.errors import UserError
 from nanogpt.device import (autocast, cpu_matmul_flops, peak_flops_for, resolve_device, resolve_dtype, should_compile,
-                    training_products)
+                    training_kernels)
 from nanogpt.memory import check_fits, param_count, training_bytes
 from nanogpt.metrics import Clock, Metrics
 from model import GPT, GPTConfig
@@ -190,7 +190,7 @@ def train(cfg, overrides=None, log=print, t_start=None):
         stop.abandon = world == 1  # DDP ranks stop together, at a log iteration
         log = log if rank == 0 else (lambda *a, **k: None)
         run = Run(cfg, overrides or {}, rank, local_rank, world, log, t_start, stop, lock)
-        with run.products.applied(run.raw_model):
+        with run.kernels.applied(run.raw_model):
             loop(run, stop)
         summary = run.finish(stop)
         if world > 1:  # rank 0 saves last: no rank tears down its connections while another still uses them
@@ -259,9 +259,9 @@ class Run:
         compile = should_compile(cfg.compile, device)
         self.sharded = self.parallelize(cfg, dtype, compile)
         self.token_bytes = bytes_per_token(meta, self.raw_model.config.vocab_size, device, log)
-        self.products = training_products(cfg, device, dtype, compile, self.sharded, log)
+        self.kernels = training_kernels(cfg, device, dtype, compile, self.sharded, log)
         self.tasks = task_scores(cfg, self.raw_model, meta, rank, self.sharded)  # None without eval_tasks
-        self.optimizer = configure_optimizers(self.raw_model, OptimizerSettings.of(cfg, self.products.ns_dtype))
+        self.optimizer = configure_optimizers(self.raw_model, OptimizerSettings.of(cfg, self.kernels.ns_dtype))
         self.scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
         restored = self.restore(ckpt) if ckpt is not None else (0, float("inf"), 0.0)
         self.iter_num, self.best_val_loss, trained = restored

@@ -1,6 +1,6 @@
 # Instruction tuning for the Tang poems: the pretrained poems model learns to answer requests
-# (data/tangshi/chat.py: acrostics, and poems of a form for a title), the loss on its answers only.
-# python data/tangshi/chat.py && python train.py config/tangshi_sft.py && python chat.py --out_dir=out-tangshi-sft
+# (data/tangshi/conversations.py: acrostics, and poems of a form for a title), the loss on its answers only.
+# python data/tangshi/conversations.py && python train.py config/tangshi_sft.py && python chat.py --out_dir=out-tangshi-sft
 out_dir = "out-tangshi-sft"
 init_from = "out-tangshi"  # config/tangshi_cpu.py's model; its embedding and head grow by the 4 role tokens
 dataset = "tangshi_chat"

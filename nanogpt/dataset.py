@@ -14,7 +14,7 @@ from tqdm import tqdm
 from configurator import read_config_file  # a recipe's assignments: what train.py would run
 from nanogpt import REPOSITORY
 from nanogpt.errors import UserError
-from nanogpt.tokenizer import BPETokenizer, CharTokenizer, TrainedBPE, ranks_text, write_meta
+from nanogpt.tokenizer import GPT2BPE, CharTokenizer, TrainedBPE, ranks_text, write_meta
 
 CHUNK_BYTES = 1 << 22  # 4 MiB of text per read
 DEFAULT_BPE_VOCAB = 4096
@@ -158,7 +158,7 @@ def prepare(input_path, tokenizer="char", out_dir=".", val_fraction=0.1, log=pri
             tok = CharTokenizer(sorted(chars))
             meta = {"tokenizer": "char", "chars": tok.chars}
         elif tokenizer == "gpt2":
-            tok = BPETokenizer()
+            tok = GPT2BPE()
             meta = {"tokenizer": "gpt2", "encoding": "r50k_base"}
         else:
             tok = train_bpe(files, split_at, vocab_size, bar)

@@ -75,7 +75,7 @@ def cpu_matmul_flops(n=512, reps=5):
 
 
 @dataclass(frozen=True)
-class TrainingProducts:
+class MatmulKernels:
     """The kernels of training's products: kernels.py's in dtype (float32 on packed weights, or bfloat16),
     or PyTorch's defaults (dtype None)."""
     dtype: torch.dtype | None = None
@@ -90,13 +90,13 @@ class TrainingProducts:
         return torch.bfloat16 if self.dtype == torch.bfloat16 else None
 
 
-def training_products(cfg, device, dtype, compile=False, sharded=False, log=print):
-    """The TrainingProducts a run of cfg uses on device in dtype, from its two keys: matmul_dtype (float32,
+def training_kernels(cfg, device, dtype, compile=False, sharded=False, log=print):
+    """The MatmulKernels a run of cfg uses on device in dtype, from its two keys: matmul_dtype (float32,
     bfloat16, or auto: bfloat16 where the CPU has it natively) and packed_linear (float32 on packed weights; None:
     where it applies). kernels.py's products apply to float32 training on a CPU without compile or FSDP."""
     fits = device.type == "cpu" and dtype == torch.float32 and not compile and not sharded
     if cfg.matmul_dtype == "auto" and fits and bfloat16_products_supported():
-        return TrainingProducts(torch.bfloat16)
+        return MatmulKernels(torch.bfloat16)
     if cfg.matmul_dtype == "auto" and device.type == "cpu" and dtype == torch.float32:
         log("note: matmul_dtype=auto: float32 products (bfloat16 needs float32 training on a CPU with AVX-512 BF16 "
             "or AMX, without compile or FSDP)")
@@ -107,10 +107,10 @@ def training_products(cfg, device, dtype, compile=False, sharded=False, log=prin
         if not bfloat16_products_supported():
             raise UserError("matmul_dtype=bfloat16: this CPU has no native bfloat16 (AVX-512 BF16 or AMX), so its "
                             "products would be emulated and slower; use --matmul_dtype=float32")
-        return TrainingProducts(torch.bfloat16)
+        return MatmulKernels(torch.bfloat16)
     if cfg.packed_linear is not False and fits and onednn_available():
-        return TrainingProducts(torch.float32)
+        return MatmulKernels(torch.float32)
     if cfg.packed_linear:
         log("note: packed_linear applies to float32 training on a CPU with oneDNN, without compile or FSDP; "
             "training with the default matmul")
-    return TrainingProducts()
+    return MatmulKernels()

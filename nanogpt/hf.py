@@ -162,7 +162,7 @@ def to_hf(model, eot_token=None):
     c = model.config
     hf_config = transformers.GPT2Config(
         vocab_size=c.vocab_size, n_positions=c.block_size, n_embd=c.n_embd, n_layer=c.n_layer, n_head=c.n_head,
-        n_inner=c.hidden, activation_function=ACTIVATIONS[c.activation], layer_norm_epsilon=c.norm_eps,
+        n_inner=c.mlp_width, activation_function=ACTIVATIONS[c.activation], layer_norm_epsilon=c.norm_eps,
         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=c.tie_weights,
         bos_token_id=eot_token, eos_token_id=eot_token)
     hf = transformers.GPT2LMHeadModel(hf_config).eval()

@@ -71,7 +71,7 @@ class TiktokenTokenizer:
             return b""
 
 
-class BPETokenizer(TiktokenTokenizer):
+class GPT2BPE(TiktokenTokenizer):
     """GPT-2's BPE (50,257 tokens)."""
     kind = "gpt2"
 
@@ -185,7 +185,7 @@ def tokenizer_from_meta(meta):
         return ChatTokenizer(tokenizer_from_meta(base_meta(meta)), tuple(meta["chat"]))
     kind = tokenizer_kind(meta)
     if kind == "gpt2":
-        return BPETokenizer()
+        return GPT2BPE()
     if kind == "bpe":
         if not isinstance(meta.get("ranks_text"), str):
             raise UserError(f"the trained BPE's ranks ({meta['ranks']}) are missing; re-run the dataset's prepare.py")

@@ -159,9 +159,9 @@ def test_mlp_activations_match_numpy(activation):
 
 
 def test_default_hidden_widths():
-    assert GPTConfig(n_embd=128, n_head=4).hidden == 512
-    assert GPTConfig(n_embd=128, n_head=4, activation="swiglu").hidden == 384  # 8/3*128 = 341.3 -> 384
-    assert GPTConfig(n_embd=768, activation="swiglu").hidden == 2048
+    assert GPTConfig(n_embd=128, n_head=4).mlp_width == 512
+    assert GPTConfig(n_embd=128, n_head=4, activation="swiglu").mlp_width == 384  # 8/3*128 = 341.3 -> 384
+    assert GPTConfig(n_embd=768, activation="swiglu").mlp_width == 2048
 
 
 @pytest.mark.parametrize("impl", ["sdpa", "manual"])

@@ -3,7 +3,7 @@ import random
 import time
 
 from nanogpt.generate import Continuation
-from nanogpt.tokenizer import BPETokenizer, CharTokenizer
+from nanogpt.tokenizer import GPT2BPE, CharTokenizer
 
 CHARS = CharTokenizer(list("abc \nXYZ"))
 
@@ -37,7 +37,7 @@ def test_stop_token_ids_end_the_sample():
 
 
 def test_streamed_bpe_never_prints_half_a_character():
-    tok = BPETokenizer()
+    tok = GPT2BPE()
     text = "naïve café: 日本語の文章 🙂 done"
     ids = tok.encode(text)
     assert any(tok.decoder().feed(i) == "" for i in ids)  # some token ends mid-character

@@ -9,7 +9,7 @@ import torch
 
 from conftest import CORPUS, run_script
 from reference import next_token_log_probs
-from nanogpt.tokenizer import BPETokenizer, CharTokenizer, ChatTokenizer
+from nanogpt.tokenizer import GPT2BPE, CharTokenizer, ChatTokenizer
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")
@@ -115,7 +115,7 @@ def test_tokenizer_info_names_end_of_text_and_a_chat_models_template(server):
 
     def info(tokenizer):
         return asyncio.run(Service(model, tokenizer, "m", "cpu", torch.float32).tokenizer_info(None)).body
-    assert json.loads(info(BPETokenizer()))["eos_token"] == "<|endoftext|>"
+    assert json.loads(info(GPT2BPE()))["eos_token"] == "<|endoftext|>"
     chat = ChatTokenizer(CharTokenizer(CHARS))
     got = json.loads(info(chat))
     assert got["eos_token"] == "<|end|>" and got["chat_template"] == chat_template(chat)

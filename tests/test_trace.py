@@ -11,7 +11,7 @@ from nanogpt.generate import generate
 from conftest import run_script
 from model import GPT
 from test_model_options import OPTIONS, perturbed
-from nanogpt.tokenizer import BPETokenizer, CharTokenizer
+from nanogpt.tokenizer import GPT2BPE, CharTokenizer
 from trace import TraceConfig, build_trace, render_html
 
 CHARS = CharTokenizer(sorted(set("Cats sit on the mat. ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz,;:!?'\n-")))
@@ -95,7 +95,7 @@ def test_generation_trace_chooses_what_generate_chooses(tiny_config, temperature
 def test_bpe_model_traces_with_token_text():
     from model import GPTConfig
     model = GPT(GPTConfig(block_size=16, vocab_size=50257, n_layer=1, n_head=2, n_embd=16)).eval()
-    result = build_trace(model, BPETokenizer(), TraceConfig(start="Cats sit on", steps=1), torch.device("cpu"))
+    result = build_trace(model, GPT2BPE(), TraceConfig(start="Cats sit on", steps=1), torch.device("cpu"))
     assert result["tokens"] == ["C", "ats", " sit", " on"]  # GPT-2 BPE splits "Cats"
 
 

@@ -3,7 +3,7 @@
     python data/tangshi/evaluate.py --out_dir=out-tangshi-sft [--out_dir=out-tangshi ...] [--keys=200]
 
 Keys are the first characters of the 句 of held-out poems (the prepared dataset's val split, which
-data/tangshi/chat.py never reads): four characters each, from poems of a regular form. Each model
+data/tangshi/conversations.py never reads): four characters each, from poems of a regular form. Each model
 answers every key greedily (temperature 0) and sampled (sample.py's temperature 0.8 and top_k 200).
 A chat model (one fine-tuned on a chat dataset) is asked through its template; a base model is given
 the same request as plain text and a line break, and its poem ends at the first blank line.

@@ -1,4 +1,4 @@
-"""Tang poems as the corpus writes them, and the tasks made of them: what data/tangshi/chat.py writes and
+"""Tang poems as the corpus writes them, and the tasks made of them: what data/tangshi/conversations.py writes and
 data/tangshi/evaluate.py checks.
 
 A poem is a title line, an author line and its lines; a blank line ends it. A 句 (clause) is the text

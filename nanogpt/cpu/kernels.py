@@ -18,7 +18,7 @@ the products stay as they are; the inputs of each product are rounded to
 bfloat16, summed in float32, and its output rounded to bfloat16 before it is
 returned in float32, as autocast's bfloat16 products are. oneDNN runs these
 faster than packed float32 on such CPUs, with no packing (docs/speedrun.md,
-Speedrun III). device.training_products decides which of the two a run uses.
+Speedrun III). device.training_kernels decides which of the two a run uses.
 
 Generation packs too (packed_inference, through generate.packed_weights), for inference mode only; fused_step.py's
 fused step reads those copies. This module is the one place that calls oneDNN. Both contexts set the layers'

@@ -1,7 +1,7 @@
 """Conversations from the Tang poems, for instruction tuning: the dataset config/tangshi_sft.py trains on.
 
     python data/tangshi/prepare.py --input PATH   # first: the poems as a dataset
-    python data/tangshi/chat.py                    # then: data/tangshi_chat
+    python data/tangshi/conversations.py                    # then: data/tangshi_chat
 
 Reads the prepared dataset's train split only (held-out poems stay held out, for
 data/tangshi/evaluate.py), and makes two conversations of each poem of a regular form
