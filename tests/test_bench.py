@@ -98,7 +98,7 @@ def test_bench_times_nanogpts_generate_on_the_same_weights(tmp_path, char_datase
     """--nanogpt=DIR loads DIR/model.py, gives its GPT our weights, and times both with nanoGPT's sampling."""
     import bench as bench_module
     from configurator import UserError
-    from tests.conftest import ROOT
+    from conftest import ROOT  # not tests.conftest: an installed package may own the name "tests"
     checkout = tmp_path / "nanoGPT"
     checkout.mkdir()
     (checkout / "model.py").write_text(STUB_NANOGPT.format(root=ROOT))
