@@ -133,6 +133,20 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
     assert torch.isfinite(filter_logits(logits, top_p=1.0)).all()
 
 
+
+@pytest.mark.parametrize("top_p, kept", [(0.5, {1}), (0.75, {1, 3}), (0.75 + 2 ** -10, {0, 1, 3}), (0.875, {0, 1, 3})])
+def test_top_p_keeps_a_set_whose_mass_is_exactly_p_and_nothing_more(top_p, kept):
+    """README's rule, "the smallest set whose probability reaches p", on powers of two, exact in float32: the
+    sorted masses are 0.5, 0.25, 0.125, 1/16, 1/16, so p = 0.75 is reached exactly by {0.5, 0.25} and the
+    next token (mass 0.75 ranked above it) is left out; a p just above 0.75 needs the 0.125 too."""
+    probs = torch.tensor([[0.125, 0.5, 0.0625, 0.25, 0.0625]])
+    logits = probs.log()
+    assert torch.equal(torch.softmax(logits, -1), probs)  # the boundary is exact, not rounded to either side
+    assert probs[0, [1, 3]].sum().item() == 0.75
+    assert set(torch.isfinite(filter_logits(logits, top_p=top_p))[0].nonzero()[:, 0].tolist()) == kept
+    g = torch.Generator().manual_seed(0)
+    assert {sample_next(logits, 1.0, top_p=top_p, generator=g).item() for _ in range(200)} == kept
+
 def nucleus_numpy(logits, top_p):
     """The tokens top-p keeps, in float64 numpy: the most likely ones until their mass reaches top_p, at least one."""
     probs = np.exp(logits - logits.max())
@@ -258,6 +272,31 @@ def test_beyond_block_size_the_cache_keeps_the_last_half(tiny_config, pos_emb):
     uncached = generate(model, idx, 40, temperature=0, use_cache=False)
     torch.testing.assert_close(uncached, greedy_by_hand(model, idx, 40))  # sliding window of block_size
 
+
+
+@pytest.mark.parametrize("pos_emb", ["learned", "rope"])
+def test_a_context_shift_keeps_exactly_the_last_half_of_a_text_of_distinct_tokens(tiny_config, pos_emb, monkeypatch):
+    """45 tokens, no two alike (5 of the prompt, then 40 chosen by a script in place of the sampler), past
+    block_size 16: each step's logits are those of a full forward of the window the rule keeps (tokens
+    start .. n - 1, start moving to n - 8 when the window would hold 17), computed without the cache."""
+    model = sharp(replace(tiny_config, pos_emb=pos_emb))  # a token more or less in the window moves the logits
+    block, keep = tiny_config.block_size, tiny_config.block_size // 2
+    text = torch.randperm(tiny_config.vocab_size, generator=torch.Generator().manual_seed(4))[:45][None]  # (1, 45)
+    script = iter(text[0, 5:].tolist())
+    monkeypatch.setattr(generate_module, "sample_next", lambda *a, **k: torch.tensor([next(script)]))
+    seen = []
+    out = generate(model, text[:, :5], 40, temperature=1.0, on_step=lambda r: seen.append(r["logits"].clone()))
+    assert torch.equal(out, text)
+    start, shifts, apart = 0, 0, []
+    with torch.no_grad():
+        for n, logits in zip(range(5, 45), seen):
+            if n - start > block:
+                start, shifts = n - keep, shifts + 1
+            want = model(text[:, start:n])[0][:, -1]
+            torch.testing.assert_close(logits, want, atol=1e-6, rtol=0, msg=lambda m: f"token {n}, window {start}..{n - 1}: {m}")
+            apart.append((model(text[:, start + 1:n])[0][:, -1] - want).abs().max().item())
+    assert shifts == 4  # at tokens 17, 25, 33, 41
+    assert max(apart) > 100 * 1e-6  # one token less in the window: the data tells the two apart
 
 def test_batched_rows_decode_as_if_alone(tiny_config):
     model = perturbed(tiny_config)
