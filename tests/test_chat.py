@@ -164,6 +164,61 @@ def test_masked_loss_is_the_mean_over_answer_tokens(chats, tiny_config):
     assert loss.item() == pytest.approx(float(np.mean(picked)), rel=1e-5)
 
 
+
+def test_masked_loss_of_conversations_of_different_lengths_counts_no_padding(tmp_path, base, tiny_config):
+    """Conversations of 13 to 31 tokens in one batch, so that the shorter rows are padded: the loss is the mean
+    over the answers' tokens alone, each conversation scored by itself (no padding, read from the .bin files)."""
+    from model import GPT
+    records = [conversation("say " + "abcdefgh"[:k], "abcdefgh"[:k] * 2 + ".") for k in range(1, 8)]
+    write_jsonl(tmp_path / "c.jsonl", records * 3)
+    prepare_chat(str(tmp_path / "c.jsonl"), str(base), str(tmp_path / "chat"), block_size=32, log=quiet)
+    chat, meta = tmp_path / "chat", read_meta(str(tmp_path / "chat"))
+    ids = np.fromfile(chat / "train.bin", dtype=np.uint16).astype(np.int64)
+    mask = np.fromfile(chat / "train_mask.bin", dtype=np.uint8)
+    index = np.fromfile(chat / "train_index.bin", dtype=np.int64)
+    count = len(index) - 1
+    batches = ChatBatches(str(chat), 32, count, torch.device("cpu"), seed=1, meta=meta)
+    (x, y), = batches.windows("train", count)  # every train conversation, in order, in one batch
+    lengths = np.diff(index)
+    assert x.size(0) == count and len(set(lengths.tolist())) >= 4 and (lengths < x.size(1) + 1).any()  # padded rows
+    torch.manual_seed(0)
+    model = GPT(replace(tiny_config, vocab_size=meta["vocab_size"], block_size=32))
+    _, loss = model(x, y)
+    picked = []
+    for start, end in zip(index[:-1], index[1:]):
+        conv, learn = ids[start:end], mask[start:end]
+        logp = next_token_log_probs(model, conv[:-1].tolist())  # this conversation alone
+        picked += [-logp[t - 1, conv[t]] for t in range(1, len(conv)) if learn[t]]
+    assert len(picked) == sum(int(learn.sum()) for learn in np.split(mask, index[1:-1]))
+    assert loss.item() == pytest.approx(float(np.mean(picked)), rel=1e-5)
+
+
+def test_chat_leaves_out_the_oldest_turns_and_keeps_the_newest_message(monkeypatch):
+    """A conversation past the context (32 tokens, 8 kept for the answer): the oldest user message and its answer
+    go, the system message and the newest turns stay, and the model is asked the newest message."""
+    import io
+    import chat
+    from chat import ChatConfig, Session
+    from model import GPT, GPTConfig
+    tokenizer = ChatTokenizer(CharTokenizer("abcdefghsy ."))
+    model = GPT(GPTConfig(block_size=32, vocab_size=tokenizer.vocab_size, n_layer=2, n_head=2, n_embd=32))
+    session = Session(model, tokenizer, ChatConfig(system="b", max_new_tokens=8, temperature=0.0), torch.device("cpu"))
+    turns = [("say ab", "abab."), ("say cd", "cdcd."), ("say e", "ee.")]
+    for user, answer in turns:
+        session.messages += [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
+    sent, real_stream = [], chat.stream
+    monkeypatch.setattr(chat, "stream", lambda model, x, *a: sent.append(x[0].tolist()) or real_stream(model, x, *a))
+    session.answer("say fg", out=io.StringIO())
+    # by hand: <|system|> b <|end|> is 3 tokens, a turn 4 + its two texts, the question <|user|> say fg <|end|>
+    # <|assistant|> 9: with the newest turn 3 + 12 + 9 = 24 tokens, exactly the 32 - 8 that leave room for the answer
+    kept = [{"role": "system", "content": "b"}, {"role": "user", "content": "say e"},
+            {"role": "assistant", "content": "ee."}, {"role": "user", "content": "say fg"}]
+    assert 3 + (4 + 5 + 3) + 9 == 32 - 8 < 3 + (4 + 6 + 5) + (4 + 5 + 3) + 9  # one turn fits, two do not
+    assert session.messages[:-1] == kept and session.messages[-1]["role"] == "assistant"
+    assert sent == [tokenizer.render(kept)[0]]
+    assert sent[0][-9:] == [tokenizer.ids["<|user|>"], *tokenizer.encode("say fg"), tokenizer.end,
+                            tokenizer.ids["<|assistant|>"]]
+
 def test_finetune_grows_the_vocabulary_and_keeps_the_trained_rows(tmp_path, base, chats):
     train(TrainConfig(**TINY, out_dir=str(tmp_path / "pre"), dataset=str(base), max_iters=4, lr_decay_iters=4,
                       eval_interval=4), log=quiet)
@@ -181,6 +236,27 @@ def test_finetune_grows_the_vocabulary_and_keeps_the_trained_rows(tmp_path, base
     assert torch.allclose(new[old.size(0):], old.mean(0).expand(4, -1))
     assert sft["tokenizer"]["chat"] == list(CHAT_TOKENS)
 
+
+
+def test_finetune_grows_every_value_embedding_table_and_keeps_its_trained_rows(tmp_path, base, chats):
+    """A model with value embeddings (one table, read by both layers) fine-tuned on a chat dataset: the table
+    grows by the 4 role tokens like wte and the head, its trained rows as they were, the new ones their mean."""
+    train(TrainConfig(**TINY, value_embeds=1, out_dir=str(tmp_path / "pre"), dataset=str(base), max_iters=4,
+                      lr_decay_iters=4, eval_interval=4), log=quiet)
+    pre = load_checkpoint(str(tmp_path / "pre" / "ckpt.pt"))["model"]
+    cfg, overrides = parse_args(TrainConfig, [f"--init_from={tmp_path / 'pre'}", f"--dataset={chats}",
+                                              f"--out_dir={tmp_path / 'sft'}", "--max_iters=1", "--learning_rate=0",
+                                              "--device=cpu", "--eval_iters=1", "--batch_size=2",
+                                              "--gradient_accumulation_steps=1"])
+    train(cfg, overrides, log=quiet)
+    sft = load_checkpoint(str(tmp_path / "sft" / "ckpt.pt"))
+    assert sft["model_args"]["value_embeds"] == 1
+    vocab = len(set(BASE_TEXT))
+    for name in ("transformer.wte.weight", "transformer.ve.0.weight", "lm_head.weight"):
+        old, new = pre[name], sft["model"][name]
+        assert old.size(0) == vocab and new.size(0) == vocab + 4, name
+        assert torch.equal(new[:vocab], old), name
+        torch.testing.assert_close(new[vocab:], old.mean(0).expand(4, -1), msg=name)
 
 def test_finetune_refuses_a_dataset_of_another_tokenizer(tmp_path, base):
     from nanogpt.dataset import prepare
