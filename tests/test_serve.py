@@ -7,6 +7,7 @@ import socket
 import time
 from contextlib import contextmanager
 
+import numpy as np
 import pytest
 import torch
 
@@ -136,6 +137,25 @@ def test_streamed_text_and_logprobs_equal_the_whole_response(server, client):
                    for i, top in enumerate(lp["top_logprobs"]))
     assert whole.choices[0].finish_reason == "stop" and len(whole.choices[0].text) <= 8
 
+
+
+def test_logprobs_are_the_models_full_distribution_whatever_the_sampling_settings(server, client):
+    """Sampled at temperature 0.7 through top_k 3 and top_p 0.6: each token's logprob and the top 5 are those
+    of the model's log-softmax at temperature 1 over the whole vocabulary (a numpy log-softmax of its own
+    forward over prompt and text), so the 4th and 5th are finite although sampling could not pick them."""
+    from reference import next_token_log_probs
+    service = server[1]
+    r = client.completions.create(model="out-tiny", prompt="All:", max_tokens=20, temperature=0.7, top_p=0.6, seed=3,
+                                  logprobs=5, extra_body={"top_k": 3})
+    lp = r.choices[0].logprobs
+    prompt, text = service.tokenizer.encode("All:"), service.tokenizer.encode(r.choices[0].text)
+    assert lp.tokens == list(r.choices[0].text) and len(text) == 20
+    logp = next_token_log_probs(service.model, prompt + text[:-1])[len(prompt) - 1:]  # (20, V): before each token
+    for i, (token, row) in enumerate(zip(text, logp)):
+        assert lp.token_logprobs[i] == pytest.approx(row[token], abs=1e-4), i
+        best = np.argsort(-row)[:5]
+        assert lp.top_logprobs[i] == pytest.approx({CHARS[j]: row[j] for j in best}, abs=1e-4), i
+    assert max(row[np.argsort(-row)[3:]].max() - row.max() for row in logp) > -5  # mass outside the top 3
 
 def test_the_stream_is_server_sent_events_ending_with_done(server):
     with httpx.stream("POST", server[0] + "/v1/completions", json={"prompt": "All:", "max_tokens": 5, "stream": True}) as r:
