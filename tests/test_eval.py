@@ -97,6 +97,28 @@ def test_generate_until_is_greedy_text_cut_at_the_first_stop(trained):
     assert got == want and any(0 < len(w) < 12 for w in want), (stop, greedy)
 
 
+
+def test_sampled_generate_until_gives_each_row_the_text_of_its_own_seed_in_any_batch(trained):
+    """do_sample at temperature 1.5: each context's text is generate's for a generator seeded by that context
+    (docs/eval.md), whether decoded in a batch of four rows of one length, alone, or after other requests,
+    and whatever torch's global RNG holds."""
+    import zlib
+    _, model, tok = trained
+    prompts = ["All:\n", "First", "Speak", "You a", "Resolved. r"]  # four of one length: one batch
+    args = {"until": ["Zz"], "max_gen_toks": 12, "do_sample": True, "temperature": 1.5}
+    want = []
+    for p in prompts:
+        g = torch.Generator().manual_seed(zlib.crc32(p.encode()))
+        out = generate(model, torch.tensor([tok.encode(p)]), 12, temperature=1.5, generator=g)
+        want.append(tok.decode(out[0, -12:].tolist()))
+    torch.manual_seed(1)
+    together = NanoGPT(model, tok, batch_size=4).generate_until([request("generate_until", p, args) for p in prompts])
+    torch.manual_seed(2)
+    alone = NanoGPT(model, tok, batch_size=1).generate_until([request("generate_until", p, args) for p in prompts])
+    reverse = NanoGPT(model, tok, batch_size=4).generate_until([request("generate_until", p, args) for p in prompts[::-1]])
+    assert together == alone == reverse[::-1] == want
+    assert len(set(want)) == len(want) and want != [greedy_text(model, tok, p, 12) for p in prompts]
+
 def write_task(directory, name, docs, data_files=None):
     """A multiple-choice task YAML over a local JSONL in directory."""
     directory.mkdir(exist_ok=True)
