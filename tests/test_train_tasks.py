@@ -101,6 +101,38 @@ def test_a_run_whose_evaluation_draws_random_numbers_trains_the_weights_of_one_w
     assert losses[0] == losses[1] and len(records(tmp_path / "tasks" / "out", "tasks")) == 3
 
 
+
+def draws_after_runs(tmp_path, char_dataset, tasks, monkeypatch, device):
+    """For a run without eval_tasks and one with them (whose scoring draws from every RNG): the numbers numpy's,
+    python's and (on CUDA) the device's RNG give next, each run started from the same seeds."""
+    scored = NanoGPT._loglikelihood_tokens
+
+    def drawing(self, requests, disable_tqdm=False):
+        np.random.rand(3), random.random(), torch.rand(3, device=device)
+        return scored(self, requests, disable_tqdm)
+    monkeypatch.setattr(NanoGPT, "_loglikelihood_tokens", drawing)
+    draws = []
+    for run, with_tasks in (("plain", None), ("tasks", tasks)):
+        np.random.seed(5), random.seed(5)
+        train(cfg(tmp_path / run, char_dataset, with_tasks, dropout=0.1, device=device), log=lambda *a, **k: None)
+        draws.append((np.random.rand(3).tolist(), random.random(), torch.rand(3, device=device).tolist()))
+    assert len(records(tmp_path / "tasks" / "out", "tasks")) == 3
+    return draws
+
+
+def test_numpys_and_pythons_rng_after_a_run_with_eval_tasks_are_those_of_a_run_without(tmp_path, char_dataset, tasks,
+                                                                                      monkeypatch):
+    """Training draws from neither (its batches have their own generators), so only what comes after the
+    run can tell: the numbers they give next are the ones a run without eval_tasks leaves."""
+    plain, scored = draws_after_runs(tmp_path, char_dataset, tasks, monkeypatch, "cpu")
+    assert scored == plain
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cudas_rng_after_a_run_with_eval_tasks_is_that_of_a_run_without(tmp_path, char_dataset, tasks, monkeypatch):
+    plain, scored = draws_after_runs(tmp_path, char_dataset, tasks, monkeypatch, "cuda")
+    assert scored == plain
+
 def copy_our_task(tmp_path):
     """tasks/tangshi_next_line.yaml and its loader in a folder without tasks/data."""
     (tmp_path / "ours").mkdir()
