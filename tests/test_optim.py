@@ -178,7 +178,7 @@ def test_bench_and_fsdp_py_build_the_optimizer_train_py_builds(tmp_path, char_da
     settings train.py's run holds (embedding_lr's group too), and bench Muon's Newton-Schulz dtype;
     consolidate.py's file holds the optimizer state a one-process run's ckpt.pt holds, entry by entry."""
     import bench
-    import consolidate  # it imports configure_optimizers from optim when called
+    import consolidate
     from nanogpt import optim
     import train
     built = {}
@@ -189,8 +189,9 @@ def test_bench_and_fsdp_py_build_the_optimizer_train_py_builds(tmp_path, char_da
             built[caller] = (described(model, opt), settings.ns_dtype)  # before any step moves a rate
             return opt
         return configure
-    for module in (train, bench, optim):
-        monkeypatch.setattr(module, "configure_optimizers", recording(module.__name__, optim.configure_optimizers))
+    # consolidate.py imports configure_optimizers from optim when called: optim's is the one it calls
+    for caller, module in (("train", train), ("bench", bench), ("consolidate", optim)):
+        monkeypatch.setattr(module, "configure_optimizers", recording(caller, optim.configure_optimizers))
     options = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, batch_size=2, gradient_accumulation_steps=1,
                    device="cpu", dataset=str(char_dataset), optimizer=optimizer, embedding_lr=0.05, learning_rate=2e-3,
                    weight_decay=0.2, beta1=0.8, beta2=0.99, muon_lr=0.03, muon_momentum=0.9, muon_weight_decay=0.01,
@@ -206,7 +207,7 @@ def test_bench_and_fsdp_py_build_the_optimizer_train_py_builds(tmp_path, char_da
     bench.plain_loop_ms(cfg, model, torch.device("cpu"), torch.float32, log=lambda *a: None)
     groups, ns_dtype = built["train"]
     assert len(groups) == (4 if optimizer == "muon" else 3)  # with the embeddings' own group
-    assert built["optim"][0] == groups  # consolidate.py's
+    assert built["consolidate"][0] == groups
     assert built["bench"] == (groups, ns_dtype)
     # and the state it fills them with: a one-process run's, index by index (Adam's moments, Muon's momentum)
     plain = torch.load(tmp_path / "plain" / "ckpt.pt", weights_only=True)["optimizer"]
