@@ -14,7 +14,8 @@ from nanogpt.tokenizer import GPT2BPE, CharTokenizer, ChatTokenizer
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")
 
-from serve import Service, chat_template, parse_chat  # noqa: E402
+from nanogpt.openai_api import chat_template, parse_chat  # noqa: E402
+from serve import Service  # noqa: E402
 from test_serve import CHARS, alone, out_dir, server  # noqa: E402,F401  (the same tiny checkpoint and server)
 
 
@@ -310,7 +311,7 @@ def test_lm_eval_local_chat_completions_runs_a_generate_until_task(tmp_path, mon
 def test_chat_token_limits_are_read_as_openais():
     """max_completion_tokens (openai-chat-completions sends it) wins over max_tokens (local-chat-completions
     sends that); 0 of either is refused naming the one sent, as OpenAI refuses it."""
-    from serve import BadRequest
+    from nanogpt.openai_api import BadRequest
     messages = [{"role": "user", "content": "All:"}]
     assert parse_chat({"messages": messages, "max_completion_tokens": 5, "max_tokens": 9}, "m", 64).max_tokens == 5
     assert parse_chat({"messages": messages, "max_tokens": 9}, "m", 64).max_tokens == 9

@@ -1,0 +1,371 @@
+"""OpenAI's completions and chat APIs as data: requests read and checked, responses and server-sent events
+shaped, errors as OpenAI's error object. No HTTP here (serve.py is the app), so a test can use it alone.
+
+parse_completion and parse_chat turn a request's JSON into a CompletionRequest or raise BadRequest
+(error_body is its JSON); Choice is an engine.Sequence's sink that turns tokens into pieces (text,
+logprobs, finish_reason); collect joins a request's pieces into the whole response and events writes
+them as OpenAI's chunks. chat_template and the tokenizer endpoints' shapes follow vLLM's, which
+lm-evaluation-harness reads (docs/serving.md).
+"""
+import difflib
+import json
+import math
+import secrets
+from dataclasses import dataclass
+
+from nanogpt.generate import MAX_STOPS, Continuation, check_sampling, check_stops
+from nanogpt.tokenizer import ROLES
+
+MAX_LOGPROBS = 20  # alternatives per token (OpenAI's limit is 5)
+# OpenAI's parameters this server takes only at the value that means "off"
+OFF = {"best_of": (1,), "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0),
+       "logit_bias": ({},), "suffix": ("",)}
+PARAMS = {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "n", "stream",
+          "stream_options", "logprobs", "echo", "user", *OFF}
+# lm-eval's perplexity requests begin with its prefix token, read as `bos_token_id or eos_token_id`: an id of 0
+# (a character model's newline) reads as none and is sent as null
+NULL_PREFIX = ("a token-id prompt begins with null: lm-eval sends that for a perplexity task when its prefix token "
+               "(/tokenizer_info's bos_token, a character model's newline) has id 0, which it takes for none; add "
+               "custom_prefix_token_id=0 to --model_args (docs/serving.md)")
+CHAT_OFF = {k: OFF[k] for k in ("frequency_penalty", "presence_penalty", "logit_bias")}
+CHAT_PARAMS = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "stop",
+               "seed", "n", "stream", "stream_options", "logprobs", "top_logprobs", "user", *CHAT_OFF}
+
+
+class BadRequest(Exception):
+    """A request the server refuses: an OpenAI error object with this status."""
+
+    def __init__(self, message, param=None, status=400, kind="invalid_request_error", code=None):
+        super().__init__(message)
+        self.param, self.status, self.kind, self.code = param, status, kind, code
+
+
+def error_body(e):
+    """OpenAI's error object for a BadRequest."""
+    return {"error": {"message": str(e), "type": e.kind, "param": e.param, "code": e.code}}
+
+
+def json_object(raw):
+    """The JSON object a request's body (bytes) holds; a BadRequest if it is not JSON, or not an object."""
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError) as e:  # deep nesting exhausts the parser's recursion
+        raise BadRequest(f"the body is not JSON ({e}); send a JSON object") from None
+    if not isinstance(value, dict):
+        raise BadRequest(f"the body is a JSON {type(value).__name__}; send a JSON object")
+    return value
+
+
+# --- reading a request --------------------------------------------------------------------------------
+
+def typed(body, name, types, default, what):
+    """body[name] if it is one of types (a bool is not a number), default if absent or null."""
+    value, types = body.get(name), types if isinstance(types, tuple) else (types,)
+    if value is None:
+        return default
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+        raise BadRequest(f"{name} must be {what}, got {json.dumps(value)[:60]}", name)
+    return value
+
+
+def number(body, name, default):
+    """body[name] as a float (an integer too), default if absent or null."""
+    value = typed(body, name, (int, float), default, "a number")
+    try:
+        return float(value) if value is not None else None
+    except OverflowError:
+        raise BadRequest(f"{name} must be a number of float range, got an integer of {len(str(value))} digits",
+                         name) from None
+
+
+@dataclass
+class CompletionRequest:
+    prompts: list  # of str, or of lists of token ids
+    max_tokens: int
+    temperature: float
+    top_k: int | None
+    top_p: float | None
+    stops: list  # of str
+    seed: int
+    n: int
+    stream: bool
+    include_usage: bool
+    logprobs: int | None
+    echo: bool = False  # the prompt comes first in the text (and its tokens in logprobs)
+
+
+def check_names(body, model_name, params, off):
+    """Every argument is one this endpoint takes (those in off only at their "off" value), for this model."""
+    for name in sorted(set(body) - params):
+        close = difflib.get_close_matches(name, params, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else f"; this server takes {', '.join(sorted(params))}"
+        raise BadRequest(f"unrecognized request argument: {name}{hint}", name)
+    for name, values in off.items():
+        if body.get(name) is not None and body[name] not in values:
+            raise BadRequest(f"{name} is not supported by this server; leave it out", name)
+    model = typed(body, "model", str, model_name, "a string")
+    if model != model_name:
+        raise BadRequest(f"model {model!r} is not served here; this server serves {model_name!r}", "model", 404,
+                         code="model_not_found")
+
+
+def parse_stops(body):
+    stops = typed(body, "stop", (str, list), [], "a string or a list of strings")
+    stops = [stops] if isinstance(stops, str) else stops
+    if not all(isinstance(s, str) and s for s in stops):
+        raise BadRequest(f"stop must be a non-empty string or a list of at most {MAX_STOPS} of them", "stop")
+    try:
+        check_stops(stops)
+    except ValueError as e:
+        raise BadRequest(str(e), "stop") from None
+    return stops
+
+
+def parse_completion(body, model_name):
+    """The request's settings, checked; a BadRequest names the first wrong one."""
+    check_names(body, model_name, PARAMS, OFF)
+    prompts = body.get("prompt", "")
+    prompts = [prompts] if isinstance(prompts, str) or is_ids(prompts) else prompts
+    if not (isinstance(prompts, list) and prompts and all(isinstance(p, str) or is_ids(p) for p in prompts)):
+        if isinstance(prompts, list) and any(isinstance(p, list) and p and p[0] is None and is_ids(p[1:])
+                                             for p in prompts):
+            raise BadRequest(NULL_PREFIX, "prompt")
+        raise BadRequest("prompt must be a string, a list of token ids, or a non-empty list of either", "prompt")
+    req = CompletionRequest(
+        prompts=prompts, stops=parse_stops(body),
+        max_tokens=typed(body, "max_tokens", int, 16, "an integer"), **sampling_settings(body),
+        logprobs=typed(body, "logprobs", int, None, "an integer"),
+        echo=typed(body, "echo", bool, False, "true or false"))
+    check_settings(req)
+    return req
+
+
+def sampling_settings(body):
+    """The settings the completions and chat APIs share, as CompletionRequest's fields."""
+    return dict(temperature=number(body, "temperature", 1.0), top_k=typed(body, "top_k", int, None, "an integer"),
+                top_p=number(body, "top_p", None), seed=typed(body, "seed", int, None, "an integer"),
+                n=typed(body, "n", int, 1, "an integer"), stream=typed(body, "stream", bool, False, "true or false"),
+                include_usage=typed(typed(body, "stream_options", dict, {}, "an object"), "include_usage", bool,
+                                    False, "true or false"))
+
+
+def is_ids(value):
+    """A list of token ids (ints, not bools): a prompt already tokenized."""
+    return isinstance(value, list) and all(type(i) is int for i in value)
+
+
+def parse_chat(body, model_name, max_tokens):
+    """A chat request's settings, as a CompletionRequest whose one prompt is its messages."""
+    check_names(body, model_name, CHAT_PARAMS, CHAT_OFF)
+    top = typed(body, "top_logprobs", int, 0, "an integer")
+    limit = typed(body, "max_completion_tokens", int, None, "an integer")  # OpenAI's name; max_tokens is older
+    if limit is not None and limit < 1:
+        raise BadRequest(f"max_completion_tokens must be at least 1, got {limit}", "max_completion_tokens")
+    req = CompletionRequest(
+        prompts=[parse_messages(body.get("messages"))], stops=parse_stops(body),
+        max_tokens=limit or typed(body, "max_tokens", int, max_tokens, "an integer"), **sampling_settings(body),
+        logprobs=top if typed(body, "logprobs", bool, False, "true or false") else None)
+    check_settings(req)
+    return req
+
+
+def parse_messages(messages):
+    """[{"role", "content"}] of a chat request; content as a string, or OpenAI's list of text parts."""
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("messages must be a non-empty list of {\"role\": ..., \"content\": ...}", "messages")
+    out = []
+    for i, m in enumerate(messages):
+        role = m.get("role") if isinstance(m, dict) else None
+        if role not in ROLES:
+            raise BadRequest(f"messages[{i}].role is {json.dumps(role)[:40]}; this model knows {', '.join(ROLES)}",
+                             "messages")
+        content = m.get("content")
+        if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+            content = "".join(str(p.get("text", "")) for p in content)
+        if not isinstance(content, str):
+            raise BadRequest(f"messages[{i}].content must be text (a string, or a list of text parts)", "messages")
+        out.append({"role": role, "content": content})
+    return out
+
+
+def check_settings(req):
+    if req.max_tokens < 1 - req.echo:  # with echo, 0 asks for the prompt's logprobs alone
+        raise BadRequest(f"max_tokens must be at least 1 (0 with echo), got {req.max_tokens}", "max_tokens")
+    if req.top_p == 1:
+        req.top_p = None  # OpenAI's default: no nucleus
+    try:
+        check_sampling(req.max_tokens, req.temperature, req.top_k, req.top_p)
+    except ValueError as e:
+        raise BadRequest(str(e), str(e).split()[0]) from None
+    if req.n < 1:
+        raise BadRequest(f"n must be at least 1, got {req.n}", "n")
+    if req.logprobs is not None and not 0 <= req.logprobs <= MAX_LOGPROBS:
+        raise BadRequest(f"logprobs must be in [0, {MAX_LOGPROBS}], got {req.logprobs}", "logprobs")
+    if req.seed is None:
+        req.seed = secrets.randbits(64)
+    elif not 0 <= req.seed < 1 << 64:
+        raise BadRequest(f"seed must be in [0, 2^64), got {req.seed}", "seed")
+
+
+# --- one choice's text --------------------------------------------------------------------------------
+
+class Choice:
+    """A engine.Sequence's sink: one choice's text, its stops and logprobs as its tokens arrive.
+
+    Text that a stop could still remove is held back (generate.Continuation), and so is each
+    token's logprobs entry until its text has been sent; entries past a stop are dropped. Each
+    piece goes to post(piece), from the engine's thread.
+    """
+
+    def __init__(self, index, tokenizer, stops, prompt_chars, logprobs, token_text, post, stop_ids=()):
+        self.index, self.post, self.token_text, self.logprobs = index, post, token_text, logprobs
+        self.text = Continuation(tokenizer, stops, stop_ids)
+        self.decoder = tokenizer.decoder()  # each token's own text, for logprobs
+        self.entries, self.chars, self.prompt_chars, self.tokens = [], 0, prompt_chars, 0
+
+    def add(self, token, logprobs):
+        self.tokens += 1
+        new = self.text.add(token)
+        if logprobs is not None:
+            piece = self.decoder.feed(token)
+            self.entries.append((piece, logprobs, self.chars))
+            self.chars += len(piece)
+        shown = [e for e in self.entries if e[2] + len(e[0]) <= self.text.shown]  # entries are in text order
+        self.entries = self.entries[len(shown):]
+        self.send(new, shown, None)
+        return self.text.done
+
+    def end(self, reason, error):
+        new = self.text.finish() if error is None else ""
+        cut = len(self.text.text) if self.text.done else math.inf  # a stop cut the text there
+        entries, self.entries = [e for e in self.entries if e[2] < cut], []
+        self.send(new, entries, reason, error)
+
+    def send(self, text, entries, finish_reason, error=None):
+        if text or entries or finish_reason:
+            self.post({"index": self.index, "text": text, "logprobs": self.logprobs_json(entries),
+                       "finish_reason": finish_reason, "error": error, "tokens": self.tokens})
+
+    def logprobs_json(self, entries):
+        """OpenAI's legacy format; text_offset counts characters from the start of the prompt, as OpenAI's."""
+        if not self.logprobs:
+            return None
+        return {"tokens": [piece for piece, _, _ in entries],
+                "token_logprobs": [lp for _, (lp, _), _ in entries],
+                "top_logprobs": [{self.token_text(i): v for i, v in top} for _, (_, top), _ in entries],
+                "text_offset": [self.prompt_chars + offset for _, _, offset in entries]}
+
+
+def echo_logprobs(tokenizer, ids, scores):
+    """The legacy logprobs of a prompt's tokens: each token's text and its offset in the prompt's.
+    scores: (log-probability, {text: log-probability} of the top k) of each token, (None, None) for the first."""
+    decoder, offset, tokens, offsets = tokenizer.decoder(), 0, [], []
+    for i in ids:
+        tokens.append(decoder.feed(i))
+        offsets.append(offset)
+        offset += len(tokens[-1])
+    tokens[-1] += decoder.flush()  # a character the last tokens left unfinished
+    return {"tokens": tokens, "token_logprobs": [lp for lp, _ in scores],
+            "top_logprobs": [top for _, top in scores], "text_offset": offsets}
+
+
+def chat_template(tokenizer):
+    """A Jinja template that writes messages as ChatTokenizer.render places them, role tokens as their names."""
+    end = tokenizer.names[tokenizer.end]
+    return ("{% for message in messages %}<|{{ message['role'] }}|>{{ message['content'] }}" + end +
+            "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+class Completion:
+    """The legacy completions API's choices: text, and logprobs as four parallel lists."""
+    chunk_object = "text_completion"
+
+    @staticmethod
+    def delta(piece, first):
+        return {k: piece[k] for k in ("text", "index", "logprobs", "finish_reason")}
+
+    @staticmethod
+    def empty(index):
+        return {"text": "", "index": index, "logprobs": None, "finish_reason": None}
+
+    @staticmethod
+    def extend(choice, piece):
+        choice["text"] += piece["text"]
+        if piece["logprobs"] is not None:
+            lp = choice["logprobs"] = choice["logprobs"] or {k: [] for k in piece["logprobs"]}
+            for k, values in piece["logprobs"].items():
+                lp[k] += values
+
+
+class Chat:
+    """The chat API's choices: the assistant's message (a delta of it when streamed), logprobs per token."""
+    chunk_object = "chat.completion.chunk"
+
+    @staticmethod
+    def logprobs(legacy):
+        if legacy is None:
+            return None
+        return {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode()),
+                             "top_logprobs": [{"token": k, "logprob": v, "bytes": list(k.encode())}
+                                              for k, v in top.items()]}
+                            for t, lp, top in zip(legacy["tokens"], legacy["token_logprobs"], legacy["top_logprobs"])]}
+
+    @classmethod
+    def delta(cls, piece, first):
+        delta = {"role": "assistant", "content": piece["text"]} if first else {"content": piece["text"]}
+        return {"index": piece["index"], "delta": delta, "logprobs": cls.logprobs(piece["logprobs"]),
+                "finish_reason": piece["finish_reason"]}
+
+    @staticmethod
+    def empty(index):
+        return {"index": index, "message": {"role": "assistant", "content": ""}, "logprobs": None,
+                "finish_reason": None}
+
+    @classmethod
+    def extend(cls, choice, piece):
+        choice["message"]["content"] += piece["text"]
+        if piece["logprobs"] is not None:
+            lp = choice["logprobs"] = choice["logprobs"] or {"content": []}
+            lp["content"] += cls.logprobs(piece["logprobs"])["content"]
+
+
+COMPLETION, CHAT = Completion(), Chat()
+
+
+async def events(pieces, head, usage, include_usage, shape=COMPLETION):
+    """Server-sent events in OpenAI's chunk format, ending with data: [DONE]."""
+    head, started = {**head, "object": shape.chunk_object}, set()
+    async for piece in pieces:
+        if piece["error"] is not None:
+            yield sse({"error": {"message": piece["error"], "type": "server_error", "param": None, "code": None}})
+            return
+        count(usage, piece)
+        chunk = {**head, "choices": [shape.delta(piece, piece["index"] not in started)]}
+        started.add(piece["index"])
+        yield sse({**chunk, "usage": None} if include_usage else chunk)
+    if include_usage:
+        yield sse({**head, "choices": [], "usage": usage})
+    yield "data: [DONE]\n\n"
+
+
+async def collect(pieces, head, usage, n, shape=COMPLETION):
+    """The whole response: each choice's pieces joined."""
+    choices = [shape.empty(i) for i in range(n)]
+    async for piece in pieces:
+        if piece["error"] is not None:
+            raise BadRequest(f"generation failed: {piece['error']}", status=500, kind="server_error")
+        count(usage, piece)
+        choice = choices[piece["index"]]
+        shape.extend(choice, piece)
+        choice["finish_reason"] = piece["finish_reason"]
+    return {**head, "choices": choices, "usage": usage}
+
+
+def count(usage, piece):
+    if piece["finish_reason"] is not None:
+        usage["completion_tokens"] += piece["tokens"]
+        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+
+
+def sse(obj):
+    return f"data: {json.dumps(obj)}\n\n"
