@@ -31,11 +31,13 @@ program.exit_quietly_on_ctrl_c()  # before the slow imports (torch): Ctrl-C duri
 import asyncio
 import errno
 import os
+import re
 import secrets
 import socket
 import sys
 import threading
 import time
+import traceback
 import uuid
 from contextlib import ExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass
@@ -49,16 +51,16 @@ from starlette.middleware import Middleware
 from starlette.responses import HTMLResponse, JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from nanogpt.engine import Engine, QueueFull, Sequence
+from nanogpt.engine import Engine, QueueFull, Sequence, Task
 from configurator import parse_args, report_overrides
 from nanogpt.program import run_main
 from nanogpt.errors import UserError
 from nanogpt.device import autocast, resolve_device, resolve_dtype
 from nanogpt.generate import sample_seed
 from nanogpt.memory import check_fits, kv_cache_bytes
-from nanogpt.openai_api import (CHAT, COMPLETION, BadRequest, Choice, chat_template, check_names, collect,
-                                echo_logprobs, error_body, events, is_ids, json_object, parse_chat, parse_completion,
-                                typed)
+from nanogpt.openai_api import (CHAT, COMPLETION, BadRequest, Choice, chat_template, check_answer_size, check_names,
+                                collect, echo_logprobs, echoed_first, error_body, events, floor, is_ids, json_object,
+                                parse_chat, parse_completion, typed)
 from nanogpt.source import Source, load_model
 from nanogpt.tokenizer import ChatTokenizer
 from nanogpt.tracing import Recorder
@@ -96,6 +98,13 @@ class ServeConfig(Source):
                              f"({self.max_tokens}) must be at least 1")
 
 
+async def server_error(request, e):
+    """An error no route expected, as OpenAI's error object (500) rather than a text page; it is logged."""
+    traceback.print_exception(e)
+    return error_response(BadRequest(f"the server failed: {type(e).__name__}: {e}"[:500], status=500,
+                                     kind="server_error"))
+
+
 async def unknown_route(request, e):
     """A path or method this server does not serve, as OpenAI's error object (404, 405)."""
     return error_response(BadRequest(f"{request.method} {request.url.path} is not served here ({e.detail}); this "
@@ -113,14 +122,16 @@ class Guard:
 
     A browser lets any page POST to 127.0.0.1, and DNS rebinding lets a page read the answers of a host
     name that it points at 127.0.0.1: so the Host header must name this server (localhost, 127.0.0.1,
-    [::1], the --host it is bound to, or the address the request came in on) with its port, else 403.
+    [::1], the --host it is bound to, 0.0.0.0 or [::] when that is all interfaces, or the address the
+    request came in on), with its port or none (a reverse proxy forwarding its $host sends none), else
+    403. Such a page's Host is the page's own name, which is none of these.
     With an api_key every request but GET / (the page, which holds no secret) must carry
     Authorization: Bearer KEY, else 401. (Bodies must be application/json: read_json.)
     """
 
     def __init__(self, app, api_key=None, host="127.0.0.1"):
         self.app, self.api_key = app, api_key
-        self.names = {"localhost", "127.0.0.1", "[::1]"} | ({bracketed(host).lower()} - {"0.0.0.0", "[::]"})
+        self.names = {"localhost", "127.0.0.1", "[::1]", bracketed(host).lower()}
 
     async def __call__(self, scope, receive, send):
         refusal = self.refusal(scope) if scope["type"] == "http" else None
@@ -131,11 +142,11 @@ class Guard:
     def refusal(self, scope):
         headers, (address, port) = Headers(scope=scope), scope.get("server") or (None, None)
         host = headers.get("host", "")
-        name, _, at = host.rpartition(":") if not host.endswith("]") and ":" in host else (host, "", "80")
-        if name.lower() not in self.names | {bracketed(address)} or at != str(port):
+        name, _, at = host.rpartition(":") if not host.endswith("]") and ":" in host else (host, "", None)
+        if name.lower() not in self.names | {bracketed(address)} or at not in (None, str(port)):
             return BadRequest(f"Host {host[:100]!r} is not this server's name: it answers to "
-                              f"{', '.join(sorted(self.names))} on port {port}, so that web pages elsewhere cannot "
-                              f"drive it (docs/serving.md)", status=403)
+                              f"{', '.join(sorted(self.names))} (on port {port}, or with no port), so that web "
+                              f"pages elsewhere cannot drive it (docs/serving.md)", status=403)
         if self.api_key is None or (scope["method"], scope["path"]) == ("GET", "/"):
             return None
         sent = headers.get("authorization", "").encode("latin-1")  # the header's own bytes
@@ -188,6 +199,7 @@ class Service:
 
         routes = [Route("/", lambda request: HTMLResponse(self.page)),
                   Route("/v1/models", self.models),
+                  Route("/v1/models/{model:path}", self.model_info),
                   Route("/v1/completions", self.completions, methods=["POST"]),
                   Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
                   Route("/v1/attention", self.attention, methods=["POST"]),
@@ -196,7 +208,7 @@ class Service:
                   Route("/detokenize", self.detokenize, methods=["POST"])]
         return Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(Guard, self.api_key, self.host)],
                          exception_handlers={BadRequest: lambda request, e: error_response(e),
-                                             HTTPException: unknown_route})
+                                             HTTPException: unknown_route, Exception: server_error})
 
     def token_text(self, token):
         """A token's text alone (a byte-level BPE token that is part of a character shows as U+FFFD)."""
@@ -207,14 +219,25 @@ class Service:
 
     def encode(self, prompt):
         """The prompt's token ids. The model reads the last block_size of them; past that, as text grows,
-        the context shifts (engine.Engine.prefill)."""
+        the context shifts (engine.Engine.prefill). A chat model's role tokens written as their names
+        are those tokens, as /tokenize reads them."""
         try:
-            ids = self.tokenizer.encode(prompt) or ([self.tokenizer.eot] if self.tokenizer.eot is not None else [])
+            ids = self.encode_text(prompt) or ([self.tokenizer.eot] if self.tokenizer.eot is not None else [])
         except UserError as e:
             raise BadRequest(str(e), "prompt") from None
         if not ids:
             raise BadRequest("the prompt is empty; give some text to continue", "prompt")
         return ids
+
+    def encode_text(self, text):
+        """text's token ids; for a chat model, the role tokens' names in it are the role tokens (as a Hugging
+        Face tokenizer reads its special tokens), so that the text /tokenizer_info's chat_template writes
+        tokenizes as ChatTokenizer.render places it. (A chat request's messages never do: render.)"""
+        if not isinstance(self.tokenizer, ChatTokenizer):
+            return self.tokenizer.encode(text)
+        names = "|".join(map(re.escape, self.tokenizer.ids))
+        return [i for part in re.split(f"({names})", text) if part
+                for i in ([self.tokenizer.ids[part]] if part in self.tokenizer.ids else self.tokenizer.encode(part))]
 
     def prompt_ids(self, prompt):
         """A prompt's token ids: a text encoded, or ids given, each checked against the vocabulary."""
@@ -231,10 +254,17 @@ class Service:
             raise BadRequest(f"{param} has token id {bad}, outside the vocabulary [0, {vocab})", param)
         return ids
 
+    def model_card(self):
+        return {"id": self.name, "object": "model", "created": 0, "owned_by": "nanogpt",
+                "block_size": self.model.config.block_size, "chat": isinstance(self.tokenizer, ChatTokenizer)}
+
     async def models(self, request):
-        return JSONResponse({"object": "list", "data": [
-            {"id": self.name, "object": "model", "created": 0, "owned_by": "nanogpt",
-             "block_size": self.model.config.block_size, "chat": isinstance(self.tokenizer, ChatTokenizer)}]})
+        return JSONResponse({"object": "list", "data": [self.model_card()]})
+
+    async def model_info(self, request):
+        """GET /v1/models/{id}: the model's card (the SDKs' models.retrieve), 404 for a name not served."""
+        check_names({"model": request.path_params["model"]}, self.name, {"model"}, {})
+        return JSONResponse(self.model_card())
 
     async def completions(self, request):
         req = parse_completion(await read_json(request), self.name)
@@ -242,14 +272,8 @@ class Service:
         texts = [p if isinstance(p, str) else self.tokenizer.decode(ids) for p, ids in zip(req.prompts, prompt_ids)]
         head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                 "model": self.name}
-
-        async def echoes():
-            logprobs = [None] * len(texts)
-            if req.logprobs is not None:
-                logprobs = await asyncio.to_thread(self.prompt_logprobs, prompt_ids, req.logprobs)
-            return list(zip(texts, logprobs))
         return await self.answer(request, req, prompt_ids, [len(t) for t in texts], head, (), COMPLETION,
-                                 echoes if req.echo else None)
+                                 texts if req.echo else None)
 
     async def chat_completions(self, request):
         if not isinstance(self.tokenizer, ChatTokenizer):
@@ -266,39 +290,39 @@ class Service:
 
     async def answer(self, request, req, prompt_ids, prompt_chars, head, stop_ids, shape, echoes=None):
         """Decode each prompt n times in the engine's batch; the response, whole or streamed, in shape's format.
-        echoes: None, or an async function giving each prompt's (text, logprobs), the first piece of its
-        choices (called once the request is known to fit)."""
+        echoes: None, or each prompt's text, the first piece of its choices; with logprobs, the engine scores
+        the prompts as a Task that waits in its queue and holds a slot as a sequence does."""
         if req.max_tokens > self.max_tokens:
             raise BadRequest(f"max_tokens is {req.max_tokens}, beyond this server's limit of {self.max_tokens} (its "
                              f"--max_tokens); ask for fewer", "max_tokens")
-        if len(prompt_ids) * req.n > self.engine.max_queue:
+        check_answer_size(req, list(map(len, prompt_ids)))
+        scoring = echoes is not None and req.logprobs is not None
+        if len(prompt_ids) * req.n * (req.max_tokens > 0) + scoring > self.engine.max_queue:
             raise BadRequest(f"{len(prompt_ids)} prompts x n={req.n} is more sequences than the server queues "
                              f"({self.engine.max_queue}); send fewer at once", "n")
-        first = []
-        if echoes is not None:
-            done = "length" if req.max_tokens == 0 else None
-            first = [{"index": p * req.n + i, "text": text, "logprobs": logprobs, "finish_reason": done, "error": None,
-                      "tokens": 0} for p, (text, logprobs) in enumerate(await echoes()) for i in range(req.n)]
         loop, queue = asyncio.get_running_loop(), asyncio.Queue()
 
         def post(piece):  # called on the engine's thread
             loop.call_soon_threadsafe(queue.put_nowait, piece)
-        seqs = []
+        works = []
+        if scoring:
+            works.append(Task(self.prompt_logprobs(prompt_ids, req.logprobs), lambda result, error: post(
+                {"index": None, "echoes": result, "error": error, "finish_reason": "scored"})))
         for p, (chars, ids) in enumerate(zip(prompt_chars, prompt_ids)):
-            for i in range(req.n):
+            for i in range(req.n * (req.max_tokens > 0)):  # max_tokens 0 (echo alone): nothing to decode
                 sink = Choice(p * req.n + i, self.tokenizer, req.stops, chars, req.logprobs is not None,
-                              self.token_text, post, stop_ids)
+                              self.token_text, post, stop_ids, with_chosen=shape is COMPLETION)
                 generator = torch.Generator(device=self.device).manual_seed(sample_seed(req.seed, i))
-                seqs.append(Sequence(ids, req.max_tokens, sink, req.temperature, req.top_k, req.top_p, generator,
-                                     req.logprobs))
-        if req.max_tokens == 0:  # echo alone: nothing to decode
-            seqs = []
+                works.append(Sequence(ids, req.max_tokens, sink, req.temperature, req.top_k, req.top_p, generator,
+                                      req.logprobs))
         try:
-            self.engine.submit(seqs)
+            self.engine.submit(works)
         except QueueFull as e:
             raise BadRequest(f"the server is busy: {e}", status=429, kind="server_busy") from None
         usage = {"prompt_tokens": sum(map(len, prompt_ids)), "completion_tokens": 0, "total_tokens": 0}
-        pieces = chained(first, arrivals(request, queue, seqs))
+        pieces = arrivals(request, queue, works)
+        if echoes is not None:
+            pieces = echoed_first(pieces, echoes, req.n, req.max_tokens == 0, scoring)
         if req.stream:
             return StreamingResponse(events(pieces, head, usage, req.include_usage, shape),
                                      media_type="text/event-stream")
@@ -306,33 +330,41 @@ class Service:
 
     def prompt_logprobs(self, prompts, k):
         """Each prompt's echo logprobs (OpenAI's legacy format): its tokens, each one's log-probability
-        given the tokens before it (the first has none) and the top k there, and their text offsets.
+        given the tokens before it (the first has none) and the top k there (and the token itself, as
+        OpenAI's), and their text offsets. A generator for an engine Task: each next() is one forward, and
+        its value (StopIteration's) the list; a prompt sent twice is scored once.
 
         The targets (tokens 1..L-1) are cut into windows of block_size counted back from the last one,
         each scored by one forward over the block_size tokens before it (fewer in the first window): the
         last block_size tokens get what a scorer that keeps the last block_size tokens of the context
-        gives them. Windows run several to a forward, under the engine's lock between its steps."""
+        gives them. Windows run several to a forward (at most LOGITS_MAX_VALUES logits)."""
+        distinct = list(dict.fromkeys(map(tuple, prompts)))
         block, vocab = self.model.config.block_size, self.model.config.vocab_size
-        windows = [(p, max(1, end - block), end) for p, ids in enumerate(prompts)
+        windows = [(p, max(1, end - block), end) for p, ids in enumerate(distinct)
                    for end in range(len(ids), 1, -block)]  # (prompt, first target, end of targets)
-        scores = [[(None, None)] + [None] * (len(ids) - 1) for ids in prompts]
+        scores = [[(None, None)] + [None] * (len(ids) - 1) for ids in distinct]
         rows = max(1, LOGITS_MAX_VALUES // (block * vocab))
         for g in range(0, len(windows), rows):
             group = windows[g:g + rows]
             x = torch.zeros(len(group), max(end - start for _, start, end in group), dtype=torch.long)
             for row, (p, start, end) in enumerate(group):  # right padding: a causal model ignores it
-                x[row, :end - start] = torch.tensor(prompts[p][start - 1:end - 1])
-            with self.engine.lock, torch.no_grad(), autocast(self.device, self.dtype):
+                x[row, :end - start] = torch.tensor(distinct[p][start - 1:end - 1])
+            with torch.no_grad(), autocast(self.device, self.dtype):  # the engine holds its lock around next()
                 logits, _ = self.model(x.to(self.device))
+            if (logits.isnan() | logits.isposinf()).any():
+                raise ValueError(f"the model's logits are not finite (NaN or inf): its numbers overflowed in "
+                                 f"{logits.dtype}; a wider --dtype (float32) may help")
             logp = torch.log_softmax(logits.float(), dim=-1)  # (rows, T, V)
             best = torch.topk(logp, min(k, logp.size(-1)), dim=-1)
             for row, (p, start, end) in enumerate(group):
-                target = torch.tensor(prompts[p][start:end], device=logp.device)
-                picked = logp[row, :end - start].gather(1, target[:, None])[:, 0].tolist()
+                target = distinct[p][start:end]
+                picked = logp[row, :end - start].gather(1, torch.tensor(target, device=logp.device)[:, None])
                 top = zip(best.indices[row, :end - start].tolist(), best.values[row, :end - start].tolist())
-                scores[p][start:end] = [(lp, {self.token_text(i): v for i, v in zip(*t)})
-                                        for lp, t in zip(picked, top)]
-        return [echo_logprobs(self.tokenizer, ids, s) for ids, s in zip(prompts, scores)]
+                scores[p][start:end] = [(floor(lp), {self.token_text(i): floor(v) for i, v in [*zip(*t), (j, lp)]})
+                                        for j, lp, t in zip(target, picked[:, 0].tolist(), top)]
+            yield
+        echoes = {ids: echo_logprobs(self.tokenizer, ids, s) for ids, s in zip(distinct, scores)}
+        return [echoes[tuple(ids)] for ids in prompts]
 
     async def tokenizer_info(self, request):
         """As vLLM's: what lm-eval's RemoteTokenizer reads (eos_token, and a chat model's chat_template)."""
@@ -354,7 +386,7 @@ class Service:
         if prompt is None:
             raise BadRequest("prompt is required: the text to tokenize", "prompt")
         try:
-            ids = self.tokenizer.encode(prompt)
+            ids = self.encode_text(prompt)
         except UserError as e:
             if prompt == REMOTE_TOKENIZER_PROBE:  # a model whose characters are not Latin: say it tokenizes
                 ids = []
@@ -372,6 +404,7 @@ class Service:
 
     async def attention(self, request):
         body = await read_json(request)
+        check_names(body, self.name, {"model", "prompt", "layer"}, {})
         prompt = typed(body, "prompt", str, None, "a string")
         if prompt is None:
             raise BadRequest("prompt is required: the text whose attention to show", "prompt")
@@ -461,6 +494,14 @@ def running(app, host="127.0.0.1", port=0):
         thread.join()
 
 
+ALL_INTERFACES = ("0.0.0.0", "::")
+
+
+def local_name(host):
+    """The address a client on this machine reaches a server bound to host at: for all interfaces, the loopback."""
+    return {"0.0.0.0": "127.0.0.1", "::": "[::1]"}.get(host, bracketed(host))
+
+
 def listen(host, port):
     """A socket listening on host:port (port 0: a free one); a UserError naming --port or --host if it cannot be had."""
     try:
@@ -488,8 +529,10 @@ def main(argv):
     report_overrides(overrides, ServeConfig())
     sock = listen(cfg.host, cfg.port)  # before loading the model: a busy port fails at once
     service = Service.load(cfg)
-    base = f"http://{cfg.host}:{sock.getsockname()[1]}"
-    print(f"serving {service.name} on {base}/ (the playground) and {base}/v1 (OpenAI's completions API); "
+    base = f"http://{local_name(cfg.host)}:{sock.getsockname()[1]}"
+    everywhere = (f" (listening on all interfaces: other machines use this one's address instead of "
+                  f"{local_name(cfg.host)})" if cfg.host in ALL_INTERFACES else "")
+    print(f"serving {service.name} on {base}/ (the playground) and {base}/v1 (OpenAI's completions API){everywhere}; "
           f"Ctrl-C stops", file=sys.stderr)
     uvicorn.Server(uvicorn.Config(service.app(), log_level="warning")).run(sockets=[sock])
 

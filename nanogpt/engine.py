@@ -5,8 +5,10 @@ prefilled alone into a free slot (one forward over its prompt), then decodes
 with every other active sequence: each step is one forward of shape (active, 1),
 each row at its own position, seeing only its own slot's filled positions. A
 sequence leaves its slot when it ends or is cancelled, and the next waiting one
-takes it. One thread (Engine.run) does all of this; other threads submit and
-cancel sequences.
+takes it. Work that is not decoding (a Task: scoring a prompt) waits in the same
+queue and holds a slot while it runs, one forward between two decode steps, so
+that it is admitted and bounded as sequences are and never stalls them. One
+thread (Engine.run) does all of this; other threads submit and cancel.
 
 The cache owns the positions (as nanochat's cache_seqlens, litgpt's input_pos):
 SlotCache knows how many positions each slot holds, and model.forward asks it for
@@ -112,6 +114,20 @@ class Sequence:
         self.cancelled = True
 
 
+class Task:
+    """Work for the engine's thread that is not decoding: steps is an iterator whose each next() runs one
+    forward (under the engine's lock, between decode steps); done(result, error) is called once, on the
+    engine's thread: with the iterator's return value when it is exhausted, or with error (its message, or
+    "cancelled") and result None. It waits in the queue and holds a slot while it runs, as a Sequence does."""
+
+    def __init__(self, steps, done):
+        self.steps, self.done = steps, done
+        self.cancelled, self.slot = False, None
+
+    def cancel(self):
+        self.cancelled = True
+
+
 class QueueFull(Exception):
     """More sequences wait for a slot than the engine queues."""
 
@@ -129,6 +145,7 @@ class Engine:
         self.device = device
         self.free = list(range(max_batch - 1, -1, -1))  # popped from the end: slot 0 first
         self.active = {}  # slot -> Sequence
+        self.tasks = collections.deque()  # Tasks holding a slot, each run one forward per loop in turn
         self.waiting = collections.deque()
         self.wake = threading.Condition()
         self.lock = threading.Lock()
@@ -149,8 +166,8 @@ class Engine:
             self.wake.notify()
 
     def busy(self):
-        """Active and waiting sequences (a snapshot)."""
-        return len(self.active), len(self.waiting)
+        """Active sequences and tasks, and those waiting (a snapshot)."""
+        return len(self.active) + len(self.tasks), len(self.waiting)
 
     @torch.inference_mode()
     def run(self):
@@ -158,16 +175,18 @@ class Engine:
             self.fused = FusedStep.build(self.model, packed)  # every decode step runs on it where it applies
             while True:
                 with self.wake:
-                    while not (self.stopping or self.waiting or self.active):
+                    while not (self.stopping or self.waiting or self.active or self.tasks):
                         self.wake.wait()
                     if self.stopping:
                         break
                 self.drop_cancelled()
                 self.admit()
+                if self.tasks:
+                    self.guarded(self.work, [self.tasks[0]])
                 if self.active:
                     self.guarded(self.step, list(self.active.values()))
         self.fused = None  # it holds the packed copies
-        for seq in list(self.active.values()) + list(self.waiting):
+        for seq in list(self.active.values()) + list(self.tasks) + list(self.waiting):
             self.leave(seq, "cancelled", "the server is shutting down")
 
     def guarded(self, fn, seqs, *args):
@@ -185,19 +204,33 @@ class Engine:
             gone = [seq for seq in self.waiting if seq.cancelled]
             for seq in gone:
                 self.waiting.remove(seq)
-        for seq in gone + [seq for seq in self.active.values() if seq.cancelled]:
+        for seq in gone + [seq for seq in [*self.active.values(), *self.tasks] if seq.cancelled]:
             self.leave(seq, "cancelled")
 
     def admit(self):
-        """Prefill waiting sequences into free slots, one forward each."""
+        """Prefill waiting sequences into free slots, one forward each; a waiting task takes its slot and runs
+        in turn with the others (work)."""
         while self.free:
             with self.wake:
                 if not self.waiting:
                     return
                 seq = self.waiting.popleft()
             seq.slot = self.free.pop()
+            if isinstance(seq, Task):
+                self.tasks.append(seq)
+                continue
             self.active[seq.slot] = seq
             self.guarded(self.prefill, [seq])
+
+    def work(self, tasks):
+        """One forward of the first task, which then goes to the back of the line (or leaves, when done)."""
+        (task,) = tasks
+        self.tasks.rotate(-1)
+        try:
+            with self.lock:
+                next(task.steps)
+        except StopIteration as e:
+            self.leave(task, "stop", result=e.value)
 
     def window_start(self, seq):
         """The first of seq's tokens its slot should hold to predict the next one (generate.window_start)."""
@@ -239,7 +272,15 @@ class Engine:
         return logits[:, -1]
 
     def choose(self, seqs, logits):
-        """Sample each sequence's next token from its row of logits (A, V), hand it to its sink."""
+        """Sample each sequence's next token from its row of logits (A, V), hand it to its sink. A row that holds
+        NaN or +inf (the model's numbers overflowed) ends its sequence with an error instead."""
+        broken = (logits.isnan() | logits.isposinf()).any(dim=-1).tolist()  # sync point: .item() follows anyway
+        if any(broken):
+            for seq in [seq for seq, b in zip(seqs, broken) if b]:
+                self.leave(seq, "error", f"the model's logits are not finite (NaN or inf): its numbers overflowed "
+                                         f"in {logits.dtype}; a wider --dtype (float32) may help")
+            keep = [i for i, b in enumerate(broken) if not b]
+            seqs, logits = [seqs[i] for i in keep], logits[keep]
         top = max((seq.logprobs for seq in seqs if seq.logprobs is not None), default=None)
         logp = F.log_softmax(logits.float(), dim=-1) if top is not None else None
         best = torch.topk(logp, min(top, logp.size(-1)), dim=-1) if top is not None else None
@@ -256,9 +297,16 @@ class Engine:
             elif seq.generated == seq.max_tokens:
                 self.leave(seq, "length")
 
-    def leave(self, seq, reason, error=None):
+    def leave(self, seq, reason, error=None, result=None):
+        """seq (a Sequence or a Task) ends for reason: its slot is free, its sink (or done) is told."""
         if seq.slot is not None:
-            del self.active[seq.slot]
+            if isinstance(seq, Task):
+                self.tasks.remove(seq)
+            else:
+                del self.active[seq.slot]
             self.free.append(seq.slot)
             seq.slot = None
-        seq.sink.end(reason, error)
+        if isinstance(seq, Task):
+            seq.done(result, None if reason == "stop" else error or reason)
+        else:
+            seq.sink.end(reason, error)

@@ -30,6 +30,33 @@ NULL_PREFIX = ("a token-id prompt begins with null: lm-eval sends that for a per
 CHAT_OFF = {k: OFF[k] for k in ("frequency_penalty", "presence_penalty", "logit_bias")}
 CHAT_PARAMS = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "stop",
                "seed", "n", "stream", "stream_options", "logprobs", "top_logprobs", "user", *CHAT_OFF}
+# OpenAI's chat parameters for what this server does not do, taken (besides null) only at the values that ask
+# nothing of it: name -> (those values, what a client is told otherwise)
+NEUTRAL = {
+    "tools": (([],), "this server cannot call tools (a model here writes text only); send no tools"),
+    "functions": (([],), "this server cannot call functions (a model here writes text only); send none"),
+    "tool_choice": (("none", "auto"), "this server cannot call tools; tool_choice can only be \"none\" (or \"auto\")"),
+    "function_call": (("none", "auto"), "this server cannot call functions; function_call can only be \"none\""),
+    "parallel_tool_calls": ((True, False), "parallel_tool_calls must be true or false (no tool is called here)"),
+    "response_format": (({"type": "text"},), "this server cannot constrain the output to JSON (no structured "
+                        "output): response_format can only be {\"type\": \"text\"}"),
+    "modalities": ((["text"],), "this server writes text only: modalities can only be [\"text\"]"),
+    "audio": ((), "this server writes text only (no audio)"),
+    "reasoning_effort": (("none",), "the models here do not reason before answering: reasoning_effort can only "
+                         "be \"none\""),
+    "verbosity": (("medium",), "verbosity cannot be set here: it can only be \"medium\", OpenAI's default"),
+    "web_search_options": ((), "this server cannot search the web"),
+    "moderation": ((), "this server does not moderate requests or answers"),
+    "service_tier": (("auto", "default"), "this server has one service tier: service_tier can only be \"auto\" or "
+                     "\"default\""),
+}
+# OpenAI's documented parameters that change nothing in the answer here (identifiers, storing, caching hints,
+# a predicted output that only speeds OpenAI's decoding): name -> the JSON type they must have; then ignored
+IGNORED = {"user": str, "safety_identifier": str, "prompt_cache_key": str, "prompt_cache_retention": str,
+           "prompt_cache_options": dict, "store": bool, "metadata": dict, "prediction": dict}
+CHAT_PARAMS |= set(NEUTRAL) | set(IGNORED)
+MAX_ANSWER_VALUES = 1 << 20  # tokens and log-probabilities one answer holds (n x (echoed + generated) x (1 + k)): ~30 MB
+LOGPROB_FLOOR = -9999.0  # a log-probability of -inf is sent as this, as OpenAI sends it: JSON has no infinity
 
 
 class BadRequest(Exception):
@@ -109,6 +136,18 @@ def check_names(body, model_name, params, off):
                          code="model_not_found")
 
 
+def check_neutral(body, neutral=NEUTRAL, ignored=IGNORED):
+    """The parameters for what this server does not do are null or at a value that asks nothing of it; those
+    that change nothing here have their documented type."""
+    for name, (values, why) in neutral.items():
+        value = body.get(name)
+        if value is not None and not any(value == v and type(value) is type(v) for v in values):
+            raise BadRequest(f"{name}={json.dumps(value)[:80]} is not supported: {why}", name,
+                             code="unsupported_value")
+    for name, kind in ignored.items():
+        typed(body, name, kind, None, {str: "a string", bool: "true or false", dict: "an object"}[kind])
+
+
 def parse_stops(body):
     stops = typed(body, "stop", (str, list), [], "a string or a list of strings")
     stops = [stops] if isinstance(stops, str) else stops
@@ -145,8 +184,17 @@ def sampling_settings(body):
     return dict(temperature=number(body, "temperature", 1.0), top_k=typed(body, "top_k", int, None, "an integer"),
                 top_p=number(body, "top_p", None), seed=typed(body, "seed", int, None, "an integer"),
                 n=typed(body, "n", int, 1, "an integer"), stream=typed(body, "stream", bool, False, "true or false"),
-                include_usage=typed(typed(body, "stream_options", dict, {}, "an object"), "include_usage", bool,
-                                    False, "true or false"))
+                include_usage=stream_options(body))
+
+
+def stream_options(body):
+    """stream_options' include_usage (include_obfuscation is taken and ignored: this server pads nothing)."""
+    options = typed(body, "stream_options", dict, {}, "an object")
+    for name in sorted(set(options) - {"include_usage", "include_obfuscation"}):
+        raise BadRequest(f"unrecognized request argument: stream_options.{name}; stream_options takes "
+                         f"include_usage and include_obfuscation", "stream_options")
+    typed(options, "include_obfuscation", bool, False, "true or false")
+    return typed(options, "include_usage", bool, False, "true or false")
 
 
 def is_ids(value):
@@ -157,34 +205,51 @@ def is_ids(value):
 def parse_chat(body, model_name, max_tokens):
     """A chat request's settings, as a CompletionRequest whose one prompt is its messages."""
     check_names(body, model_name, CHAT_PARAMS, CHAT_OFF)
-    top = typed(body, "top_logprobs", int, 0, "an integer")
+    check_neutral(body)
+    top = typed(body, "top_logprobs", int, None, "an integer")
+    wanted = typed(body, "logprobs", bool, False, "true or false")
+    if top is not None and not wanted:
+        raise BadRequest("top_logprobs needs logprobs: send \"logprobs\": true with it", "top_logprobs")
     limit = typed(body, "max_completion_tokens", int, None, "an integer")  # OpenAI's name; max_tokens is older
     if limit is not None and limit < 1:
         raise BadRequest(f"max_completion_tokens must be at least 1, got {limit}", "max_completion_tokens")
     req = CompletionRequest(
         prompts=[parse_messages(body.get("messages"))], stops=parse_stops(body),
         max_tokens=limit or typed(body, "max_tokens", int, max_tokens, "an integer"), **sampling_settings(body),
-        logprobs=top if typed(body, "logprobs", bool, False, "true or false") else None)
+        logprobs=(top or 0) if wanted else None)
     check_settings(req)
     return req
 
 
+# OpenAI's roles beyond the template's, as the template's: developer is OpenAI's newer name for system; a tool's
+# (or a function's) result is new text the model reads, as a user's
+AS_ROLE = {"developer": "system", "tool": "user", "function": "user"}
+
+
 def parse_messages(messages):
-    """[{"role", "content"}] of a chat request; content as a string, or OpenAI's list of text parts."""
+    """[{"role", "content"}] of a chat request, in the template's roles (AS_ROLE); content as a string, or
+    OpenAI's list of text parts. An assistant message with content null (an agent's tool call, replayed) said
+    nothing the model could read: it is left out."""
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages must be a non-empty list of {\"role\": ..., \"content\": ...}", "messages")
     out = []
     for i, m in enumerate(messages):
         role = m.get("role") if isinstance(m, dict) else None
-        if role not in ROLES:
-            raise BadRequest(f"messages[{i}].role is {json.dumps(role)[:40]}; this model knows {', '.join(ROLES)}",
-                             "messages")
+        if role not in ROLES and role not in AS_ROLE:
+            raise BadRequest(f"messages[{i}].role is {json.dumps(role)[:40]}; this model knows "
+                             f"{', '.join(ROLES + tuple(AS_ROLE))}", "messages")
         content = m.get("content")
+        if content is None and role == "assistant":
+            continue
         if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-            content = "".join(str(p.get("text", "")) for p in content)
+            if not all(isinstance(p.get("text"), str) for p in content):
+                raise BadRequest(f"messages[{i}].content has a text part whose text is not a string", "messages")
+            content = "".join(p["text"] for p in content)
         if not isinstance(content, str):
             raise BadRequest(f"messages[{i}].content must be text (a string, or a list of text parts)", "messages")
-        out.append({"role": role, "content": content})
+        out.append({"role": AS_ROLE.get(role, role), "content": content})
+    if not out:
+        raise BadRequest("messages hold no text: every one is an assistant's with content null", "messages")
     return out
 
 
@@ -214,11 +279,14 @@ class Choice:
 
     Text that a stop could still remove is held back (generate.Continuation), and so is each
     token's logprobs entry until its text has been sent; entries past a stop are dropped. Each
-    piece goes to post(piece), from the engine's thread.
+    piece goes to post(piece), from the engine's thread. with_chosen: a token's alternatives hold the
+    token itself too (the completions API's top_logprobs do, the chat API's do not).
     """
 
-    def __init__(self, index, tokenizer, stops, prompt_chars, logprobs, token_text, post, stop_ids=()):
+    def __init__(self, index, tokenizer, stops, prompt_chars, logprobs, token_text, post, stop_ids=(),
+                 with_chosen=False):
         self.index, self.post, self.token_text, self.logprobs = index, post, token_text, logprobs
+        self.with_chosen = with_chosen
         self.text = Continuation(tokenizer, stops, stop_ids)
         self.decoder = tokenizer.decoder()  # each token's own text, for logprobs
         self.entries, self.chars, self.prompt_chars, self.tokens = [], 0, prompt_chars, 0
@@ -227,6 +295,9 @@ class Choice:
         self.tokens += 1
         new = self.text.add(token)
         if logprobs is not None:
+            lp, top = logprobs
+            if self.with_chosen and token not in (i for i, _ in top):
+                logprobs = (lp, [*top, (token, lp)])
             piece = self.decoder.feed(token)
             self.entries.append((piece, logprobs, self.chars))
             self.chars += len(piece)
@@ -251,9 +322,34 @@ class Choice:
         if not self.logprobs:
             return None
         return {"tokens": [piece for piece, _, _ in entries],
-                "token_logprobs": [lp for _, (lp, _), _ in entries],
-                "top_logprobs": [{self.token_text(i): v for i, v in top} for _, (_, top), _ in entries],
+                "token_logprobs": [floor(lp) for _, (lp, _), _ in entries],
+                "top_logprobs": [{self.token_text(i): floor(v) for i, v in top} for _, (_, top), _ in entries],
                 "text_offset": [self.prompt_chars + offset for _, _, offset in entries]}
+
+
+def floor(logprob):
+    """A log-probability as JSON can hold it: -inf as OpenAI's -9999.0."""
+    return max(logprob, LOGPROB_FLOOR)
+
+
+def answer_values(req, prompt_lengths):
+    """How many tokens and log-probabilities the answer to req holds (at most): each choice's echoed and
+    generated tokens, each with its log-probability and k alternatives when logprobs are asked for."""
+    per_token = 1 + (req.logprobs + 2 if req.logprobs is not None else 0)
+    return req.n * sum(length * req.echo + req.max_tokens for length in prompt_lengths) * per_token
+
+
+def check_answer_size(req, prompt_lengths):
+    """An answer holds at most MAX_ANSWER_VALUES tokens and log-probabilities: a request cannot make the server
+    build (and send) more than that, whatever n, echo and logprobs multiply."""
+    values = answer_values(req, prompt_lengths)
+    if values > MAX_ANSWER_VALUES:
+        param = "n" if req.n > 1 else "logprobs" if req.logprobs else "prompt" if req.echo else "max_tokens"
+        raise BadRequest(f"this answer would hold {values:,} tokens and log-probabilities (n={req.n} x "
+                         f"{sum(prompt_lengths) * req.echo:,} echoed and {req.max_tokens * len(prompt_lengths):,} "
+                         f"generated tokens x {1 + (req.logprobs + 2 if req.logprobs is not None else 0)}), more than "
+                         f"one answer holds here ({MAX_ANSWER_VALUES:,}); ask for fewer choices, fewer logprobs or a "
+                         f"shorter prompt", param)
 
 
 def echo_logprobs(tokenizer, ids, scores):
@@ -270,10 +366,14 @@ def echo_logprobs(tokenizer, ids, scores):
 
 
 def chat_template(tokenizer):
-    """A Jinja template that writes messages as ChatTokenizer.render places them, role tokens as their names."""
+    """A Jinja template that writes messages as parse_messages and ChatTokenizer.render place them: in the
+    template's roles (AS_ROLE), an assistant's content null left out, role tokens as their names (which
+    /tokenize reads back as the role tokens)."""
     end = tokenizer.names[tokenizer.end]
-    return ("{% for message in messages %}<|{{ message['role'] }}|>{{ message['content'] }}" + end +
-            "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    roles = "{" + ", ".join(f"'{k}': '{v}'" for k, v in AS_ROLE.items()) + "}"
+    return ("{% for message in messages %}{% if message['content'] is not none %}"
+            "<|{{ " + roles + ".get(message['role'], message['role']) }}|>{{ message['content'] }}" + end +
+            "{% endif %}{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
 
 
 class Completion:
@@ -282,7 +382,7 @@ class Completion:
 
     @staticmethod
     def delta(piece, first):
-        return {k: piece[k] for k in ("text", "index", "logprobs", "finish_reason")}
+        return {**{k: piece[k] for k in ("text", "index", "finish_reason")}, "logprobs": streamed_logprobs(piece)}
 
     @staticmethod
     def empty(index):
@@ -313,7 +413,7 @@ class Chat:
     @classmethod
     def delta(cls, piece, first):
         delta = {"role": "assistant", "content": piece["text"]} if first else {"content": piece["text"]}
-        return {"index": piece["index"], "delta": delta, "logprobs": cls.logprobs(piece["logprobs"]),
+        return {"index": piece["index"], "delta": delta, "logprobs": cls.logprobs(streamed_logprobs(piece)),
                 "finish_reason": piece["finish_reason"]}
 
     @staticmethod
@@ -332,6 +432,42 @@ class Chat:
 COMPLETION, CHAT = Completion(), Chat()
 
 
+def streamed_logprobs(piece):
+    """A piece's logprobs as a chunk carries them: null in a chunk of no tokens (the last, which only ends a
+    choice), as OpenAI's; a whole answer's choice has its lists, empty or not."""
+    logprobs = piece["logprobs"]
+    return logprobs if logprobs is not None and (piece["text"] or logprobs["tokens"]) else None
+
+
+async def echoed_first(pieces, texts, n, alone, scored):
+    """Each choice's echo (its prompt's text) as its first piece, then the choices' own pieces. scored: the
+    engine scores the prompts, and their logprobs come in a piece of their own ("echoes") that the echo
+    waits for, and so does what arrives before it. alone: nothing is generated (max_tokens 0), so the echo
+    ends each choice."""
+    held = []
+    if not scored:
+        for piece in echo_pieces(texts, [None] * len(texts), n, alone):
+            yield piece
+    async for piece in pieces:
+        if not scored:
+            yield piece
+        elif piece["index"] is not None:
+            held.append(piece)
+        elif piece["error"] is not None:
+            await pieces.aclose()  # its sequences are cancelled
+            yield {**piece, "index": 0}
+            return
+        else:
+            scored = False
+            for piece in echo_pieces(texts, piece["echoes"], n, alone) + held:
+                yield piece
+
+
+def echo_pieces(texts, logprobs, n, alone):
+    return [{"index": p * n + i, "text": text, "logprobs": lp, "finish_reason": "length" if alone else None,
+             "error": None, "tokens": 0} for p, (text, lp) in enumerate(zip(texts, logprobs)) for i in range(n)]
+
+
 async def events(pieces, head, usage, include_usage, shape=COMPLETION):
     """Server-sent events in OpenAI's chunk format, ending with data: [DONE]."""
     head, started = {**head, "object": shape.chunk_object}, set()
@@ -342,7 +478,13 @@ async def events(pieces, head, usage, include_usage, shape=COMPLETION):
         count(usage, piece)
         chunk = {**head, "choices": [shape.delta(piece, piece["index"] not in started)]}
         started.add(piece["index"])
-        yield sse({**chunk, "usage": None} if include_usage else chunk)
+        try:
+            event = sse({**chunk, "usage": None} if include_usage else chunk)
+        except ValueError as e:  # a number JSON cannot hold: the stream ends with an error, as a failure does
+            yield sse({"error": {"message": f"the answer holds a value JSON cannot: {e}", "type": "server_error",
+                                 "param": None, "code": None}})
+            return
+        yield event
     if include_usage:
         yield sse({**head, "choices": [], "usage": usage})
     yield "data: [DONE]\n\n"
@@ -368,4 +510,5 @@ def count(usage, piece):
 
 
 def sse(obj):
-    return f"data: {json.dumps(obj)}\n\n"
+    """One server-sent event; a value JSON cannot hold (NaN, infinity) is a ValueError, never sent."""
+    return f"data: {json.dumps(obj, allow_nan=False)}\n\n"

@@ -1,6 +1,7 @@
 """openai_api.py without a server: requests read into settings, pieces shaped into OpenAI's responses and events."""
 import asyncio
 import json
+import re
 
 import pytest
 
@@ -57,3 +58,108 @@ def test_chat_pieces_collect_into_a_response_and_stream_as_chunks():
                                                               {"content": "y"}]
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == whole["usage"]
     assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize("neutral", [
+    {"tools": None}, {"tools": []}, {"tool_choice": "none"}, {"tool_choice": "auto"}, {"parallel_tool_calls": False},
+    {"parallel_tool_calls": True}, {"functions": None}, {"function_call": "none"},
+    {"response_format": {"type": "text"}}, {"response_format": None}, {"store": False}, {"store": True},
+    {"metadata": {"run": "7"}}, {"user": "u-1"}, {"safety_identifier": "s"}, {"prompt_cache_key": "k"},
+    {"service_tier": "auto"}, {"service_tier": "default"}, {"stream_options": {"include_obfuscation": False}},
+    {"modalities": ["text"]}, {"audio": None}, {"reasoning_effort": None}, {"reasoning_effort": "none"},
+    {"verbosity": "medium"}, {"web_search_options": None}, {"prediction": {"type": "content", "content": "x"}},
+    {"moderation": None}, {"prompt_cache_retention": None},
+], ids=lambda d: "-".join(f"{k}={v}" for k, v in d.items()))
+def test_documented_chat_parameters_at_their_neutral_values_are_taken(neutral):
+    """What the SDKs, LangChain and typed clients send on their own: OpenAI's documented parameters at values
+    (or null) that ask nothing this server cannot do."""
+    req = parse_chat({"messages": MESSAGES, **neutral}, "m", 64)
+    assert req.prompts == [MESSAGES] and req.max_tokens == 64
+
+
+@pytest.mark.parametrize("name, value, match", [
+    ("tools", [{"type": "function", "function": {"name": "f"}}], "cannot call tools"),
+    ("tool_choice", "required", "cannot call tools"),
+    ("tool_choice", {"type": "function", "function": {"name": "f"}}, "cannot call tools"),
+    ("response_format", {"type": "json_object"}, "cannot constrain the output to JSON"),
+    ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}, "no structured output"),
+    ("modalities", ["text", "audio"], "text only"),
+    ("audio", {"voice": "alloy", "format": "wav"}, "no audio"),
+    ("reasoning_effort", "high", "do not reason"),
+    ("service_tier", "flex", "one service tier"),
+    ("parallel_tool_calls", 1, "true or false"),
+    ("web_search_options", {}, "cannot search the web"),
+])
+def test_a_value_this_server_cannot_honour_is_refused_as_not_supported(name, value, match):
+    with pytest.raises(BadRequest, match=f"^{name}=.* is not supported: .*{match}") as e:
+        parse_chat({"messages": MESSAGES, name: value}, "m", 64)
+    assert (e.value.param, e.value.status, e.value.code) == (name, 400, "unsupported_value")
+
+
+@pytest.mark.parametrize("body, match", [
+    ({"tool": None}, "unrecognized request argument: tool (did you mean 'tools'?)"),
+    ({"store": "yes"}, "store must be true or false"),
+    ({"metadata": "x"}, "metadata must be an object"),
+    ({"stream_options": {"include_usge": True}}, "unrecognized request argument: stream_options.include_usge"),
+    ({"top_logprobs": 2}, "top_logprobs needs logprobs"),
+    ({"top_logprobs": 2, "logprobs": False}, "top_logprobs needs logprobs"),
+])
+def test_unknown_names_and_wrong_types_are_still_refused(body, match):
+    with pytest.raises(BadRequest, match=re.escape(match)):
+        parse_chat({"messages": MESSAGES, **body}, "m", 64)
+
+
+def test_top_logprobs_with_logprobs_is_taken():
+    assert parse_chat({"messages": MESSAGES, "logprobs": True, "top_logprobs": 3}, "m", 64).logprobs == 3
+    assert parse_chat({"messages": MESSAGES, "logprobs": True}, "m", 64).logprobs == 0
+    assert parse_chat({"messages": MESSAGES, "top_logprobs": None}, "m", 64).logprobs is None
+
+
+def test_openais_other_roles_enter_the_prompt_as_the_templates():
+    """developer is system; a tool's result is read as a user's turn; an assistant's tool call (content null)
+    said nothing the model reads and is left out."""
+    messages = [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Weather?"},
+                {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
+                                                                       "function": {"name": "w", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "Sunny."},
+                {"role": "assistant", "content": [{"type": "text", "text": "It is "}, {"type": "text", "text": "sunny."}]}]
+    assert parse_chat({"messages": messages}, "m", 64).prompts[0] == [
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather?"},
+        {"role": "user", "content": "Sunny."}, {"role": "assistant", "content": "It is sunny."}]
+
+
+@pytest.mark.parametrize("content", [[{"type": "text", "text": 5}], [{"type": "text", "text": {"a": 1}}],
+                                     [{"type": "text"}], None])
+def test_a_content_part_whose_text_is_not_a_string_is_a_400(content):
+    with pytest.raises(BadRequest, match="messages\\[0\\].content") as e:
+        parse_chat({"messages": [{"role": "user", "content": content}]}, "m", 64)
+    assert e.value.param == "messages"
+
+
+def test_the_chat_template_writes_what_parse_messages_reads():
+    """lm-eval renders /tokenizer_info's template itself: the same roles and the same left-out turns."""
+    import jinja2
+    from nanogpt.openai_api import chat_template
+    from nanogpt.tokenizer import CharTokenizer, ChatTokenizer
+    tok = ChatTokenizer(CharTokenizer(list("abc .")))
+    messages = [{"role": "developer", "content": "a."}, {"role": "user", "content": "b"},
+                {"role": "assistant", "content": None}, {"role": "tool", "content": "c"}]
+    text = jinja2.Template(chat_template(tok)).render(messages=messages, add_generation_prompt=True)
+    rendered = "".join(f"<|{m['role']}|>{m['content']}<|end|>" for m in parse_chat({"messages": messages}, "m",
+                                                                                   64).prompts[0])
+    assert text == rendered + "<|assistant|>" == "<|system|>a.<|end|><|user|>b<|end|><|user|>c<|end|><|assistant|>"
+
+
+def test_an_answer_holds_at_most_max_answer_values():
+    """n x (echoed + generated tokens) x (1 + logprobs + 2): the size is known before any work."""
+    from nanogpt.openai_api import MAX_ANSWER_VALUES, answer_values, check_answer_size
+    req = parse_completion({"prompt": "x", "n": 64, "echo": True, "logprobs": 20, "max_tokens": 0}, "m")
+    assert answer_values(req, [2000]) == 64 * 2000 * 23 > MAX_ANSWER_VALUES
+    with pytest.raises(BadRequest, match="2,944,000 tokens and log-probabilities") as e:
+        check_answer_size(req, [2000])
+    assert e.value.param == "n"
+    lm_eval_batch = parse_completion({"prompt": [[1]] * 16, "echo": True, "logprobs": 1, "max_tokens": 0}, "m")
+    check_answer_size(lm_eval_batch, [1024] * 16)  # lm-eval's loglikelihood batches fit

@@ -122,7 +122,8 @@ def test_streamed_text_and_logprobs_equal_the_whole_response(server, client):
         (c,) = chunk.choices
         text, lp, reason = parts.get(c.index, ("", {"tokens": [], "token_logprobs": [], "top_logprobs": [],
                                                       "text_offset": []}, None))
-        parts[c.index] = (text + c.text, {k: v + getattr(c.logprobs, k) for k, v in lp.items()},
+        assert (c.logprobs is None) == (c.text == ""), c  # a chunk of no text has logprobs null, as OpenAI's
+        parts[c.index] = (text + c.text, {k: v + (getattr(c.logprobs, k) if c.logprobs else []) for k, v in lp.items()},
                           c.finish_reason or reason)
     assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
     assert len(chunks) > 8  # pieces, not one answer
@@ -284,7 +285,7 @@ ASK = {"prompt": "All:", "max_tokens": 3}
 
 
 @pytest.mark.parametrize("host", ["evil.example:{port}", "localhost.evil.example:{port}", "127.0.0.1:1",
-                                  "localhost", "0.0.0.0:{port}", ""])
+                                  "0.0.0.0:{port}", ""])
 def test_a_host_that_is_not_this_servers_is_refused(server, host):
     """DNS rebinding: a page's own name pointed at 127.0.0.1 sends its Host; neither page nor API is served to it."""
     url = server[0]
@@ -294,7 +295,8 @@ def test_a_host_that_is_not_this_servers_is_refused(server, host):
         assert_openai_error(r, 403, "is not this server's name")
 
 
-@pytest.mark.parametrize("host", ["localhost:{port}", "LOCALHOST:{port}", "127.0.0.1:{port}"])
+@pytest.mark.parametrize("host", ["localhost:{port}", "LOCALHOST:{port}", "127.0.0.1:{port}", "localhost",
+                                  "127.0.0.1"])
 def test_this_servers_own_names_are_served(server, host):
     r = httpx.get(server[0] + "/v1/models", headers={"host": host.format(port=server[0].rsplit(":", 1)[1])})
     assert r.status_code == 200 and r.json()["data"][0]["id"] == "out-tiny"
@@ -468,3 +470,145 @@ def test_the_playground_asks_for_the_api_key_and_then_generates(keyed_server):
         page.wait_for_function("document.querySelector('#status').textContent.startsWith('12 tokens')")
         assert "".join(page.locator("#output .tok").all_text_contents()) == alone(keyed_server[1], "All:", 12)
         page.locator("#attention .tok").nth(15).wait_for()  # the attention view, through the key too
+
+
+# --- what one request may cost (issue 31) --------------------------------------------------------------
+
+ECHO = {"prompt": "All: hear me speak.", "max_tokens": 0, "echo": True, "logprobs": 1}
+
+
+def test_echoed_prompt_scoring_waits_in_the_queue_and_holds_a_slot(server):
+    """An echo with logprobs and max_tokens 0 decodes nothing, but scoring its prompt is the engine's work: it
+    holds a slot while it runs and waits in the queue (max_queue=4) as sequences do, so one more is a 429."""
+    url, service = server
+    engine = service.engine
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        with engine.lock:  # the engine stops at its next forward: the echo's scoring
+            scoring = pool.submit(httpx.post, url + "/v1/completions", json=ECHO, timeout=30)
+            wait_for(lambda: engine.busy() == (1, 0), "the echo to take a slot")
+            four = pool.submit(httpx.post, url + "/v1/completions", json={**ASK, "n": 4}, timeout=30)
+            wait_for(lambda: engine.busy() == (1, 4), "four sequences to wait")
+            busy = httpx.post(url + "/v1/completions", json=ECHO)
+            assert busy.status_code == 429 and "busy" in busy.json()["error"]["message"]
+        echoed = scoring.result().json()["choices"][0]
+        assert four.result().status_code == 200
+    assert echoed["text"] == ECHO["prompt"] and echoed["finish_reason"] == "length"
+    lp = echoed["logprobs"]
+    assert lp["tokens"] == list(ECHO["prompt"]) and lp["token_logprobs"][0] is None
+    wait_for(lambda: engine.busy() == (0, 0), "the engine to be idle")
+
+
+def test_a_long_echo_is_scored_between_decode_steps_and_others_keep_being_served(server, monkeypatch):
+    """A prompt of 200 windows, one forward each (each at least 20 ms here): a short request sent after it
+    finishes while it is still being scored, and its scores are those of each window alone."""
+    import serve
+    url, service = server
+    c = service.model.config
+    monkeypatch.setattr(serve, "LOGITS_MAX_VALUES", c.block_size * c.vocab_size)  # one window to a forward
+    work = service.engine.work
+    monkeypatch.setattr(service.engine, "work", lambda tasks: time.sleep(0.02) or work(tasks))
+    prompt = (CORPUS * 2)[:c.block_size * 200]
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        big = pool.submit(httpx.post, url + "/v1/completions", json={**ECHO, "prompt": prompt, "logprobs": 0},
+                          timeout=120)
+        wait_for(lambda: service.engine.tasks, "the scoring to start")
+        short = httpx.post(url + "/v1/completions", json={"prompt": "All:", "max_tokens": 3, "temperature": 0})
+        assert not big.done() and short.json()["choices"][0]["text"] == alone(service, "All:", 3)
+        lp = big.result().json()["choices"][0]["logprobs"]
+    ids = service.tokenizer.encode(prompt)
+    end = len(ids)  # the last window: its targets are the last block_size tokens, each given those before it
+    x = torch.tensor([ids[end - c.block_size - 1:end - 1]])
+    want = torch.log_softmax(service.model(x)[0][0].float(), -1)[torch.arange(c.block_size), ids[end - c.block_size:]]
+    torch.testing.assert_close(torch.tensor(lp["token_logprobs"][-c.block_size:]), want, atol=1e-5, rtol=0)
+    assert len(lp["token_logprobs"]) == len(ids) and all(len(top) == 1 for top in lp["top_logprobs"][1:])
+
+
+def test_an_answer_too_big_to_build_is_refused_before_any_work(server, client):
+    """n, echo and logprobs multiply: 4 choices x 15,000 echoed tokens x 21 alternatives would be a response of
+    about 50 MB from a 15 KB request."""
+    with pytest.raises(openai.BadRequestError, match="tokens and log-probabilities") as e:
+        client.completions.create(model="out-tiny", prompt=(CORPUS * 3)[:15_000], max_tokens=0, echo=True, logprobs=20, n=4)
+    assert e.value.body["param"] == "n"
+    with pytest.raises(openai.BadRequestError, match="tokens and log-probabilities"):
+        client.completions.create(model="out-tiny", prompt=(CORPUS * 9)[:60_000], max_tokens=1, echo=True, logprobs=20)
+
+
+@pytest.fixture(scope="module")
+def overflowing(out_dir):
+    """A server whose model's logits overflow float32 (its output layer scaled by 1e38): NaN and inf."""
+    service = Service.load(ServeConfig(out_dir=str(out_dir), device="cpu", max_batch=2, max_queue=4))
+    with torch.no_grad():
+        service.model.lm_head.weight.mul_(1e38)
+    with running(service.app()) as url:
+        yield url
+
+
+def strict_json(text):
+    """text as JSON, refusing NaN and Infinity (which Python's json reads, and JSON has not)."""
+    def refuse(name):
+        raise ValueError(f"{name} is not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.mark.parametrize("body", [dict(max_tokens=3, logprobs=2), dict(max_tokens=3),
+                                  dict(max_tokens=0, echo=True, logprobs=2), dict(max_tokens=2, echo=True, logprobs=0)])
+def test_overflowing_logits_are_openais_error_object_never_nan(overflowing, body):
+    r = httpx.post(overflowing + "/v1/completions", json={"prompt": "All:", "temperature": 0, **body})
+    assert r.status_code == 500 and r.headers["content-type"] == "application/json", r.text
+    error = strict_json(r.text)["error"]
+    assert error["type"] == "server_error" and "logits are not finite" in error["message"]
+    with httpx.stream("POST", overflowing + "/v1/completions", json={"prompt": "All:", "temperature": 0,
+                                                                     "stream": True, **body}) as r:
+        events = r.read().decode().split("\n\n")
+    data = [strict_json(e[len("data: "):]) for e in events if e.startswith("data: {")]
+    assert "logits are not finite" in data[-1]["error"]["message"]
+
+
+def test_the_attention_view_takes_only_its_own_arguments_for_this_model(server):
+    url = server[0]
+    r = httpx.post(url + "/v1/attention", json={"prompt": "All:", "layers": 1})
+    assert_openai_error(r, 400, "unrecognized request argument: layers (did you mean 'layer'?)")
+    r = httpx.post(url + "/v1/attention", json={"prompt": "All:", "model": "gpt-4"})
+    assert_openai_error(r, 404, "'gpt-4' is not served here", "model_not_found")
+    assert httpx.post(url + "/v1/attention", json={"prompt": "All:", "model": "out-tiny", "layer": 0}).status_code == 200
+
+
+# --- as clients send it (issue 33) ---------------------------------------------------------------------
+
+def test_models_retrieve_gives_the_models_card_and_404_for_another(client):
+    model = client.models.retrieve("out-tiny")
+    assert model.id == "out-tiny" and model.object == "model" and model.block_size == 64
+    with pytest.raises(openai.NotFoundError, match="'gpt-4' is not served here"):
+        client.models.retrieve("gpt-4")
+
+
+def test_completion_top_logprobs_hold_the_chosen_token_as_openais(server, client):
+    """Sampled at temperature 2, most tokens are not the most likely one: top_logprobs (logprobs=1) then hold
+    two entries, the most likely and the chosen, as OpenAI's (up to logprobs + 1)."""
+    r = client.completions.create(model="out-tiny", prompt="All:", max_tokens=30, temperature=2.0, seed=1,
+                                  logprobs=1)
+    lp = r.choices[0].logprobs
+    assert all(tok in top and top[tok] == lp_ for tok, lp_, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs))
+    assert sum(len(top) == 2 for top in lp.top_logprobs) >= 5 and max(map(len, lp.top_logprobs)) == 2
+
+
+def test_a_server_on_all_interfaces_prints_a_url_that_works(out_dir):
+    """--host=0.0.0.0: the printed URL is the loopback's (0.0.0.0 is not an address to connect to), and the
+    Host a client or a proxy sends for this machine is served; another name still gets 403."""
+    import subprocess
+    import sys
+    from conftest import ROOT
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "serve.py"), f"--out_dir={out_dir}", "--host=0.0.0.0",
+                             "--port=0", "--device=cpu"], stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        line = next(line for line in proc.stderr if line.startswith("serving"))
+        base = line.split(" and ")[1].split()[0]
+        assert base.startswith("http://127.0.0.1:") and base.endswith("/v1") and "all interfaces" in line, line
+        port = base.rsplit(":", 1)[1][:-len("/v1")]
+        model = openai.OpenAI(base_url=base, api_key="none", max_retries=0).models.list().data[0]
+        assert model.id == "out-tiny"
+        for host, status in ((f"0.0.0.0:{port}", 200), ("localhost", 200), (f"evil.example:{port}", 403)):
+            assert httpx.get(base + "/models", headers={"host": host}).status_code == status, host
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
