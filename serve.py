@@ -60,7 +60,7 @@ from nanogpt.generate import sample_seed
 from nanogpt.memory import check_fits, kv_cache_bytes
 from nanogpt.openai_api import (CHAT, COMPLETION, BadRequest, Choice, chat_template, check_answer_size, check_names,
                                 collect, echo_logprobs, echoed_first, error_body, events, floor, is_ids, json_object,
-                                parse_chat, parse_completion, typed)
+                                parse_chat, parse_completion, parse_messages, typed)
 from nanogpt.source import Source, load_model
 from nanogpt.tokenizer import ChatTokenizer
 from nanogpt.tracing import Recorder
@@ -280,10 +280,7 @@ class Service:
             raise BadRequest(f"{self.name} has no chat template (it was not fine-tuned on conversations: "
                              f"docs/chat.md); use /v1/completions", "model")
         req = parse_chat(await read_json(request), self.name, min(self.max_tokens, self.model.config.block_size))
-        try:
-            ids = self.tokenizer.render(req.prompts[0])[0]
-        except UserError as e:
-            raise BadRequest(str(e), "messages") from None
+        ids = self.chat_ids(req.prompts[0])
         head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
                 "model": self.name}
         return await self.answer(request, req, [ids], [0], head, self.tokenizer.answer_stops, CHAT)
@@ -379,9 +376,18 @@ class Service:
         return JSONResponse(info)
 
     async def tokenize(self, request):
+        """As vLLM's: a text's token ids (a chat model's role-token names read as the role tokens), or a chat's:
+        "messages" (vLLM's chat form) or a prompt that is a list of messages (what lm-eval's remote tokenizer
+        sends with --apply_chat_template) give the ids /v1/chat/completions would prompt the model with."""
         body = await read_json(request)
-        check_names(body, self.name, {"model", "prompt", "add_special_tokens"}, {})
+        check_names(body, self.name, {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt"},
+                    {})
         typed(body, "add_special_tokens", bool, False, "true or false")  # none are added either way
+        reply = typed(body, "add_generation_prompt", bool, True, "true or false")
+        messages = body.get("messages", body.get("prompt") if isinstance(body.get("prompt"), list) else None)
+        if messages is not None:
+            ids = self.chat_ids(parse_messages(messages), reply)
+            return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": self.model.config.block_size})
         prompt = typed(body, "prompt", str, None, "a string")
         if prompt is None:
             raise BadRequest("prompt is required: the text to tokenize", "prompt")
@@ -393,6 +399,16 @@ class Service:
             else:
                 raise BadRequest(str(e), "prompt") from None
         return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": self.model.config.block_size})
+
+    def chat_ids(self, messages, reply=True):
+        """The ids of a conversation as the chat template places them (ChatTokenizer.render)."""
+        if not isinstance(self.tokenizer, ChatTokenizer):
+            raise BadRequest(f"{self.name} has no chat template (it was not fine-tuned on conversations: "
+                             f"docs/chat.md); send a prompt", "messages")
+        try:
+            return self.tokenizer.render(messages, reply=reply)[0]
+        except UserError as e:
+            raise BadRequest(str(e), "messages") from None
 
     async def detokenize(self, request):
         body = await read_json(request)

@@ -338,3 +338,39 @@ def test_lm_eval_perplexity_without_the_prefix_id_is_told_to_name_it(server, cap
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "prompt"
     bad = httpx.post(url + "/v1/completions", json={"prompt": [[1, None]], "max_tokens": 0, "echo": True})
     assert bad.json()["error"]["message"].startswith("prompt must be a string, a list of token ids")
+
+
+def test_lm_eval_local_completions_with_the_chat_template_runs_on_a_chat_model(tmp_path):
+    """lm_eval --model local-completions --apply_chat_template: it renders /tokenizer_info's template itself,
+    tokenizes the text through /tokenize (role tokens written as their names are the role tokens) and sends
+    the ids: the prompt is ChatTokenizer.render's, and the answers the ones local-chat-completions gets."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+    from lm_eval.utils import RemoteTokenizer
+    from model import GPTConfig
+    from serve import running
+    from test_generate import sharp
+    tok = ChatTokenizer(CharTokenizer(CHARS))
+    model = sharp(GPTConfig(block_size=64, vocab_size=tok.vocab_size, n_layer=2, n_head=4, n_embd=32)).float().eval()
+    system, shot = "Speak.", {"context": "All:", "answer": "Resolved."}
+    docs = [{"context": "First Citizen:"}, {"context": "You are all"}]
+    turns = [[{"role": "system", "content": system}, {"role": "user", "content": shot["context"]},
+              {"role": "assistant", "content": shot["answer"]}, {"role": "user", "content": d["context"]}]
+             for d in docs]
+    full = [sampled_reply(model, tok, m, 8, seed=1234) for m in turns]
+    stop = next(c for c in full[0][2:] if c.isalpha())
+    texts = [t.split(stop)[0] for t in full]
+    write_chat_task(tmp_path / "tasks", [{**docs[0], "answer": texts[0]}, {**docs[1], "answer": texts[1] + "x"}],
+                    shot, stop)
+    service = Service(model, tok, "tiny-chat", torch.device("cpu"), torch.float32, max_batch=2, max_queue=4)
+    with running(service.app()) as url:
+        remote = RemoteTokenizer(url + "/v1/completions")
+        assert remote.encode(remote.apply_chat_template(turns[0])) == tok.render(turns[0])[0]
+        assert remote.eos_token_id == tok.end
+        results = lm_eval.simple_evaluate(
+            model="local-completions", model_args={"base_url": f"{url}/v1/completions", "model": "tiny-chat",
+                                                   "tokenizer_backend": "remote"},
+            tasks=["tiny_chat"], task_manager=TaskManager(include_path=str(tmp_path / "tasks"), include_defaults=False),
+            apply_chat_template=True, system_instruction=system, num_fewshot=1,
+            log_samples=False)  # lm-eval's sample log hashes the prompt as text, and this one is a chat
+    assert results["results"]["tiny_chat"]["exact_match,none"] == 0.5  # doc 0's answer matched, doc 1's cannot
