@@ -37,7 +37,6 @@ import socket
 import sys
 import threading
 import time
-import traceback
 import uuid
 from contextlib import ExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass
@@ -99,8 +98,7 @@ class ServeConfig(Source):
 
 
 async def server_error(request, e):
-    """An error no route expected, as OpenAI's error object (500) rather than a text page; it is logged."""
-    traceback.print_exception(e)
+    """An error no route expected, as OpenAI's error object (500) rather than a text page (uvicorn logs it)."""
     return error_response(BadRequest(f"the server failed: {type(e).__name__}: {e}"[:500], status=500,
                                      kind="server_error"))
 
