@@ -30,6 +30,7 @@ program.exit_quietly_on_ctrl_c()  # before the slow imports (torch): Ctrl-C duri
 # ruff: noqa: E402
 import asyncio
 import errno
+import json
 import os
 import re
 import secrets
@@ -47,7 +48,7 @@ from starlette.applications import Starlette
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.responses import HTMLResponse, JSONResponse, StreamingResponse
+from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from nanogpt.engine import Engine, QueueFull, Sequence, Task
@@ -67,6 +68,9 @@ from nanogpt.tracing import Recorder
 PAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nanogpt", "playground.html")
 MAX_BODY_BYTES = 1 << 20  # a request's JSON; a longer prompt would not fit any block_size anyway
 LOGITS_MAX_VALUES = 1 << 25  # logits one forward of prompt_logprobs holds (windows x block_size x vocabulary)
+# tokens one forward of prompt_logprobs reads (whole windows, at least one): a scoring step between two decode
+# steps then costs about what a prefill does, so the sequences being decoded keep their pace
+SCORE_TOKENS = 1024
 ATTENTION_MAX_VALUES = 1 << 22  # weights one /v1/attention answer holds (layers x heads x tokens^2): about 30 MB
 DISCONNECT_POLL_S = 0.25  # while a request waits for tokens, how often it checks that its client is still there
 # lm-eval asks /tokenize for this text to learn whether the server tokenizes (utils.check_remote_tokenizer_support)
@@ -317,11 +321,14 @@ class Service:
         usage = {"prompt_tokens": sum(map(len, prompt_ids)), "completion_tokens": 0, "total_tokens": 0}
         pieces = arrivals(request, queue, works)
         if echoes is not None:
-            pieces = echoed_first(pieces, echoes, req.n, req.max_tokens == 0, scoring)
+            pieces = echoed_first(pieces, echoes, req.n, req.max_tokens == 0,
+                                  (lambda scores: asyncio.to_thread(self.echo_results, prompt_ids, scores))
+                                  if scoring else None)
         if req.stream:
             return StreamingResponse(events(pieces, head, usage, req.include_usage, shape),
                                      media_type="text/event-stream")
-        return JSONResponse(await collect(pieces, head, usage, len(prompt_ids) * req.n, shape))
+        answer = await collect(pieces, head, usage, len(prompt_ids) * req.n, shape)
+        return Response(await asyncio.to_thread(json_bytes, answer), media_type="application/json")
 
     def prompt_logprobs(self, prompts, k):
         """Each prompt's echo logprobs (OpenAI's legacy format): its tokens, each one's log-probability
@@ -332,13 +339,14 @@ class Service:
         The targets (tokens 1..L-1) are cut into windows of block_size counted back from the last one,
         each scored by one forward over the block_size tokens before it (fewer in the first window): the
         last block_size tokens get what a scorer that keeps the last block_size tokens of the context
-        gives them. Windows run several to a forward (at most LOGITS_MAX_VALUES logits)."""
+        gives them. Windows run several to a forward (at most SCORE_TOKENS tokens and LOGITS_MAX_VALUES
+        logits). The lists are built from the scores by echo_results, off the engine's thread."""
         distinct = list(dict.fromkeys(map(tuple, prompts)))
         block, vocab = self.model.config.block_size, self.model.config.vocab_size
         windows = [(p, max(1, end - block), end) for p, ids in enumerate(distinct)
                    for end in range(len(ids), 1, -block)]  # (prompt, first target, end of targets)
         scores = [[(None, None)] + [None] * (len(ids) - 1) for ids in distinct]
-        rows = max(1, LOGITS_MAX_VALUES // (block * vocab))
+        rows = max(1, min(LOGITS_MAX_VALUES // (block * vocab), SCORE_TOKENS // block))
         for g in range(0, len(windows), rows):
             group = windows[g:g + rows]
             x = torch.zeros(len(group), max(end - start for _, start, end in group), dtype=torch.long)
@@ -358,7 +366,11 @@ class Service:
                 scores[p][start:end] = [(floor(lp), {self.token_text(i): floor(v) for i, v in [*zip(*t), (j, lp)]})
                                         for j, lp, t in zip(target, picked[:, 0].tolist(), top)]
             yield
-        echoes = {ids: echo_logprobs(self.tokenizer, ids, s) for ids, s in zip(distinct, scores)}
+        return dict(zip(distinct, scores))
+
+    def echo_results(self, prompts, scores):
+        """Each prompt's echo logprobs from prompt_logprobs' scores of the distinct prompts."""
+        echoes = {ids: echo_logprobs(self.tokenizer, ids, s) for ids, s in scores.items()}
         return [echoes[tuple(ids)] for ids in prompts]
 
     async def tokenizer_info(self, request):
@@ -442,6 +454,12 @@ class Service:
             recorders = [stack.enter_context(Recorder(self.model, layer)) for layer in layers]
             self.model(torch.tensor([ids], device=self.device))
         return [rec.stages["attention weights"][0].float().mul(1e4).round().div(1e4).tolist() for rec in recorders]
+
+
+def json_bytes(obj):
+    """obj as JSONResponse writes it (a ValueError for NaN or infinity); a long answer is written off the event
+    loop, which meanwhile serves the other clients."""
+    return json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
 
 
 async def read_json(request):

@@ -439,17 +439,17 @@ def streamed_logprobs(piece):
     return logprobs if logprobs is not None and (piece["text"] or logprobs["tokens"]) else None
 
 
-async def echoed_first(pieces, texts, n, alone, scored):
-    """Each choice's echo (its prompt's text) as its first piece, then the choices' own pieces. scored: the
-    engine scores the prompts, and their logprobs come in a piece of their own ("echoes") that the echo
-    waits for, and so does what arrives before it. alone: nothing is generated (max_tokens 0), so the echo
-    ends each choice."""
+async def echoed_first(pieces, texts, n, alone, scored=None):
+    """Each choice's echo (its prompt's text) as its first piece, then the choices' own pieces. scored: None,
+    or (the engine scores the prompts) an async function that turns the scores, which come in a piece of
+    their own ("echoes"), into each prompt's logprobs; the echo waits for them, and so does what arrives
+    before them. alone: nothing is generated (max_tokens 0), so the echo ends each choice."""
     held = []
-    if not scored:
+    if scored is None:
         for piece in echo_pieces(texts, [None] * len(texts), n, alone):
             yield piece
     async for piece in pieces:
-        if not scored:
+        if scored is None:
             yield piece
         elif piece["index"] is not None:
             held.append(piece)
@@ -458,8 +458,8 @@ async def echoed_first(pieces, texts, n, alone, scored):
             yield {**piece, "index": 0}
             return
         else:
-            scored = False
-            for piece in echo_pieces(texts, piece["echoes"], n, alone) + held:
+            logprobs, scored = await scored(piece["echoes"]), None
+            for piece in echo_pieces(texts, logprobs, n, alone) + held:
                 yield piece
 
 

@@ -418,7 +418,7 @@ def test_chat_errors_are_openais(chat_server):
     import openai
     client, service = chat_server
     with pytest.raises(openai.BadRequestError, match="messages\\[0\\].role"):
-        client.chat.completions.create(model=service.name, messages=[{"role": "tool", "content": "x"}])
+        client.chat.completions.create(model=service.name, messages=[{"role": "narrator", "content": "x"}])
     with pytest.raises(openai.BadRequestError, match="outside the vocabulary"):
         client.chat.completions.create(model=service.name, messages=[{"role": "user", "content": "say ZZ"}])
 
