@@ -6,8 +6,9 @@
 
 The checkpoint must have been fine-tuned on a chat dataset (data/chat/prepare.py): its tokenizer
 carries the role tokens of the template. Type /reset to start over, /quit (or Ctrl-D) to leave;
-Ctrl-C stops an answer, not the session. Simplified characters are written in the traditional ones
-of the training text where the vocabulary has them (OpenCC, where installed).
+Ctrl-C stops an answer, not the session. A character outside the vocabulary is written in a form the
+vocabulary has (simplified Chinese as the Tang poems' traditional characters, with OpenCC) or left out,
+with a note (tokenizer.CharTokenizer.fit; docs/generation.md).
 """
 import sys
 from dataclasses import dataclass
@@ -19,29 +20,24 @@ from configurator import parse_args, report_overrides
 from nanogpt.program import run_main
 from nanogpt.errors import UserError
 from nanogpt.device import autocast, resolve_device, resolve_dtype
-from nanogpt.generate import Continuation, check_sampling, stream
+from nanogpt.generate import Continuation, Sampling, check_sampling, stream
 from nanogpt.source import Source, load_model
-from nanogpt.tokenizer import CharTokenizer, ChatTokenizer
+from nanogpt.tokenizer import ChatTokenizer
 
 
 @dataclass
-class ChatConfig(Source):
+class ChatConfig(Source, Sampling):
     out_dir: str = "out-tangshi-sft"  # where train.py wrote the fine-tuned checkpoint
     system: str = ""  # a system message that opens every conversation
     prompt: str = ""  # -p: answer this one message and exit
     max_new_tokens: int = 500  # an answer's length at most
-    temperature: float = 0.8  # 0 is greedy
-    top_k: int | None = 200
-    top_p: float | None = None
-    seed: int = 1337
     device: str = "auto"
     dtype: str = "auto"
 
     def __post_init__(self):
-        super().__post_init__()
+        Source.__post_init__(self)
+        Sampling.__post_init__(self)
         check_sampling(self.max_new_tokens, self.temperature, self.top_k, self.top_p)
-        if not 0 <= self.seed < 1 << 64:
-            raise ValueError(f"seed must be in [0, 2^64), got {self.seed}")
 
 
 def load_chat_model(source, device):
@@ -54,39 +50,23 @@ def load_chat_model(source, device):
     return model, tokenizer
 
 
-class Converter:
-    """Simplified characters to the training text's traditional ones, where the vocabulary has them."""
-
-    def __init__(self, tokenizer):
-        self.vocab = set(tokenizer.base.chars) if isinstance(tokenizer.base, CharTokenizer) else None
-        self.opencc = None
-        if self.vocab is not None:
-            try:
-                import opencc
-                self.opencc = opencc.OpenCC("s2t")
-            except ImportError:
-                pass
-
-    def __call__(self, text):
-        if self.vocab is None or self.opencc is None:
-            return text
-        converted = self.opencc.convert(text)
-        if len(converted) != len(text):  # a phrase conversion changed the length: per character instead
-            converted = "".join(self.opencc.convert(c) for c in text)
-        return "".join(t if t in self.vocab or c not in self.vocab else c for c, t in zip(text, converted))
-
-
 class Session:
     """A conversation: its messages, and the model that answers them."""
 
     def __init__(self, model, tokenizer, cfg, device):
         self.model, self.tokenizer, self.cfg, self.device = model, tokenizer, cfg, device
-        self.convert = Converter(tokenizer)
         self.generator = torch.Generator(device=device).manual_seed(cfg.seed)
         self.reset()
 
     def reset(self):
-        self.messages = [{"role": "system", "content": self.cfg.system}] if self.cfg.system else []
+        self.messages = [{"role": "system", "content": self.fit(self.cfg.system, "--system")}] if self.cfg.system else []
+
+    def fit(self, text, what):
+        """text in the vocabulary's characters, with a note of what was converted or left out."""
+        fitted = self.tokenizer.fit(text)
+        if fitted.note():
+            print(fitted.note(what), file=sys.stderr)
+        return fitted.text
 
     def prompt_ids(self):
         """The conversation so far and <|assistant|>; the oldest turns (never the system message) are left
@@ -103,15 +83,15 @@ class Session:
 
     def answer(self, text, out=sys.stdout):
         """Stream the answer to text; returns it. Ctrl-C stops the answer, keeping what was written."""
-        self.messages.append({"role": "user", "content": self.convert(text)})
+        self.messages.append({"role": "user", "content": self.fit(text, "your message")})
         ids = self.prompt_ids()
         x = torch.tensor([ids], dtype=torch.long, device=self.device)
         reply = Continuation(self.tokenizer, stop_ids=self.tokenizer.answer_stops)
         cfg = self.cfg
         try:
             with autocast(self.device, resolve_dtype(cfg.dtype, self.device)):
-                for tok in stream(self.model, x, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p,
-                                  [self.generator]):
+                for tok in stream(self.model, x, cfg.max_new_tokens, generator=[self.generator],
+                                  **cfg.settings()):
                     out.write(reply.add(tok.item()))
                     out.flush()
                     if reply.done:
@@ -139,11 +119,7 @@ def repl(session):
             print("(a new conversation)", file=sys.stderr)
             continue
         if text.strip():
-            try:
-                session.answer(text)
-            except UserError as e:  # a character the model cannot write: this message only
-                session.messages.pop()
-                print(f"error: {e}", file=sys.stderr)
+            session.answer(text)
 
 
 def main(argv):

@@ -24,22 +24,18 @@ from nanogpt.program import run_main
 from nanogpt.errors import UserError
 from nanogpt.device import autocast, resolve_device, resolve_dtype
 from nanogpt.memory import check_fits, kv_cache_bytes
-from nanogpt.generate import Continuation, check_sampling, check_stops, continue_rows, sample_seed, stream
+from nanogpt.generate import Continuation, Sampling, check_sampling, check_stops, continue_rows, sample_seed, stream
 from nanogpt.source import Source, load_model
 
 SEPARATOR = "---------------"
 
 
 @dataclass
-class SampleConfig(Source):
+class SampleConfig(Source, Sampling):
     start: str = "\n"  # the prompt, or FILE:path to read it from a file
     num_samples: int = 10
     max_new_tokens: int = 500
-    temperature: float = 0.8  # 1.0 as trained, < 1 more conservative, 0 greedy
-    top_k: int | None = 200  # keep the k most likely tokens (ties kept); None keeps all
-    top_p: float | None = None  # keep the smallest set of tokens whose probability reaches p
     stop: list[str | int] = field(default_factory=list)  # strings (escapes such as \n work) or token ids that end a sample
-    seed: int = 1337
     device: str = "auto"
     dtype: str = "auto"
     compile: bool = False  # torch.compile the model: for long generations on CUDA; on CPU the decode steps skip it
@@ -47,12 +43,11 @@ class SampleConfig(Source):
     use_cache: bool = True  # KV cache: one position per step instead of the whole context
 
     def __post_init__(self):
-        super().__post_init__()
+        Source.__post_init__(self)
+        Sampling.__post_init__(self)
         check_sampling(self.max_new_tokens, self.temperature, self.top_k, self.top_p)
         if self.num_samples < 1:
             raise ValueError(f"num_samples must be at least 1, got {self.num_samples}")
-        if not 0 <= self.seed < 1 << 64:
-            raise ValueError(f"seed must be in [0, 2^64), got {self.seed}")
         self.stop = [unescape(s) if isinstance(s, str) else s for s in self.stop]
         if any(s == "" for s in self.stop):
             raise ValueError("--stop has an empty string, which would end every sample before it starts; "
@@ -93,7 +88,10 @@ def main(argv):
                   "context shifts, and the steps of configs it does not cover, which compiled lose the packed "
                   "weights; float32 decode steps run fused either way (docs/generation.md)", file=sys.stderr)
         model.compile(dynamic=True)  # in place: generate's own calls go through the compiled forward
-    prompt = read_prompt(cfg.start)
+    fitted = tokenizer.fit(read_prompt(cfg.start))  # text outside the vocabulary: docs/generation.md
+    if fitted.note():
+        print(fitted.note("the prompt"), file=sys.stderr)
+    prompt = fitted.text
     ids = tokenizer.encode(prompt) or ([tokenizer.eot] if tokenizer.eot is not None else [])
     if not ids:
         raise UserError("the prompt is empty; give some text with --start (e.g. --start='ROMEO:')")
@@ -115,8 +113,7 @@ def main(argv):
     generators = [torch.Generator(device=device).manual_seed(sample_seed(cfg.seed, i)) for i in range(num_samples)]
     ctx = autocast(device, dtype)
     x = torch.tensor(ids, dtype=torch.long, device=device)[None]
-    args = dict(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-                use_cache=cfg.use_cache)
+    args = dict(max_new_tokens=cfg.max_new_tokens, use_cache=cfg.use_cache, **cfg.settings())
     with ctx:
         if cfg.stream:
             for generator in generators:

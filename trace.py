@@ -30,22 +30,18 @@ from configurator import parse_args, report_overrides
 from nanogpt.program import run_main
 from nanogpt.errors import UserError
 from nanogpt.device import resolve_device
-from nanogpt.generate import check_sampling, generate
+from nanogpt.generate import Sampling, generate
 from nanogpt.source import Source, load_model
 from nanogpt.tracing import Recorder
 
 
 @dataclass
-class TraceConfig(Source):
+class TraceConfig(Source, Sampling):
     start: str = "Cats sit on"  # the prompt to follow through the model
     layer: int | None = None  # the layer to trace; None: every layer
     head: int | None = None  # the head to show; None: every head
     steps: int = 2  # generation steps to trace
     top: int = 5  # candidates shown per step, and next-token logits shown
-    temperature: float = 0.8  # as in sample.py: 0 is greedy
-    top_k: int | None = 200
-    top_p: float | None = None
-    seed: int = 1337
     channels: int = 8  # columns printed per matrix on the console (JSON and HTML hold all)
     precision: int = 4
     device: str = "cpu"
@@ -53,15 +49,13 @@ class TraceConfig(Source):
     html: str | None = None  # also write a page with attention heatmaps here (a bare name goes into out_dir)
 
     def __post_init__(self):
-        super().__post_init__()
-        check_sampling(0, self.temperature, self.top_k, self.top_p)
+        Source.__post_init__(self)
+        Sampling.__post_init__(self)
         for name, low in (("steps", 0), ("top", 1), ("channels", 1)):
             if getattr(self, name) < low:
                 raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)}")
         if not 0 <= self.precision <= 17:  # digits beyond what a float64 holds show nothing
             raise ValueError(f"precision must be in [0, 17] (digits after the point), got {self.precision}")
-        if not 0 <= self.seed < 1 << 64:
-            raise ValueError(f"seed must be in [0, 2^64), got {self.seed}")
 
 
 def tensor_data(t):
@@ -89,8 +83,7 @@ def trace_generation(model, idx, cfg, decode):
     """Generate cfg.steps tokens as sample.py would; the sampler reports each step (generate.stream's on_step)."""
     steps = []
     generator = torch.Generator(device=idx.device).manual_seed(cfg.seed)
-    out = generate(model, idx, cfg.steps, cfg.temperature, cfg.top_k, top_p=cfg.top_p, generator=generator,
-                   on_step=steps.append)
+    out = generate(model, idx, cfg.steps, generator=generator, on_step=steps.append, **cfg.settings())
     history = idx[0].tolist()
     report = []
     for i, step in enumerate(steps):
@@ -115,7 +108,10 @@ def heads_view(t, n_head):
 
 def build_trace(model, tokenizer, cfg, device):
     c = model.config
-    ids = tokenizer.encode(cfg.start)
+    fitted = tokenizer.fit(cfg.start)  # text outside the vocabulary, as sample.py: docs/generation.md
+    if fitted.note():
+        print(fitted.note("the prompt"), file=sys.stderr)
+    ids = tokenizer.encode(fitted.text)
     if not ids:
         raise UserError("the prompt is empty; give some text with --start")
     if len(ids) > c.block_size:
@@ -127,7 +123,7 @@ def build_trace(model, tokenizer, cfg, device):
     decode = tokenizer.decode
     layers = range(c.n_layer) if cfg.layer is None else [cfg.layer]
     heads = list(range(c.n_head)) if cfg.head is None else [cfg.head]
-    result = {"prompt": cfg.start, "tokens": [decode([i]) for i in ids], "ids": ids,
+    result = {"prompt": fitted.text, "tokens": [decode([i]) for i in ids], "ids": ids,
               "model": asdict(c), "heads": heads, "layers": []}
     logits = None
     for layer in layers:

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from nanogpt.cpu.fused_step import FusedStep
-from nanogpt.generate import packed_weights, sample_next, window_start
+from nanogpt.generate import Penalties, packed_weights, sample_next, window_start
 
 
 class SlotCache:
@@ -98,12 +98,16 @@ class Sequence:
     and the top `logprobs` (id, log-probability) pairs) and returns True when a stop ends the
     sequence; sink.end(reason, error) is called once: reason "stop", "length", "cancelled", or
     "error" with the error's message. Both are called on the engine's thread; cancel() from any.
+    presence_penalty, frequency_penalty, logit_bias: generate.Penalties, over the tokens it generates.
     """
 
-    def __init__(self, ids, max_tokens, sink, temperature=1.0, top_k=None, top_p=None, generator=None, logprobs=None):
+    def __init__(self, ids, max_tokens, sink, temperature=1.0, top_k=None, top_p=None, generator=None, logprobs=None,
+                 presence_penalty=0.0, frequency_penalty=0.0, logit_bias=None):
         self.max_tokens, self.sink = max_tokens, sink
         self.temperature, self.top_k, self.top_p, self.generator = temperature, top_k, top_p, generator
         self.logprobs = logprobs
+        self.penalty_settings = (presence_penalty, frequency_penalty, logit_bias)
+        self.penalties = None  # the Penalties of its one row, built when it is admitted (on the engine's device)
         self.cancelled = False  # set by other threads: a bool's write is atomic
         self.slot, self.last, self.generated = None, None, 0
         # the tokens so far (prompt and generated): a context shift recomputes the cache from their last half
@@ -220,7 +224,13 @@ class Engine:
                 self.tasks.append(seq)
                 continue
             self.active[seq.slot] = seq
-            self.guarded(self.prefill, [seq])
+            self.guarded(self.start, [seq])
+
+    def start(self, seqs):
+        """A sequence's first prefill, its Penalties built first (they count from its first token on)."""
+        (seq,) = seqs
+        seq.penalties = Penalties.build(1, self.model.config.vocab_size, self.device, *seq.penalty_settings)
+        self.prefill(seqs)
 
     def work(self, tasks):
         """One forward of the first task, which then goes to the back of the line (or leaves, when done)."""
@@ -285,7 +295,10 @@ class Engine:
         logp = F.log_softmax(logits.float(), dim=-1) if top is not None else None
         best = torch.topk(logp, min(top, logp.size(-1)), dim=-1) if top is not None else None
         for i, seq in enumerate(seqs):
-            token = sample_next(logits[i:i + 1], seq.temperature, seq.top_k, seq.top_p, [seq.generator]).item()
+            token = sample_next(logits[i:i + 1], seq.temperature, seq.top_k, seq.top_p, [seq.generator],
+                                penalties=seq.penalties).item()
+            if seq.penalties is not None:
+                seq.penalties.add(token)
             seq.last, seq.generated = token, seq.generated + 1
             seq.history.append(token)
             info = None

@@ -2,12 +2,14 @@
 
 The model exposes what a cached step needs, forward(idx, kv_cache=cache);
 everything else about producing text lives here: the cache and its
-context-shift rule, packed CPU weights for decoding, the sampling filters
-(temperature, top-k, top-p), stop sequences, and the serial loop that feeds
-each chosen token back in.
+context-shift rule, packed CPU weights for decoding, the sampling settings
+every program shares (Sampling) and the sampler (OpenAI's penalties and logit
+bias, temperature, top-k, top-p), stop sequences, and the serial loop that
+feeds each chosen token back in.
 """
 import math
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
@@ -89,7 +91,46 @@ def packed_weights(model, rows):
 
 # --- sampling -----------------------------------------------------------------------------------------
 
-def check_sampling(max_new_tokens, temperature, top_k, top_p):
+PENALTY_LIMIT = 2.0  # presence_penalty and frequency_penalty lie in [-2, 2], as OpenAI's
+BIAS_LIMIT = 100.0  # a logit_bias lies in [-100, 100], as OpenAI's: -100 bans a token, 100 all but forces it
+
+
+@dataclass
+class Sampling:
+    """The sampling keys of every program that generates (sample.py, chat.py, trace.py; serve.py's requests
+    take the same names): how each next token is chosen, and the seed of its draws. A program's config
+    extends it, so each is a --key of its own."""
+
+    # sampling
+    temperature: float = 0.8  # 1.0 as trained, < 1 more conservative, 0 greedy
+    top_k: int | None = None  # keep the k most likely tokens (ties kept); None keeps all, as OpenAI's API
+    top_p: float | None = None  # keep the smallest set of tokens whose probability reaches p
+    presence_penalty: float = 0.0  # in [-2, 2]: subtracted from the logit of every token the text already has
+    frequency_penalty: float = 0.0  # in [-2, 2]: subtracted once per time the text already has a token
+    logit_bias: dict[int, float] = field(default_factory=dict)  # {token id: bias in [-100, 100]} added to logits
+    seed: int = 1337  # the same seed, the same text
+
+    def __post_init__(self):
+        check_sampling(0, self.temperature, self.top_k, self.top_p, self.presence_penalty, self.frequency_penalty,
+                       self.logit_bias)
+        check_seed(self.seed)
+
+    def settings(self):
+        """The keyword arguments of stream() and generate() these settings give (all but the seed)."""
+        return dict(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
+                    presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+                    logit_bias=self.logit_bias)
+
+
+def check_seed(seed):
+    """A seed of every program (sample, chat, trace, train, a request) lies in [0, 2^64): torch's generators' range."""
+    if not 0 <= seed < 1 << 64:
+        raise ValueError(f"seed must be in [0, 2^64), got {seed}")
+
+
+def check_sampling(max_new_tokens, temperature, top_k, top_p, presence_penalty=0.0, frequency_penalty=0.0,
+                   logit_bias=None):
+    """Each message begins with the setting's name (serve.py names it as the error's param)."""
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     if not (temperature >= 0 and math.isfinite(temperature)):  # not: NaN fails every comparison
@@ -98,6 +139,14 @@ def check_sampling(max_new_tokens, temperature, top_k, top_p):
         raise ValueError(f"top_k must be >= 1 (or None for no limit), got {top_k}")
     if top_p is not None and not 0 < top_p <= 1:  # also refuses NaN
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    for name, value in (("presence_penalty", presence_penalty), ("frequency_penalty", frequency_penalty)):
+        if not -PENALTY_LIMIT <= value <= PENALTY_LIMIT:
+            raise ValueError(f"{name} must be in [-2, 2] (as OpenAI's), got {value}")
+    for token, bias in (logit_bias or {}).items():
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+            raise ValueError(f"logit_bias has key {token!r}; its keys are token ids (whole numbers >= 0)")
+        if not -BIAS_LIMIT <= bias <= BIAS_LIMIT:
+            raise ValueError(f"logit_bias of token {token} is {bias}; a bias must be in [-100, 100] (as OpenAI's)")
 
 
 def sample_seed(seed, i):
@@ -105,14 +154,57 @@ def sample_seed(seed, i):
     return (seed + i * 0x9E3779B97F4A7C15) % (1 << 64)
 
 
-def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None, report=None):
+class Penalties:
+    """OpenAI's presence and frequency penalties and logit bias, for `rows` texts over a vocabulary of V:
+
+        logits[j] - c[j] * frequency_penalty - (c[j] > 0) * presence_penalty + logit_bias[j]
+
+    on the model's raw logits, before temperature, top-k and top-p; c[j] counts the times token j was
+    generated in the row so far (the completion's tokens, not the prompt's, as OpenAI's). add(tokens)
+    counts each step's tokens (rows,). build() returns None where every setting is off.
+    """
+
+    def __init__(self, rows, vocab_size, device, presence_penalty=0.0, frequency_penalty=0.0, logit_bias=None):
+        self.presence, self.frequency = presence_penalty, frequency_penalty
+        self.counts = torch.zeros(rows, vocab_size, device=device) if presence_penalty or frequency_penalty else None
+        self.bias = None
+        if logit_bias:
+            outside = [t for t in logit_bias if t >= vocab_size]
+            if outside:
+                raise ValueError(f"logit_bias has token id {outside[0]}, outside the vocabulary [0, {vocab_size})")
+            self.bias = torch.zeros(vocab_size, device=device)
+            self.bias[list(logit_bias)] = torch.tensor([float(b) for b in logit_bias.values()], device=device)
+
+    @classmethod
+    def build(cls, rows, vocab_size, device, presence_penalty=0.0, frequency_penalty=0.0, logit_bias=None):
+        if not (presence_penalty or frequency_penalty or logit_bias):
+            return None
+        return cls(rows, vocab_size, device, presence_penalty, frequency_penalty, logit_bias)
+
+    def __call__(self, logits):
+        """The penalized logits (rows, V), in float32."""
+        logits = logits.float()
+        if self.counts is not None:
+            logits = logits - self.counts * self.frequency - (self.counts > 0).float() * self.presence
+        if self.bias is not None:
+            logits = logits + self.bias
+        return logits
+
+    def add(self, tokens):
+        if self.counts is not None:
+            self.counts[torch.arange(self.counts.size(0), device=self.counts.device), tokens] += 1
+
+
+def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None, report=None, penalties=None):
     """One token per row of logits (B, V). Temperature 0 is greedy (argmax).
 
-    Otherwise one uniform draw u per row from the generator (or the row's own,
-    given a list of B generators) picks the token whose cumulative probability
-    first passes u (inverse-CDF sampling). report, a dict, receives the
+    penalties (a Penalties, or None) adjusts the logits first. Otherwise one uniform draw u per row
+    from the generator (or the row's own, given a list of B generators) picks the token whose
+    cumulative probability first passes u (inverse-CDF sampling). report, a dict, receives the
     probabilities (B, V) and the draws (B, 1).
     """
+    if penalties is not None:
+        logits = penalties(logits)
     if temperature == 0:
         token = logits.argmax(dim=-1)
         if report is not None:
@@ -270,7 +362,7 @@ class Continuation:
 
 @torch.inference_mode()  # entered per step, not while the caller holds a token
 def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, generator=None, use_cache=True,
-           on_step=None):
+           on_step=None, presence_penalty=0.0, frequency_penalty=0.0, logit_bias=None):
     """Yield the next token of every sample, (B,), one step at a time. Serial by nature.
 
     With the cache: one prefill of the prompt, then one position per step.
@@ -282,11 +374,14 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, 
     held while the generator runs, up to PACKED_COPY_LIMIT bytes, and each decode step
     is fused_step.FusedStep where it applies (no hooks, a config it knows).
     on_step(report): called each step with the step's logits, probs, draws and tokens.
-    The yielded tensors are inference tensors: call .tolist() or .clone().
+    presence_penalty, frequency_penalty and logit_bias: Penalties, counting the tokens of each row
+    generated here (not idx's). The yielded tensors are inference tensors: call .tolist() or .clone().
     """
-    check_sampling(max_new_tokens, temperature, top_k, top_p)
+    check_sampling(max_new_tokens, temperature, top_k, top_p, presence_penalty, frequency_penalty, logit_bias)
     block = model.config.block_size
     B, T = idx.shape
+    penalties = Penalties.build(B, model.config.vocab_size, idx.device, presence_penalty, frequency_penalty,
+                                logit_bias)
     was_training = model.training
     model.eval()
     try:
@@ -310,7 +405,9 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, 
                 else:
                     logits, _ = model(window[:, -1:], kv_cache=cache)
                 report = {} if on_step is not None else None
-                tok = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator, report)  # (B,)
+                tok = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator, report, penalties)  # (B,)
+                if penalties is not None:
+                    penalties.add(tok)
                 if on_step is not None:
                     on_step({"logits": logits[:, -1, :], "temperature": temperature, "tokens": tok, **report})
                 window = torch.roll(window, -1, dims=1)
@@ -335,15 +432,16 @@ def continue_rows(rows, steps):
 
 @torch.no_grad()
 def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, stop=None, generator=None,
-             use_cache=True, on_step=None):
+             use_cache=True, on_step=None, presence_penalty=0.0, frequency_penalty=0.0, logit_bias=None):
     """Continue idx (B, T) by max_new_tokens; returns (B, T + n).
 
     stop: token-id sequences; a sample ends at its first match, which is
     not included, and its row is padded with -1 after its end. n is the
     number of steps taken: it is smaller than max_new_tokens when every
-    sample stopped early.
+    sample stopped early. presence_penalty, frequency_penalty, logit_bias: as stream's.
     """
-    args = (model, idx, max_new_tokens, temperature, top_k, top_p, generator, use_cache, on_step)
+    args = (model, idx, max_new_tokens, temperature, top_k, top_p, generator, use_cache, on_step, presence_penalty,
+            frequency_penalty, logit_bias)
     stops = [list(s) for s in (stop or []) if len(s)]
     if not stops:  # no host sync per step: the tokens stay on the device until the end
         return torch.cat([idx] + [t[:, None] for t in stream(*args)], dim=1)

@@ -15,6 +15,9 @@ import json
 import os
 import pickle
 import stat
+import unicodedata
+from dataclasses import dataclass, field
+from functools import cache, cached_property
 
 from nanogpt.errors import UserError
 
@@ -38,11 +41,89 @@ class CharTokenizer:
                             f"use only characters of the training data")
         return [self.stoi[c] for c in text]
 
+    def fit(self, text):
+        """text written in this vocabulary's characters, as a Fitted. Where the vocabulary writes Chinese in
+        one script (script), a character is first written as that script writes it, where the vocabulary has
+        that form (OpenCC, in the text's context: the simplified 头 as the Tang poems' 頭). A character still
+        outside becomes the first of its variants whose characters are inside (its Unicode compatibility form:
+        a full-width ！ as !; its letters without their accents: é as e), else it is left out. A text of which
+        nothing is left becomes a line break where the vocabulary has one (sample.py's start)."""
+        script = self.script
+        if set(text) <= self.stoi.keys() and script is None:
+            return Fitted(text)
+        written = chinese_variants(text, script) if script is not None else text
+        out, fitted = [], Fitted(text)
+        for c, w in zip(text, written):
+            forms = ([w] if w != c else []) + [c, unicodedata.normalize("NFKC", c), unaccented(c)]
+            form = next((f for f in forms if f and all(ch in self.stoi for ch in f)), None)
+            if form is None:
+                fitted.dropped.append(c)
+                continue
+            out.append(form)
+            if form != c:
+                fitted.converted.append((c, form))
+        fitted.text = "".join(out) or ("\n" if text and "\n" in self.stoi else "")
+        return fitted
+
+    @cached_property
+    def script(self):
+        """"s2t" where the vocabulary writes Chinese in traditional characters (more of its characters have a
+        simplified form than a traditional one), "t2s" where in simplified ones, None otherwise or without opencc:
+        OpenCC's conversion into the vocabulary's script."""
+        chars = "".join(self.chars)
+        s2t, t2s = opencc_converter("s2t"), opencc_converter("t2s")
+        traditional = sum(a != b for a, b in zip(chars, t2s.convert(chars))) if t2s else 0
+        simplified = sum(a != b for a, b in zip(chars, s2t.convert(chars))) if s2t else 0
+        return "s2t" if traditional > simplified else "t2s" if simplified > traditional else None
+
     def decode(self, ids):
         return "".join(self.chars[i] for i in ids)
 
     def decoder(self):
         return StreamDecoder(lambda i: self.chars[i].encode("utf-8"))
+
+
+@dataclass
+class Fitted:
+    """A text as a tokenizer writes it (tokenizer.fit): the characters converted to forms its vocabulary has,
+    as (character, form), and those left out, in the text's order. A byte-level BPE writes every text."""
+    text: str
+    converted: list = field(default_factory=list)
+    dropped: list = field(default_factory=list)
+
+    def note(self, what="the text"):
+        """One line for the console, or "" where nothing changed: which characters were converted or left out."""
+        parts = []
+        if self.converted:
+            shown = ", ".join(f"{c} as {f}" for c, f in dict(self.converted).items())
+            parts.append(f"{len(self.converted)} character(s) written in the vocabulary's form ({shown[:200]})")
+        if self.dropped:
+            shown = " ".join(repr(c) for c in dict.fromkeys(self.dropped))
+            parts.append(f"{len(self.dropped)} character(s) outside the vocabulary left out ({shown[:200]})")
+        return f"note: {what}: " + "; ".join(parts) if parts else ""
+
+
+@cache
+def opencc_converter(name):
+    """OpenCC's converter (s2t: simplified to traditional, t2s: back), or None where opencc is not installed."""
+    try:
+        import opencc
+    except ImportError:
+        return None
+    return opencc.OpenCC(name)
+
+
+def chinese_variants(text, name):
+    """text converted by OpenCC's `name`, aligned character for character with text (a phrase whose
+    conversion changes its length is converted character by character)."""
+    converter = opencc_converter(name)
+    converted = converter.convert(text)
+    return converted if len(converted) == len(text) else [converter.convert(c) for c in text]
+
+
+def unaccented(c):
+    """c's letters without their combining marks (é as e, ñ as n), as Unicode's compatibility decomposition."""
+    return "".join(ch for ch in unicodedata.normalize("NFKD", c) if not unicodedata.combining(ch))
 
 
 class TiktokenTokenizer:
@@ -57,6 +138,9 @@ class TiktokenTokenizer:
 
     def encode_ordinary(self, text):
         return self.enc.encode_ordinary(text)
+
+    def fit(self, text):
+        return Fitted(text)  # bytes: every text is inside the vocabulary
 
     def decode(self, ids):
         return self.enc.decode(ids)
@@ -343,6 +427,9 @@ class ChatTokenizer:
 
     def encode(self, text):
         return self.base.encode(text)
+
+    def fit(self, text):
+        return self.base.fit(text)
 
     def decode(self, ids):
         """Text of ids, role tokens written as their names."""

@@ -6,6 +6,7 @@ without importing the training script.
 from dataclasses import dataclass, fields, replace
 
 from nanogpt.checkpoint import finetune_source, is_pretrained
+from nanogpt.generate import check_seed
 from model import GPTConfig
 
 
@@ -97,8 +98,7 @@ class TrainConfig(GPTConfig):
         for name in ("beta1", "beta2", "muon_momentum"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
-        if not 0 <= self.seed < 1 << 64:
-            raise ValueError(f"seed must be in [0, 2^64), got {self.seed}")
+        check_seed(self.seed)
         if self.embedding_lr is not None and self.embedding_lr < 0:
             raise ValueError(f"embedding_lr must be >= 0 (or None), got {self.embedding_lr}")
         if self.eval_tasks_limit < 1:

@@ -64,10 +64,18 @@ def convert_one(value, t):
         if not isinstance(items, (list, tuple)):
             raise TypeError(value)
         return [convert_one(v, item) if typing.get_origin(item) is None else v for v in items]
+    if typing.get_origin(t) is dict:  # {198: -100}; a key of digits as text ("198", as JSON writes it) is an int
+        key, item = typing.get_args(t)
+        if not isinstance(value, dict):
+            raise TypeError(value)
+        return {convert_one(int(k) if key is int and isinstance(k, str) and k.strip().isdigit() else k, key):
+                convert_one(v, item) for k, v in value.items()}
     if t is typing.Any:
         return value
     raise TypeError(f"unsupported field type {t}")
 
 
 def type_name(hint):
+    if typing.get_origin(hint) is dict:  # the keys' and values' types say what it maps
+        return str(hint).replace("typing.", "")
     return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")

@@ -443,16 +443,6 @@ def test_chat_refuses_a_checkpoint_without_a_template(tmp_path, base):
     assert "has no chat template" in result.stderr and "sample.py" in result.stderr
 
 
-def test_simplified_input_becomes_the_vocabulary_traditional_characters():
-    pytest.importorskip("opencc")
-    from chat import Converter
-    tok = ChatTokenizer(CharTokenizer("藏頭詩：春江花月牀床"))
-    convert = Converter(tok)
-    assert convert("藏头诗：春江花月") == "藏頭詩：春江花月"
-    assert convert("床") == "牀"  # OpenCC's traditional form, where the vocabulary has it
-    assert Converter(ChatTokenizer(CharTokenizer("床")))("床") == "床"  # else the user's own, where it has that
-
-
 def test_the_playground_chats_in_chromium(chat_server):
     from test_serve import chromium_page
     _, service = chat_server

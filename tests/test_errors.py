@@ -56,7 +56,6 @@ CASES = {
     "truncated checkpoint": (["sample.py", "--out_dir={root}/truncated"], "is not a readable checkpoint"),
     "corrupted checkpoint": (["train.py", "--init_from=resume", "--out_dir={root}/garbage"], "is not a readable checkpoint"),
     "vocabulary mismatch": (["train.py", "--init_from=resume", "--out_dir={root}/out", "--dataset={root}/other"], "vocabulary of"),
-    "prompt outside the vocabulary": (["sample.py", "--out_dir={root}/out", "--start=Zebra@#"], "4 character(s) outside the vocabulary: '#' '@' 'Z' 'b'"),
     "negative max_new_tokens": (["sample.py", "--out_dir={root}/out", "--max_new_tokens=-5"], "max_new_tokens must be >= 0, got -5"),
     "top_k below 1": (["sample.py", "--out_dir={root}/out", "--top_k=0"], "top_k must be >= 1"),
     "top_p outside (0, 1]": (["sample.py", "--out_dir={root}/out", "--top_p=1.5"], "top_p must be in (0, 1], got 1.5"),
