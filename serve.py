@@ -59,8 +59,8 @@ from nanogpt.device import autocast, resolve_device, resolve_dtype
 from nanogpt.generate import sample_seed
 from nanogpt.memory import check_fits, kv_cache_bytes
 from nanogpt.openai_api import (CHAT, COMPLETION, BadRequest, Choice, chat_template, check_answer_size, check_names,
-                                collect, echo_logprobs, echoed_first, error_body, events, floor, is_ids, json_object,
-                                parse_chat, parse_completion, parse_messages, typed)
+                                collect, echo_logprobs, echoed_first, error_body, events, fitted_usage, floor, is_ids,
+                                json_object, parse_chat, parse_completion, parse_messages, typed)
 from nanogpt.source import Source, load_model
 from nanogpt.tokenizer import ChatTokenizer
 from nanogpt.tracing import Recorder
@@ -219,6 +219,12 @@ class Service:
             self.texts[token] = decoder.feed(token) + decoder.flush()
         return self.texts[token]
 
+    def fit(self, text, fits):
+        """text in the vocabulary's characters (tokenizer.CharTokenizer.fit: converted, or left out; never a 400);
+        its Fitted is appended to fits, which the response's usage counts (fitted_usage)."""
+        fits.append(self.tokenizer.fit(text))
+        return fits[-1].text
+
     def encode(self, prompt):
         """The prompt's token ids. The model reads the last block_size of them; past that, as text grows,
         the context shifts (engine.Engine.prefill). A chat model's role tokens written as their names
@@ -270,27 +276,33 @@ class Service:
 
     async def completions(self, request):
         req = parse_completion(await read_json(request), self.name)
-        prompt_ids = [self.prompt_ids(p) for p in req.prompts]
-        texts = [p if isinstance(p, str) else self.tokenizer.decode(ids) for p, ids in zip(req.prompts, prompt_ids)]
+        fits = []
+        prompts = [self.fit(p, fits) if isinstance(p, str) else p for p in req.prompts]  # echo shows what was read
+        prompt_ids = [self.prompt_ids(p) for p in prompts]
+        texts = [p if isinstance(p, str) else self.tokenizer.decode(ids) for p, ids in zip(prompts, prompt_ids)]
         head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                 "model": self.name}
         return await self.answer(request, req, prompt_ids, [len(t) for t in texts], head, (), COMPLETION,
-                                 texts if req.echo else None)
+                                 texts if req.echo else None, fits)
 
     async def chat_completions(self, request):
         if not isinstance(self.tokenizer, ChatTokenizer):
             raise BadRequest(f"{self.name} has no chat template (it was not fine-tuned on conversations: "
                              f"docs/chat.md); use /v1/completions", "model")
         req = parse_chat(await read_json(request), self.name, min(self.max_tokens, self.model.config.block_size))
-        ids = self.chat_ids(req.prompts[0])
+        fits = []
+        ids = self.chat_ids([{**m, "content": self.fit(m["content"], fits)} for m in req.prompts[0]])
         head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
                 "model": self.name}
-        return await self.answer(request, req, [ids], [0], head, self.tokenizer.answer_stops, CHAT)
+        return await self.answer(request, req, [ids], [0], head, self.tokenizer.answer_stops, CHAT, fits=fits)
 
-    async def answer(self, request, req, prompt_ids, prompt_chars, head, stop_ids, shape, echoes=None):
+    async def answer(self, request, req, prompt_ids, prompt_chars, head, stop_ids, shape, echoes=None, fits=()):
         """Decode each prompt n times in the engine's batch; the response, whole or streamed, in shape's format.
         echoes: None, or each prompt's text, the first piece of its choices; with logprobs, the engine scores
-        the prompts as a Task that waits in its queue and holds a slot as a sequence does."""
+        the prompts as a Task that waits in its queue and holds a slot as a sequence does. fits: the Fitted of each
+        text of the request, whose characters converted or left out the usage counts and the console notes."""
+        if req.logit_bias:
+            self.check_ids(list(req.logit_bias), "logit_bias")
         if req.max_tokens > self.max_tokens:
             raise BadRequest(f"max_tokens is {req.max_tokens}, beyond this server's limit of {self.max_tokens} (its "
                              f"--max_tokens); ask for fewer", "max_tokens")
@@ -313,12 +325,15 @@ class Service:
                               self.token_text, post, stop_ids, with_chosen=shape is COMPLETION)
                 generator = torch.Generator(device=self.device).manual_seed(sample_seed(req.seed, i))
                 works.append(Sequence(ids, req.max_tokens, sink, req.temperature, req.top_k, req.top_p, generator,
-                                      req.logprobs))
+                                      req.logprobs, **req.penalties()))
         try:
             self.engine.submit(works)
         except QueueFull as e:
             raise BadRequest(f"the server is busy: {e}", status=429, kind="server_busy") from None
-        usage = {"prompt_tokens": sum(map(len, prompt_ids)), "completion_tokens": 0, "total_tokens": 0}
+        usage = {"prompt_tokens": sum(map(len, prompt_ids)), "completion_tokens": 0, "total_tokens": 0,
+                 **fitted_usage(fits)}
+        for note in [f.note(f"{head['id']}: text {i}") for i, f in enumerate(fits) if f.note()]:
+            print(note, file=sys.stderr)
         pieces = arrivals(request, queue, works)
         if echoes is not None:
             pieces = echoed_first(pieces, echoes, req.n, req.max_tokens == 0,
@@ -438,7 +453,7 @@ class Service:
         layer = typed(body, "layer", int, None, "an integer")
         if layer is not None and not 0 <= layer < c.n_layer:
             raise BadRequest(f"layer must be in [0, {c.n_layer - 1}], got {layer}", "layer")
-        ids = self.encode(prompt)[-c.block_size:]  # what the model reads: the last block_size tokens
+        ids = self.encode(self.fit(prompt, []))[-c.block_size:]  # what the model reads: the last block_size tokens
         layers = list(range(c.n_layer)) if layer is None else [layer]
         if len(layers) * c.n_head * len(ids) ** 2 > ATTENTION_MAX_VALUES:
             raise BadRequest(f"{len(layers)} layers x {c.n_head} heads x {len(ids)}^2 tokens is more weights than one "

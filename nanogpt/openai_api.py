@@ -13,23 +13,26 @@ import math
 import secrets
 from dataclasses import dataclass
 
-from nanogpt.generate import MAX_STOPS, Continuation, check_sampling, check_stops
+from nanogpt.generate import MAX_STOPS, Continuation, Sampling, check_sampling, check_seed, check_stops
 from nanogpt.tokenizer import ROLES
 
 MAX_LOGPROBS = 20  # alternatives per token (OpenAI's limit is 5)
 # OpenAI's parameters this server takes only at the value that means "off"
-OFF = {"best_of": (1,), "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0),
-       "logit_bias": ({},), "suffix": ("",)}
-PARAMS = {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "n", "stream",
-          "stream_options", "logprobs", "echo", "user", *OFF}
+OFF = {"best_of": (1,), "suffix": ("",)}
+# the sampler's (generate.Sampling's keys, as sample.py and chat.py take them)
+SAMPLING = {"temperature", "top_p", "top_k", "presence_penalty", "frequency_penalty", "logit_bias", "seed"}
+# a request's defaults are Sampling's (as sample.py's), but for OpenAI's temperature 1 and a random seed
+DEFAULTS = Sampling()
+PARAMS = {"model", "prompt", "max_tokens", *SAMPLING, "stop", "n", "stream", "stream_options", "logprobs", "echo",
+          "user", *OFF}
 # lm-eval's perplexity requests begin with its prefix token, read as `bos_token_id or eos_token_id`: an id of 0
 # (a character model's newline) reads as none and is sent as null
 NULL_PREFIX = ("a token-id prompt begins with null: lm-eval sends that for a perplexity task when its prefix token "
                "(/tokenizer_info's bos_token, a character model's newline) has id 0, which it takes for none; add "
                "custom_prefix_token_id=0 to --model_args (docs/serving.md)")
-CHAT_OFF = {k: OFF[k] for k in ("frequency_penalty", "presence_penalty", "logit_bias")}
-CHAT_PARAMS = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "stop",
-               "seed", "n", "stream", "stream_options", "logprobs", "top_logprobs", "user", *CHAT_OFF}
+CHAT_OFF = {}
+CHAT_PARAMS = {"model", "messages", "max_tokens", "max_completion_tokens", *SAMPLING, "stop", "n", "stream",
+               "stream_options", "logprobs", "top_logprobs", "user", *CHAT_OFF}
 # OpenAI's chat parameters for what this server does not do, taken (besides null) only at the values that ask
 # nothing of it: name -> (those values, what a client is told otherwise)
 NEUTRAL = {
@@ -119,6 +122,14 @@ class CompletionRequest:
     include_usage: bool
     logprobs: int | None
     echo: bool = False  # the prompt comes first in the text (and its tokens in logprobs)
+    presence_penalty: float = DEFAULTS.presence_penalty
+    frequency_penalty: float = DEFAULTS.frequency_penalty
+    logit_bias: dict = None  # {token id: bias}; None: none
+
+    def penalties(self):
+        """The keyword arguments of engine.Sequence for the penalties and logit_bias."""
+        return dict(presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+                    logit_bias=self.logit_bias)
 
 
 def check_names(body, model_name, params, off):
@@ -181,8 +192,12 @@ def parse_completion(body, model_name):
 
 def sampling_settings(body):
     """The settings the completions and chat APIs share, as CompletionRequest's fields."""
-    return dict(temperature=number(body, "temperature", 1.0), top_k=typed(body, "top_k", int, None, "an integer"),
-                top_p=number(body, "top_p", None), seed=typed(body, "seed", int, None, "an integer"),
+    return dict(temperature=number(body, "temperature", 1.0), top_k=typed(body, "top_k", int, DEFAULTS.top_k,
+                                                                           "an integer"),
+                top_p=number(body, "top_p", DEFAULTS.top_p), seed=typed(body, "seed", int, None, "an integer"),
+                presence_penalty=number(body, "presence_penalty", DEFAULTS.presence_penalty),
+                frequency_penalty=number(body, "frequency_penalty", DEFAULTS.frequency_penalty),
+                logit_bias=parse_logit_bias(body),
                 n=typed(body, "n", int, 1, "an integer"), stream=typed(body, "stream", bool, False, "true or false"),
                 include_usage=stream_options(body))
 
@@ -195,6 +210,21 @@ def stream_options(body):
                          f"include_usage and include_obfuscation", "stream_options")
     typed(options, "include_obfuscation", bool, False, "true or false")
     return typed(options, "include_usage", bool, False, "true or false")
+
+
+def parse_logit_bias(body):
+    """OpenAI's logit_bias, {"token id": bias}, as {id: bias}; None where it is absent, null or empty."""
+    bias = typed(body, "logit_bias", dict, {}, "an object mapping token ids to biases")
+    out = {}
+    for key, value in bias.items():
+        if not (isinstance(key, str) and key.isascii() and key.isdigit()):
+            raise BadRequest(f"logit_bias has key {json.dumps(key)[:40]}; its keys are token ids (non-negative "
+                             f"integers, written as strings as JSON does)", "logit_bias")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise BadRequest(f"logit_bias of token {key} must be a number in [-100, 100], got "
+                             f"{json.dumps(value)[:40]}", "logit_bias")
+        out[int(key)] = float(value)
+    return out or None
 
 
 def is_ids(value):
@@ -259,7 +289,9 @@ def check_settings(req):
     if req.top_p == 1:
         req.top_p = None  # OpenAI's default: no nucleus
     try:
-        check_sampling(req.max_tokens, req.temperature, req.top_k, req.top_p)
+        check_sampling(req.max_tokens, req.temperature, req.top_k, req.top_p, **req.penalties())
+        if req.seed is not None:
+            check_seed(req.seed)
     except ValueError as e:
         raise BadRequest(str(e), str(e).split()[0]) from None
     if req.n < 1:
@@ -268,8 +300,6 @@ def check_settings(req):
         raise BadRequest(f"logprobs must be in [0, {MAX_LOGPROBS}], got {req.logprobs}", "logprobs")
     if req.seed is None:
         req.seed = secrets.randbits(64)
-    elif not 0 <= req.seed < 1 << 64:
-        raise BadRequest(f"seed must be in [0, 2^64), got {req.seed}", "seed")
 
 
 # --- one choice's text --------------------------------------------------------------------------------
@@ -501,6 +531,14 @@ async def collect(pieces, head, usage, n, shape=COMPLETION):
         shape.extend(choice, piece)
         choice["finish_reason"] = piece["finish_reason"]
     return {**head, "choices": choices, "usage": usage}
+
+
+def fitted_usage(fits):
+    """The usage's count of a request's characters outside the vocabulary (tokenizer.Fitted): those written in a
+    form the vocabulary has, and those left out; nothing where every character was inside it."""
+    usage = {"prompt_characters_converted": sum(len(f.converted) for f in fits),
+             "prompt_characters_dropped": sum(len(f.dropped) for f in fits)}
+    return usage if any(usage.values()) else {}
 
 
 def count(usage, piece):
