@@ -1,4 +1,5 @@
-"""Next-line tasks for lm-evaluation-harness, built from the val split of our datasets (never train).
+"""Next-line tasks for lm-evaluation-harness, and a Tang acrostic task for chat models, built from the val
+split of our datasets (never train).
 
     python tasks/prepare.py [--dataset tangshi|shakespeare_char|all] [--input PATH] [--max_items 1000]
     python eval.py --out_dir=out-tangshi --tasks=tangshi_next_line --include_path=tasks
@@ -9,6 +10,11 @@ from other poems or speeches of the split, so counting characters gives no hint 
 is 25%). Reads data/<dataset>/val.bin decoded with its meta.json, or with --input the raw
 text's last 10% (prepare.py's val split). Writes tasks/data/<task>.jsonl; the same seed
 writes the same file. The task YAMLs beside this script load those files (load below).
+
+tangshi_acrostic (generate_until, for a model fine-tuned to chat: lm_eval --model local-chat-completions
+--apply_chat_template against serve.py) asks "藏頭詩：XXXX" for the keys of the split's poems of a
+regular form (data/tangshi/poems.py, as data/tangshi/evaluate.py) and scores each answer by the
+acrostic rule (tasks/acrostic.py).
 """
 import argparse
 import json
@@ -28,6 +34,7 @@ from nanogpt.tokenizer import read_meta, tokenizer_from_meta  # noqa: E402
 
 DATA = os.path.join(HERE, "data")
 TASKS = {"tangshi": "tangshi_next_line", "shakespeare_char": "shakespeare_next_line"}
+ACROSTIC_TASK = "tangshi_acrostic"  # also built from the tangshi split
 VAL_FRACTION = 0.1  # data/prepare.py's default: the last 10% of the characters are val
 
 
@@ -80,6 +87,14 @@ def make_items(text, header_lines, seed, max_items):
     return items[:max_items]
 
 
+def acrostic_items(text, seed, max_items):
+    """Up to max_items requests {"request": "藏頭詩：XXXX", "key": "XXXX"}, keys from the text's poems."""
+    from data.tangshi.poems import ACROSTIC, acrostic_keys
+    keys = acrostic_keys(text)
+    keys = random.Random(seed).sample(keys, min(max_items, len(keys)))
+    return [{"request": ACROSTIC + key, "key": key} for key in keys]
+
+
 def write_jsonl(items, path):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = path + ".tmp"
@@ -112,10 +127,16 @@ def main(argv):
     if args.input and args.dataset == "all":
         raise UserError("--input is one dataset's text: name it with --dataset (tangshi or shakespeare_char)")
     for dataset in TASKS if args.dataset == "all" else [args.dataset]:
-        items = make_items(val_text(dataset, args.input), HEADER_LINES[dataset], args.seed, args.max_items)
+        text = val_text(dataset, args.input)
+        items = make_items(text, HEADER_LINES[dataset], args.seed, args.max_items)
         path = os.path.join(DATA, f"{TASKS[dataset]}.jsonl")
         write_jsonl(items, path)
         print(f"{TASKS[dataset]}: {len(items):,} items, 4 choices each -> {os.path.relpath(path)}")
+        if dataset == "tangshi":
+            items = acrostic_items(text, args.seed, args.max_items)
+            path = os.path.join(DATA, f"{ACROSTIC_TASK}.jsonl")
+            write_jsonl(items, path)
+            print(f"{ACROSTIC_TASK}: {len(items):,} acrostic requests -> {os.path.relpath(path)}")
 
 
 if __name__ == "__main__":

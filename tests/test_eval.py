@@ -275,3 +275,65 @@ def test_a_next_line_task_without_its_data_says_how_to_build_it(tmp_path, monkey
         tasks.prepare.load("tangshi_next_line", version=1.0)
     tasks.prepare.write_jsonl([{"context": "a\n", "choices": ["b", "c"], "label": 1}], str(tmp_path / "x.jsonl"))
     assert tasks.prepare.load("x", version=1.0)["test"][0] == {"context": "a\n", "choices": ["b", "c"], "label": 1}
+
+
+# --- tangshi_acrostic: a generate_until task for a chat model --------------------------------------------
+
+QUATRAIN = "春眠不覺曉，處處聞啼鳥。\n夜來風雨聲，花落知多少。"  # 孟浩然's 春曉, a 五言絕句
+
+
+def test_the_acrostic_metric_is_poems_pys_rule():
+    from tasks.acrostic import process_results
+    assert process_results({"key": "春處夜花"}, [QUATRAIN]) == {"hits": 1.0, "one_length": 1.0, "whole": 1.0}
+    assert process_results({"key": "春江花月"}, [QUATRAIN]) == {"hits": 0.25, "one_length": 1.0, "whole": 1.0}
+    assert process_results({"key": "春江花月"}, ["春風，江水長流。"]) == {"hits": 0.5, "one_length": 0.0, "whole": 0.0}
+
+
+def test_acrostic_requests_are_the_keys_of_the_val_splits_regular_poems(tmp_path):
+    from tasks.prepare import acrostic_items, val_text
+    raw = tmp_path / "input.txt"
+    train, val = "訓題\n作者\n" + QUATRAIN.replace("春", "秋") + "\n\n", "驗題\n作者\n" + QUATRAIN + "\n\n"
+    raw.write_text(train * 90 + val * 6 + "亂題\n作者\n春風，江水長流。\n\n" + val * 6, encoding="utf-8")  # 10%: 驗
+    items = acrostic_items(val_text("tangshi", str(raw)), seed=1, max_items=10)
+    assert items == [{"request": "藏頭詩：春處夜花", "key": "春處夜花"}]  # one key, once; the irregular poem none
+
+
+def test_lm_eval_local_chat_completions_scores_the_acrostic_task(tmp_path):
+    """lm_eval's local-chat-completions with apply_chat_template runs tangshi_acrostic against serve.py: each
+    answer is the model's greedy reply to "藏頭詩：XXXX", and each metric the mean of poems.py's scores of them."""
+    import shutil
+
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    import serve
+    from data.tangshi.poems import score_acrostic
+    from model import GPTConfig
+    from test_generate import sharp
+    from nanogpt.tokenizer import CharTokenizer, ChatTokenizer
+    from conftest import ROOT
+    tasks = tmp_path / "tasks"
+    (tasks / "data").mkdir(parents=True)
+    for name in ("tangshi_acrostic.yaml", "prepare.py", "acrostic.py"):
+        shutil.copy(f"{ROOT}/tasks/{name}", tasks / name)
+    keys = ["春處夜花", "江花月夜"]
+    (tasks / "data" / "tangshi_acrostic.jsonl").write_text(
+        "".join(json.dumps({"request": "藏頭詩：" + k, "key": k}, ensure_ascii=False) + "\n" for k in keys))
+    tok = ChatTokenizer(CharTokenizer(sorted(set(QUATRAIN + "藏頭詩：江月"))))
+    model = sharp(GPTConfig(block_size=64, vocab_size=tok.vocab_size, n_layer=2, n_head=4, n_embd=32)).float().eval()
+    service = serve.Service(model, tok, "tiny-tang", torch.device("cpu"), torch.float32, max_batch=2, max_queue=4)
+    with serve.running(service.app()) as url:
+        results = lm_eval.simple_evaluate(
+            model="local-chat-completions", model_args={"base_url": f"{url}/v1/chat/completions",
+                                                        "model": "tiny-tang"},
+            tasks=["tangshi_acrostic"], task_manager=TaskManager(include_path=str(tasks), include_defaults=False),
+            apply_chat_template=True, log_samples=True)
+    samples = sorted(results["samples"]["tangshi_acrostic"], key=lambda s: s["doc_id"])
+    for key, sample in zip(keys, samples):
+        ids = tok.render([{"role": "user", "content": "藏頭詩：" + key}])[0]
+        out = generate(model, torch.tensor([ids]), 80, temperature=0.0, stop=tok.answer_stops)[0, len(ids):]
+        assert sample["resps"] == [[tok.decode([t for t in out.tolist() if t >= 0]).split("\n\n")[0]]]
+    scores = [score_acrostic(k, s["resps"][0][0]) for k, s in zip(keys, samples)]
+    got = results["results"]["tangshi_acrostic"]
+    assert got["hits,none"] == pytest.approx(sum(s["hits"] / 4 for s in scores) / 2)
+    assert got["whole,none"] == sum(s["whole"] for s in scores) / 2

@@ -4,7 +4,7 @@
 
 Keys are the first characters of the 句 of held-out poems (the prepared dataset's val split, which
 data/tangshi/conversations.py never reads): four characters each, from poems of a regular form. Each model
-answers every key greedily (temperature 0) and sampled (sample.py's temperature 0.8 and top_k 200).
+answers every key greedily (temperature 0) and sampled (nanoGPT's temperature 0.8 and top_k 200).
 A chat model (one fine-tuned on a chat dataset) is asked through its template; a base model is given
 the same request as plain text and a line break, and its poem ends at the first blank line.
 Prints, per model and decoding: the share of 句 that begin with the requested character, the share of
@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 from nanogpt.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
 from nanogpt.program import run_main  # noqa: E402
 from nanogpt.errors import UserError  # noqa: E402
-from data.tangshi.poems import ACROSTIC, clauses, form, parse_poems, score_acrostic  # noqa: E402
+from data.tangshi.poems import ACROSTIC, acrostic_keys, score_acrostic  # noqa: E402
 from nanogpt.generate import generate  # noqa: E402
 from nanogpt.tokenizer import ChatTokenizer, read_meta, tokenizer_from_meta  # noqa: E402
 
@@ -42,8 +42,7 @@ def held_out_keys(dataset, n, seed):
     if meta is None or not os.path.exists(path):
         raise UserError(f"{path} not found; prepare the poems first: python data/tangshi/prepare.py")
     text = tokenizer_from_meta(meta).decode(np.fromfile(path, dtype=np.dtype(meta.get("dtype", "uint16"))).tolist())
-    keys = sorted({"".join(c[0] for c in clauses("\n".join(lines))[:4]) for _, _, lines in parse_poems(text)
-                   if form(lines)})
+    keys = acrostic_keys(text)
     if len(keys) < n:
         raise UserError(f"the val split has {len(keys)} poems of a regular form, fewer than --keys={n}")
     return random.Random(seed).sample(keys, n)

@@ -53,6 +53,13 @@ def chat(user, assistant):
     return {"messages": [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]}
 
 
+def acrostic_keys(text):
+    """The acrostic keys of a corpus text's poems of a regular form: the first characters of their first four
+    句, each key once, sorted."""
+    return sorted({"".join(c[0] for c in clauses("\n".join(lines))[:4]) for _, _, lines in parse_poems(text)
+                   if form(lines)})
+
+
 def score_acrostic(key, answer):
     """How an answer meets an acrostic: hits (句 that begin with their requested character, of len(key)),
     one_length (every 句 of one length, 5 or 7) and whole (as many 句 as characters requested)."""
