@@ -191,3 +191,25 @@ def test_chat_py_answers_simplified_chinese_and_english_to_a_tang_model(tmp_path
     err = capsys.readouterr().err
     assert "note: your message: 2 character(s) written in the vocabulary's form (头 as 頭, 诗 as 詩); 7 character(s) " \
            "outside the vocabulary left out (' ' 'p' 'l' 'e' 'a' 's')" in err
+
+
+def test_the_playgrounds_controls_start_at_samplings_defaults():
+    """The page sends its controls' values; empty ones are left out (the server's default, Sampling's)."""
+    import re
+
+    from conftest import ROOT
+    page = open(f"{ROOT}/nanogpt/playground.html", encoding="utf-8").read()
+    value = {name: (re.search(rf'<input id="{name}"[^>]*>', page).group(0)) for name in ("temperature", "top_k", "top_p")}
+    shared = Sampling()
+    assert f'value="{shared.temperature}"' in value["temperature"]
+    assert "value=" not in value["top_k"] and shared.top_k is None  # empty: every token
+    assert 'value="1"' in value["top_p"] and shared.top_p is None  # 1 is no nucleus (openai_api.check_settings)
+
+
+def test_help_lists_the_sampling_keys_and_a_typo_names_the_nearest(capsys):
+    from configurator import UserError, help_text
+    text = help_text(SampleConfig)
+    sampling = text.split("sampling:\n")[1]
+    assert "--presence_penalty=0.0" in sampling and "--logit_bias={}" in sampling and "--top_k=None" in sampling
+    with pytest.raises(UserError, match="unknown key 'presence_penalt' \\(did you mean 'presence_penalty'\\?\\)"):
+        parse_args(ChatConfig, ["--presence_penalt=1"])
