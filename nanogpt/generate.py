@@ -196,12 +196,11 @@ class Penalties:
 
 
 def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None, report=None, penalties=None):
-    """One token per row of logits (B, V). Temperature 0 is greedy (argmax).
+    """One token per row of logits (B, V), adjusted first by penalties (a Penalties, or None).
 
-    penalties (a Penalties, or None) adjusts the logits first. Otherwise one uniform draw u per row
-    from the generator (or the row's own, given a list of B generators) picks the token whose
-    cumulative probability first passes u (inverse-CDF sampling). report, a dict, receives the
-    probabilities (B, V) and the draws (B, 1).
+    Temperature 0 is greedy (argmax). Otherwise one uniform draw u per row from the generator (or the
+    row's own, given a list of B generators) picks the token whose cumulative probability first
+    passes u (inverse-CDF sampling). report, a dict, receives the probabilities (B, V) and the draws (B, 1).
     """
     if penalties is not None:
         logits = penalties(logits)
