@@ -219,10 +219,12 @@ class Service:
             self.texts[token] = decoder.feed(token) + decoder.flush()
         return self.texts[token]
 
-    def fit(self, text, fits):
+    def fit(self, text, fits, role_names=False):
         """text in the vocabulary's characters (tokenizer.CharTokenizer.fit: converted, or left out; never a 400);
-        its Fitted is appended to fits, which the response's usage counts (fitted_usage)."""
-        fits.append(self.tokenizer.fit(text))
+        its Fitted is appended to fits, which the response's usage counts (fitted_usage). role_names: a chat
+        model's role-token names stay as they are (a completions prompt: encode_text reads them)."""
+        chat = role_names and isinstance(self.tokenizer, ChatTokenizer)
+        fits.append(self.tokenizer.fit(text, role_names=True) if chat else self.tokenizer.fit(text))
         return fits[-1].text
 
     def encode(self, prompt):
@@ -277,7 +279,7 @@ class Service:
     async def completions(self, request):
         req = parse_completion(await read_json(request), self.name)
         fits = []
-        prompts = [self.fit(p, fits) if isinstance(p, str) else p for p in req.prompts]  # echo shows what was read
+        prompts = [self.fit(p, fits, role_names=True) if isinstance(p, str) else p for p in req.prompts]  # echo: read
         prompt_ids = [self.prompt_ids(p) for p in prompts]
         texts = [p if isinstance(p, str) else self.tokenizer.decode(ids) for p, ids in zip(prompts, prompt_ids)]
         head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),

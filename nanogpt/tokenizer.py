@@ -14,6 +14,7 @@ import io
 import json
 import os
 import pickle
+import re
 import stat
 import unicodedata
 from dataclasses import dataclass, field
@@ -41,13 +42,13 @@ class CharTokenizer:
                             f"use only characters of the training data")
         return [self.stoi[c] for c in text]
 
-    def fit(self, text):
+    def fit(self, text, start=True):
         """text written in this vocabulary's characters, as a Fitted. Where the vocabulary writes Chinese in
         one script (script), a character is first written as that script writes it, where the vocabulary has
         that form (OpenCC, in the text's context: the simplified 头 as the Tang poems' 頭). A character still
         outside becomes the first of its variants whose characters are inside (its Unicode compatibility form:
-        a full-width ！ as !; its letters without their accents: é as e), else it is left out. A text of which
-        nothing is left becomes a line break where the vocabulary has one (sample.py's start)."""
+        a full-width ！ as !; its letters without their accents: é as e), else it is left out. With start, a text
+        of which nothing is left becomes a line break where the vocabulary has one (sample.py's start)."""
         script = self.script
         if set(text) <= self.stoi.keys() and script is None:
             return Fitted(text)
@@ -62,7 +63,7 @@ class CharTokenizer:
             out.append(form)
             if form != c:
                 fitted.converted.append((c, form))
-        fitted.text = "".join(out) or ("\n" if text and "\n" in self.stoi else "")
+        fitted.text = "".join(out) or ("\n" if start and text and "\n" in self.stoi else "")
         return fitted
 
     @cached_property
@@ -139,7 +140,7 @@ class TiktokenTokenizer:
     def encode_ordinary(self, text):
         return self.enc.encode_ordinary(text)
 
-    def fit(self, text):
+    def fit(self, text, start=True):
         return Fitted(text)  # bytes: every text is inside the vocabulary
 
     def decode(self, ids):
@@ -428,8 +429,15 @@ class ChatTokenizer:
     def encode(self, text):
         return self.base.encode(text)
 
-    def fit(self, text):
-        return self.base.fit(text)
+    def fit(self, text, role_names=False):
+        """The base tokenizer's fit; role_names: the role tokens' names in text are kept as they are (for a
+        prompt that reads them as the role tokens, serve.py's completions), the text around them fitted."""
+        if not role_names:
+            return self.base.fit(text)
+        parts = [p for p in re.split("(" + "|".join(map(re.escape, self.ids)) + ")", text) if p]
+        fits = [Fitted(p) if p in self.ids else self.base.fit(p, start=False) for p in parts]
+        return Fitted("".join(f.text for f in fits), [c for f in fits for c in f.converted],
+                      [c for f in fits for c in f.dropped])
 
     def decode(self, ids):
         """Text of ids, role tokens written as their names."""

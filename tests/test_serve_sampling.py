@@ -109,3 +109,8 @@ def test_simplified_chinese_chats_with_a_tang_model(tmp_path):
                                            messages=[{"role": "user", "content": "藏头诗：春江花月"}])
         assert r.choices[0].finish_reason in ("stop", "length")
         assert (r.usage.prompt_characters_converted, r.usage.prompt_characters_dropped) == (2, 0)  # 头 诗
+        # the template's text as a completions prompt: its role-token names stay the role tokens
+        r2 = client.completions.create(model="out-sft", max_tokens=4, temperature=0,
+                                       prompt="<|user|>藏头诗：春江花月 ok<|end|><|assistant|>")
+        assert r2.usage.prompt_tokens == r.usage.prompt_tokens and r2.choices[0].text == r.choices[0].message.content
+        assert (r2.usage.prompt_characters_converted, r2.usage.prompt_characters_dropped) == (2, 3)
