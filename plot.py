@@ -3,6 +3,7 @@ below them the lm-eval tasks' scores where train.py scored them (eval_tasks).
 
     python plot.py out-shakespeare-char-cpu out-shakespeare-char-speedrun --png docs/speedrun.png
     python plot.py out-tangshi-char out-tangshi-bpe --bpb --png tangshi.png
+    python plot.py out-tangshi-rl --rewards --png docs/rl.png   # rl.py's rewards, each component, against iters
 
 Training time is wall time from process start with evaluation excluded, as
 train.py logs it. Needs matplotlib (pip install matplotlib).
@@ -104,6 +105,48 @@ def draw(runs, target=None, label="val loss", tasks=None, task_metric="acc"):
     return fig
 
 
+def read_rewards(out_dir):
+    """({component: [(iter, mean)]} of rl.py's training samples, {rate: [(iter, share)]} of its held-out
+    evaluations: the last run's."""
+    path = log_path(out_dir)
+    train, held_out = {}, {}
+    for r in last_run(path):
+        if r["kind"] == "rl":
+            for key, value in r.items():
+                if key not in ("kind", "iter", "loss", "tokens", "seconds", "kl"):
+                    train.setdefault(key, []).append((r["iter"], value))
+        elif r["kind"] == "rl_eval":
+            for key, value in r.items():
+                if key.endswith("_pass"):
+                    held_out.setdefault(key[:-len("_pass")], []).append((r["iter"], value))
+    if not train and not held_out:
+        raise UserError(f"{path} has no rl.py records; plot.py --rewards draws the log of an rl.py run")
+    return train, held_out
+
+
+def draw_rewards(runs):
+    """Left: each reward's mean over the training samples; right: the held-out keys' pass rates; against iters."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    for run, (train, held_out) in runs.items():
+        name = os.path.basename(os.path.normpath(run)) + ": " if len(runs) > 1 else ""
+        for key, points in train.items():
+            left.plot(*zip(*points), linewidth=1, label=name + key)
+        for key, points in held_out.items():
+            right.plot(*zip(*points), marker=".", label=name + key)
+    left.set_title("training samples: mean reward")
+    right.set_title("held-out keys: share that pass")
+    for ax in (left, right):
+        ax.set_xlabel("iterations")
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out_dirs", nargs="+")
@@ -113,7 +156,13 @@ def main(argv):
                         help="the lm-eval metric drawn below the loss where train.py scored tasks (eval_tasks)")
     parser.add_argument("--bpb", action="store_true",
                         help="plot val bits per byte, which compares across tokenizers, instead of val loss")
+    parser.add_argument("--rewards", action="store_true", help="draw rl.py's rewards (each component) against iters")
     args = parser.parse_args(argv)
+    if args.rewards:
+        runs = {d: read_rewards(d) for d in args.out_dirs}
+        draw_rewards(runs).savefig(args.png, dpi=110)
+        print(f"wrote {args.png}")
+        return
     metric = "val_bpb" if args.bpb else "val_loss"
     runs = {d: read_evals(d, metric) for d in args.out_dirs}
     try:

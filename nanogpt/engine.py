@@ -155,6 +155,7 @@ class Engine:
         self.lock = threading.Lock()
         self.stopping = False
         self.fused = None  # fused_step.FusedStep while run() holds packed weights
+        self.batch_job = False  # drain(): errors propagate
 
     def submit(self, seqs):
         with self.wake:
@@ -193,11 +194,29 @@ class Engine:
         for seq in list(self.active.values()) + list(self.tasks) + list(self.waiting):
             self.leave(seq, "cancelled", "the server is shutting down")
 
+    @torch.inference_mode()
+    def drain(self):
+        """Decode every submitted sequence to its end on the calling thread, then return: a batch job (rl.py's
+        samples), the same steps as run() takes for a server."""
+        self.batch_job = True  # an exception ends the job (guarded re-raises it), not one sequence
+        with packed_weights(self.model, self.max_batch) as packed, self.autocast:
+            self.fused = FusedStep.build(self.model, packed)
+            try:
+                while self.waiting or self.active:
+                    self.drop_cancelled()
+                    self.admit()
+                    if self.active:
+                        self.guarded(self.step, list(self.active.values()))
+            finally:
+                self.fused = None
+
     def guarded(self, fn, seqs, *args):
         """fn(seqs, *args); an exception ends those sequences with it (logged) and the engine goes on."""
         try:
             fn(seqs, *args)
         except Exception as e:
+            if self.batch_job:
+                raise
             traceback.print_exc()
             for seq in seqs:
                 if seq.slot is not None:

@@ -201,7 +201,7 @@ def test_bad_input_is_one_line_exit_2_and_touches_nothing(run, case):
 
 
 
-SCRIPTS = ["train.py", "sample.py", "serve.py", "trace.py", "export.py", "bench.py", "consolidate.py", "data/prepare.py",
+SCRIPTS = ["train.py", "rl.py", "sample.py", "serve.py", "trace.py", "export.py", "bench.py", "consolidate.py", "data/prepare.py",
            "data/shakespeare_char/prepare.py", "data/shakespeare/prepare.py", "data/tangshi/prepare.py",
            "data/openwebtext/prepare.py"]  # plot.py imports nothing slow before main
 SLOW_IMPORT = "import os, time\nopen(os.environ['IMPORTING'], 'w').close()\ntime.sleep(60)\n"

@@ -17,27 +17,13 @@ import os
 import random
 import sys
 
-import numpy as np
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 from nanogpt.program import run_main  # noqa: E402
-from nanogpt.errors import UserError  # noqa: E402
 from data.chat.prepare import prepare_chat  # noqa: E402
-from data.tangshi.poems import conversations, parse_poems  # noqa: E402
-from nanogpt.tokenizer import read_meta, tokenizer_from_meta  # noqa: E402
+from data.tangshi.poems import conversations, parse_poems, split_text  # noqa: E402
 
 BLOCK_SIZE = 128  # config/tangshi_sft.py's context: a 七言律詩 and its request fit
-
-
-def split_text(dataset, split):
-    """The text of a prepared dataset's split, decoded with its own tokenizer."""
-    path = os.path.join(dataset, f"{split}.bin")
-    meta = read_meta(dataset)
-    if meta is None or not os.path.exists(path):
-        raise UserError(f"{path} not found; prepare the poems first: python data/tangshi/prepare.py")
-    ids = np.fromfile(path, dtype=np.dtype(meta.get("dtype", "uint16")))
-    return tokenizer_from_meta(meta).decode(ids.tolist())
 
 
 def main(argv):

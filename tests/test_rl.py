@@ -1,0 +1,169 @@
+"""rl.py and nanogpt/policy_gradient.py on a tiny chat model: the estimator's pieces against independent values, the
+engine's samples against generate.py's, learning a reward in a few steps, exact resume, and bad input."""
+import json
+import math
+
+import pytest
+import torch
+
+from nanogpt.checkpoint import load_checkpoint, model_args
+from conftest import run_script
+from nanogpt.errors import UserError
+from nanogpt.generate import generate
+from model import GPT, GPTConfig
+from plot import draw_rewards, read_rewards
+from nanogpt.policy_gradient import advantages, answer_batch, pg_loss, sample_answers, token_log_probs
+from reference import next_token_log_probs
+from rl import RLConfig, rl
+from nanogpt.tokenizer import chat_meta, tokenizer_from_meta
+
+CHARS = list("ab.\n sy")
+META = chat_meta({"tokenizer": "char", "chars": CHARS, "vocab_size": len(CHARS)})
+# reward: the share of a's in the answer (a model learns it in a few steps)
+REWARD_FILE = ("from nanogpt.rewards import reward\n\n@reward('many_a')\ndef many_a(request, answer):\n"
+               "    return answer.count('a') / len(answer) if answer else 0.0\n")
+QUICK = dict(batch_size=4, samples=4, max_new_tokens=6, learning_rate=3e-3, eval_keys=0, reward="many_a",
+             eval_interval=100, log_interval=1)
+
+
+def quiet(*args, **kwargs):
+    pass
+
+
+def tiny_model(seed=0, block_size=32):
+    torch.manual_seed(seed)
+    config = GPTConfig(block_size=block_size, vocab_size=len(CHARS) + 4, n_layer=2, n_head=2, n_embd=32, dropout=0.0)
+    return GPT(config)
+
+
+@pytest.fixture
+def start(tmp_path):
+    """A tiny chat checkpoint (random weights, the role tokens), a prompts file and a reward file."""
+    model = tiny_model()
+    path = tmp_path / "sft"
+    path.mkdir()
+    torch.save({"model": model.state_dict(), "model_args": model_args(model.config), "iter_num": 0,
+                "config": {}, "tokenizer": META}, path / "ckpt.pt")
+    (tmp_path / "prompts.txt").write_text("say ab\nsay ba\nsay aa\nsay bb\nsay a\nsay b\n")
+    (tmp_path / "many_a.py").write_text(REWARD_FILE)
+    return tmp_path
+
+
+def cfg_for(tmp, **changes):
+    return RLConfig(**{**QUICK, "init_from": str(tmp / "sft"), "out_dir": str(tmp / "rl"),
+                       "prompts": f"FILE:{tmp / 'prompts.txt'}", "reward_file": str(tmp / "many_a.py"), **changes})
+
+
+def records(out_dir, kind="rl"):
+    return [json.loads(line) for line in (out_dir / "log.jsonl").read_text().splitlines()
+            if json.loads(line)["kind"] == kind]
+
+
+def test_the_engine_samples_what_generate_samples():
+    model = tiny_model().eval()
+    tok = tokenizer_from_meta(META)
+    prompts = [tok.render([{"role": "user", "content": t}])[0] for t in ("say ab", "say a")]  # two lengths
+    seeds = [11, 12, 13, 14]
+    gens = [torch.Generator().manual_seed(s) for s in seeds]
+    answers = sample_answers(model, prompts, 2, gens, 8, temperature=1.0, top_k=5)
+    for n, ans in enumerate(answers):  # one at a time through generate.py's stream: the same tokens
+        x = torch.tensor([prompts[n // 2]])
+        y = generate(model, x, len(ans), temperature=1.0, top_k=5, generator=[torch.Generator().manual_seed(seeds[n])])
+        assert y[0, x.size(1):].tolist() == ans
+
+
+def test_log_probs_are_the_models_at_the_sampled_tokens():
+    model = tiny_model().eval()
+    prompts, answers = [[1, 2, 3], [4, 5]], [[0, 1], [2], [3, 3, 3], [6]]
+    x, y = answer_batch(prompts, answers, 2)
+    assert y.tolist()[0] == [-1, -1, 0, 1] and y.tolist()[3] == [-1, 6, -1, -1]
+    with torch.no_grad():
+        logp = token_log_probs(model, x, y)
+    for n, a in enumerate(answers):
+        row = prompts[n // 2] + a
+        ref = next_token_log_probs(model, row[:-1])  # numpy log-softmax of the model's own forward
+        start = len(prompts[n // 2]) - 1
+        for i, t in enumerate(a):
+            assert logp[n, start + i].item() == pytest.approx(ref[start + i, t], abs=1e-5)
+    assert (logp[y < 0] == 0).all()
+
+
+def test_advantages_and_the_token_level_loss_by_hand():
+    r = torch.tensor([1.0, 0.0, 0.5, 0.5])
+    assert advantages(r, 2).tolist() == [0.5, -0.5, 0.0, 0.0]
+    z = advantages(torch.tensor([1.0, 0.0, 0.2, 0.4]), 2, "zscore")
+    assert z.tolist() == pytest.approx([1, -1, -1, 1], abs=1e-4)
+    logp = torch.tensor([[-1.0, -2.0, 0.0], [-3.0, 0.0, 0.0]])
+    y = torch.tensor([[5, 5, -1], [5, -1, -1]])
+    adv = torch.tensor([0.5, -1.0])
+    # -(0.5 * (-1 - 2) + (-1) * (-3)) / 3 sampled tokens
+    assert pg_loss(logp, y, adv).item() == pytest.approx(-(0.5 * -3 + 3) / 3)
+    ref = logp + 0.1  # KL's k3: exp(0.1) - 0.1 - 1 per token
+    assert pg_loss(logp, y, torch.zeros(2), ref, kl=2.0).item() == pytest.approx(2 * (math.exp(0.1) - 1.1), rel=1e-5)
+
+
+def test_a_few_steps_learn_the_reward(start):
+    summary = rl(cfg_for(start, max_iters=12, learning_rate=1e-2), log=quiet)
+    assert summary["iters"] == 12
+    rewards = [r["many_a"] for r in records(start / "rl")]
+    assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.15, rewards
+    train, held_out = read_rewards(str(start / "rl"))  # plot.py --rewards draws them
+    assert [v for _, v in train["many_a"]] == rewards and held_out == {}
+    draw_rewards({str(start / "rl"): (train, held_out)}).savefig(start / "rl.png")
+    assert (start / "rl.png").stat().st_size > 1000
+
+
+def test_resume_equals_the_uninterrupted_run(start):
+    rl(cfg_for(start, max_iters=4, out_dir=str(start / "whole")), log=quiet)
+    rl(cfg_for(start, max_iters=2, out_dir=str(start / "half")), log=quiet)
+    rl(cfg_for(start, max_iters=4, out_dir=str(start / "half"), init_from="resume"), log=quiet)
+    whole, half = load_checkpoint(str(start / "whole" / "ckpt.pt")), load_checkpoint(str(start / "half" / "ckpt.pt"))
+    assert whole["iter_num"] == half["iter_num"] == 4
+    for key, value in whole["model"].items():
+        assert torch.equal(value, half["model"][key]), key
+    assert [r["reward"] for r in records(start / "whole")][2:] == [r["reward"] for r in records(start / "half")][2:]
+
+
+def test_the_checkpoint_serves_as_a_chat_model(start):
+    rl(cfg_for(start, max_iters=1, eval_interval=1), log=quiet)
+    out = run_script(["chat.py", f"--out_dir={start / 'rl'}", "-p", "say ab", "--max_new_tokens=4"])
+    assert out.returncode == 0, out.stderr
+
+
+def test_a_checkpoint_without_a_chat_template_is_refused(start):
+    ckpt = torch.load(start / "sft" / "ckpt.pt")
+    ckpt["tokenizer"] = {"tokenizer": "char", "chars": CHARS + list("wxzq"), "vocab_size": len(CHARS) + 4}
+    torch.save(ckpt, start / "sft" / "ckpt.pt")
+    with pytest.raises(UserError, match="no chat template"):
+        rl(cfg_for(start), log=quiet)
+
+
+def test_prompts_longer_than_the_context_are_refused(start):
+    (start / "prompts.txt").write_text("say " + "ab" * 20 + "\n")
+    with pytest.raises(UserError, match=r"'say abab.*passes the model's context of 32"):
+        rl(cfg_for(start), log=quiet)
+
+
+def test_a_batch_that_does_not_fit_is_refused(start):
+    with pytest.raises(UserError, match="an RL step of 100000 prompts x 1000 samples needs about"):
+        rl(cfg_for(start, batch_size=100_000, samples=1000), log=quiet)
+
+
+def test_a_bad_reward_stops_the_run_with_nothing_saved_from_that_step(start):
+    # NaN from the 17th answer on: the second step's (4 prompts x 4 samples a step)
+    (start / "many_a.py").write_text(REWARD_FILE + "\ncalls = [0]\n\n@reward('nan_later')\n"
+                                     "def nan_later(request, answer):\n    calls[0] += 1\n"
+                                     "    return float('nan') if calls[0] > 16 else 0.5\n")
+    with pytest.raises(UserError, match=r"reward 'nan_later' returned nan, not a number in \[0, 1\], on the request 'say"):
+        rl(cfg_for(start, reward="many_a,nan_later", max_iters=5, eval_interval=1), log=quiet)
+    saved = load_checkpoint(str(start / "rl" / "ckpt.pt"))
+    assert saved["iter_num"] == 1 and len(records(start / "rl")) == 1  # the step that completed, not the failed one
+
+
+def test_bad_input_is_one_line(start):
+    out = run_script(["rl.py", f"--init_from={start / 'sft'}", f"--out_dir={start / 'rl'}", "--reward=acrostc",
+                      f"--prompts=FILE:{start / 'prompts.txt'}", "--eval_keys=0"])
+    assert out.returncode == 2 and out.stderr.strip() == (
+        "error: unknown reward 'acrostc' (did you mean 'acrostic'?); the rewards are acrostic, form, guard, rhyme, tone")
+    out = run_script(["rl.py", "--init_from=resume", f"--out_dir={start / 'nothing'}"])
+    assert out.returncode == 2 and "not found" in out.stderr and len(out.stderr.strip().splitlines()) == 1
