@@ -9,6 +9,7 @@ ckpt.pt's name with .dcp for .pt: each process's shards of the weights and
 optimizer state, written by torch.distributed.checkpoint (DCP), and meta.pt
 with the other fields. Readers take either; the one saved last wins.
 """
+import contextlib
 import functools
 import os
 import pickle
@@ -27,6 +28,7 @@ import torch
 
 from model import GPT, GPTConfig
 from nanogpt.errors import UserError
+from nanogpt.files import open_regular, open_to_write
 from nanogpt.program import describe_os_error
 from nanogpt.values import convert
 
@@ -177,14 +179,27 @@ def load_checkpoint(path, map_location="cpu", weights=True):
 def read_tensors(path, map_location="cpu"):
     """torch.load with weights_only: tensors and plain types, or a UserError; never code."""
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        with open_regular(path) as f, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's notes on what it reads (an old pickle protocol): never the user's
+            return torch.load(f, map_location=map_location, weights_only=True)
+    except UserError:
+        raise
     except Exception as e:
         if "GLOBAL" in str(e):  # the weights-only unpickler met a class or function to import
             raise UserError(f"refusing to load {path}: it holds objects other than tensors and plain data, "
                             f"which could run code; only load checkpoints you trust from a safe format") from None
-        raise UserError(f"{path} is not a readable checkpoint (truncated or corrupted?): "
-                        f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}; "
+        raise UserError(f"{path} is not a readable checkpoint (truncated or corrupted?): {load_error(e)}; "
                         f"restore it from a backup or train again") from None
+
+
+def load_error(e):
+    """Why torch.load failed, in one line: torch's reason without its advice to retry with weights_only=False,
+    which would run whatever code the file names."""
+    text = str(e)
+    if "WeightsUnpickler error:" in text:  # the reason follows torch's advice
+        text = text.split("WeightsUnpickler error:", 1)[1]
+    lines = [line.strip() for line in text.splitlines() if line.strip() and "weights_only" not in line]
+    return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
 
 
 def check_fields(ckpt, path):
@@ -399,7 +414,9 @@ def read_sharded(directory, weights=True):
 
 
 def sharded_shapes(directory):
-    """{name: (size, dtype)} of the model weights a DCP directory holds, from its metadata."""
+    """{name: (size, dtype)} of the model weights a DCP directory holds, from its metadata. A weight
+    declared as anything but a tensor (pickled bytes, which DCP would unpickle) is refused."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
     reader = dcp_reader(directory)
     try:
         metadata = reader.read_metadata()
@@ -408,8 +425,19 @@ def sharded_shapes(directory):
     except Exception as e:
         raise UserError(f"{directory}: its DCP metadata (.metadata) is missing or damaged ({type(e).__name__}); "
                         f"restore the directory from a backup or train again") from None
-    return {k[len("model."):]: (v.size, v.properties.dtype) for k, v in metadata.state_dict_metadata.items()
-            if k.startswith("model.") and hasattr(v, "size")}
+    shapes = {}
+    for key, entry in metadata.state_dict_metadata.items():
+        if key.startswith("model."):
+            if not isinstance(entry, TensorStorageMetadata):
+                raise not_a_tensor(directory, key, entry)
+            shapes[key[len("model."):]] = (entry.size, entry.properties.dtype)
+    return shapes
+
+
+def not_a_tensor(directory, key, entry):
+    return UserError(f"refusing to load {directory}: its .metadata declares {key} as a "
+                     f"{type(entry).__name__}, not a tensor, which DCP would unpickle (and so could run code); "
+                     f"restore the directory from a backup or train again")
 
 
 # what a DCP directory's .metadata (a pickle) may build: DCP's metadata classes, sizes, paths, and (by
@@ -437,16 +465,39 @@ class MetadataUnpickler(pickle.Unpickler):
 
 def dcp_reader(directory):
     """torch.distributed.checkpoint's reader of directory, reading .metadata with MetadataUnpickler (DCP's
-    own reader unpickles it with pickle, which runs any code the file names)."""
-    return safe_reader_class()(directory)
+    own reader unpickles it with pickle, which runs any code the file names) and only regular files
+    inside directory."""
+    return safe_dcp_classes()[0](directory)
 
 
 @functools.cache
-def safe_reader_class():
-    from torch.distributed.checkpoint import FileSystemReader
+def safe_dcp_classes():
+    """(reader, planner): DCP's FileSystemReader and DefaultLoadPlanner, made to run no code a directory names."""
+    from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
+    from torch.distributed.checkpoint._traverse import set_element
+    from torch.distributed.checkpoint.filesystem import FileSystem
     from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+    from torch.distributed.checkpoint.planner import LoadItemType
+
+    class RegularFiles(FileSystem):
+        """Reads only regular files directly inside the checkpoint's directory (never a FIFO, which would block
+        forever, nor a path .metadata names elsewhere)."""
+
+        def __init__(self, directory):
+            self.directory = os.path.realpath(directory)
+
+        @contextlib.contextmanager
+        def create_stream(self, path, mode):
+            if mode != "rb" or os.path.dirname(os.path.realpath(path)) != self.directory:
+                raise UserError(f"refusing to read {path}: it is not a file of the checkpoint {self.directory}")
+            with open_regular(path, mode) as f:
+                yield f
 
     class SafeReader(FileSystemReader):
+        def __init__(self, directory):
+            super().__init__(directory)
+            self.fs = RegularFiles(directory)
+
         def read_metadata(self, *args, **kwargs):
             path = self._get_metadata_path(kwargs.get("rank"))
             with self.fs.create_stream(path, "rb") as f:
@@ -462,18 +513,59 @@ def safe_reader_class():
                 metadata.storage_meta = StorageMeta()
             metadata.storage_meta.load_id = self.load_id
             return metadata
-    return SafeReader
+
+    class SafePlanner(DefaultLoadPlanner):
+        """Reads the items DCP stores as pickled bytes (the optimizer's param_groups: numbers, strings, tuples)
+        with torch's weights-only unpickler, where DCP's own planner runs full pickle; and none where the
+        state to fill holds a tensor: a .metadata declaring a weight as bytes is refused."""
+
+        def __init__(self, directory):
+            super().__init__()
+            self.directory = directory
+
+        def create_local_plan(self):
+            plan = super().create_local_plan()
+            for item in plan.items:
+                fqn = item.dest_index.fqn
+                if item.type == LoadItemType.BYTE_IO and isinstance(self.state_dict.get(fqn), torch.Tensor):
+                    raise not_a_tensor(self.directory, fqn, self.metadata.state_dict_metadata[fqn])
+            return plan
+
+        def load_bytes(self, read_item, value):
+            fqn = read_item.dest_index.fqn
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    obj = torch.load(value, weights_only=True)
+            except Exception as e:
+                raise UserError(f"refusing to load {fqn} from {self.directory}: it is not plain data ({load_error(e)}), "
+                                f"and a pickle of anything else could run code; only load checkpoints you trust") from None
+            if self.flatten_state_dict:
+                set_element(self.original_state_dict, self.mappings[fqn], obj)
+            else:
+                self.state_dict[fqn] = obj
+
+    return SafeReader, SafePlanner
 
 
 def dcp_load(state, directory):
-    """Fill state's tensors, in place, from directory's shards (any number of them, any sharding)."""
+    """Fill state's tensors, in place, from directory's shards (any number of them, any sharding). Each
+    process reads for itself (no_dist): nothing read from the files travels between processes."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
+    reader, planner = safe_dcp_classes()
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*single process")
-            dcp.load(state, checkpoint_id=directory, storage_reader=dcp_reader(directory))
+            dcp.load(state, checkpoint_id=directory, storage_reader=reader(directory), planner=planner(directory),
+                     no_dist=True)
+    except UserError:
+        raise
     except (Exception, CheckpointException) as e:
+        failures = getattr(e, "failures", {}).values()
+        refused = [f[0] for f in failures if isinstance(f, tuple) and isinstance(f[0], UserError)]
+        if refused:
+            raise refused[0] from None
         lines = [line for line in str(e).splitlines() if "Error" in line] or [type(e).__name__]
         raise UserError(f"{directory}: a shard is missing or damaged ({lines[-1].strip()}); restore the directory "
                         f"from a backup or train again") from None
@@ -545,9 +637,10 @@ class OutDirLock:
     def open_and_lock(self, fcntl):
         try:
             os.makedirs(self.out_dir, exist_ok=True)
-            file = open(self.path, "a+", encoding="utf-8")
+            file = open_to_write(self.path, "a+", encoding="utf-8")
         except OSError as e:
-            raise UserError(f"cannot write to out_dir {self.out_dir}: {e.strerror}; choose another --out_dir") from None
+            raise UserError(f"cannot write to out_dir {self.out_dir}: {e.strerror or e}; choose another "
+                            f"--out_dir") from None
         try:
             fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
