@@ -33,6 +33,7 @@ from nanogpt.checkpoint import model_args, save_checkpoint
 from configurator import parse_args
 from nanogpt.program import run_main
 from nanogpt.errors import UserError
+from nanogpt.files import open_to_write
 from nanogpt.device import autocast, resolve_device, resolve_dtype, should_compile, training_kernels
 from nanogpt.generate import generate, packed_weights, window_start
 from nanogpt.cpu.kernels import bfloat16_products_supported, onednn_available, pack, packed_product
@@ -347,7 +348,7 @@ def bench_serve(model, tokenizer, meta, cfg):
 def serving(out_dir, cfg, clients):
     """Within: python serve.py on out_dir's checkpoint, on a free port, as a process of its own; yields its URL."""
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve.py")
-    with open(os.path.join(out_dir, "serve.log"), "w+") as log:
+    with open_to_write(os.path.join(out_dir, "serve.log"), "w+") as log:
         server = subprocess.Popen([sys.executable, script, f"--out_dir={out_dir}", "--port=0", f"--device={cfg.device}",
                                    f"--dtype={cfg.dtype}", f"--max_batch={clients}", f"--max_queue={clients}"],
                                   stdout=subprocess.DEVNULL, stderr=log, text=True)

@@ -19,6 +19,7 @@ from configurator import parse_args, report_overrides
 
 from nanogpt.program import run_main
 from nanogpt.errors import UserError
+from nanogpt.files import write_text_atomically
 from nanogpt.device import resolve_device
 from nanogpt.source import Source
 
@@ -37,6 +38,8 @@ class EvalConfig(Source):
         super().__post_init__()
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {self.batch_size}")
+        if self.num_fewshot is not None and self.num_fewshot < 0:
+            raise ValueError(f"num_fewshot must be >= 0 (or None: each task's own), got {self.num_fewshot}")
         if self.limit is not None and self.limit <= 0:
             raise ValueError(f"limit must be positive (a count, or a fraction below 1), got {self.limit}")
 
@@ -80,6 +83,11 @@ def evaluate(lm, cfg, manager):
                                        task_manager=manager, log_samples=False)
     except UserError:
         raise
+    except ValueError as e:
+        if "Sample larger than population" not in str(e):  # lm-eval drawing the few-shot examples
+            raise
+        raise UserError(f"--num_fewshot={cfg.num_fewshot}: a task has fewer examples to show than that; choose "
+                        f"fewer") from None
     except Exception as e:
         error = fetch_error(e)
         if error is None:
@@ -93,6 +101,9 @@ def main(argv):
     if not cfg.task_list:
         raise UserError("no tasks: name them with --tasks=a,b (e.g. --tasks=tangshi_next_line --include_path=tasks)")
     output_path = cfg.output_path or os.path.join(cfg.out_dir, "eval_results.json")  # init_from=gpt2: out/
+    if os.path.isdir(output_path):  # before the evaluation: its results would have nowhere to go
+        raise UserError(f"--output_path={output_path} is a directory; name the results file (e.g. "
+                        f"--output_path={os.path.join(output_path, 'eval_results.json')})")
     read_caches_if_offline()
     from lm_eval.utils import handle_non_serializable, make_table
     from nanogpt.harness import NanoGPT, quiet_logging, task_manager
@@ -100,16 +111,17 @@ def main(argv):
     # the model first: GPT-2's weights not found offline is said before lm-eval indexes its own tasks (seconds)
     lm = NanoGPT(out_dir=cfg.out_dir, ckpt=cfg.ckpt, device=resolve_device(cfg.device), batch_size=cfg.batch_size,
                  init_from=cfg.init_from)
+    if cfg.num_fewshot is not None and cfg.num_fewshot > lm.max_length:  # each example takes a token at least
+        raise UserError(f"--num_fewshot={cfg.num_fewshot}: the model's context holds {lm.max_length} tokens, so at "
+                        f"most {lm.max_length} examples fit before a question; choose fewer")
     manager = task_manager(cfg.include_path, cfg.task_list)
     results = evaluate(lm, cfg, manager)
     print(make_table(results))
     if "groups" in results:
         print(make_table(results, "groups"))
     os.makedirs(os.path.dirname(output_path) or ".", exist_ok=True)
-    tmp = output_path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(results, f, indent=2, default=handle_non_serializable, ensure_ascii=False)
-    os.replace(tmp, output_path)
+    write_text_atomically(output_path, json.dumps(results, indent=2, default=handle_non_serializable,
+                                                  ensure_ascii=False))
     print(f"results written to {output_path}", file=sys.stderr)
 
 

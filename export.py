@@ -16,6 +16,8 @@ program.exit_quietly_on_ctrl_c()  # before the slow imports (torch): Ctrl-C duri
 # ruff: noqa: E402
 import json
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 
 from configurator import parse_args
@@ -59,6 +61,20 @@ def write_tokenizer(meta, hf_dir):
         json.dump(meta, f, ensure_ascii=False)
 
 
+def write_export(hf, meta, hf_dir):
+    """The model and tokenizer files in hf_dir, written into a new directory inside it and renamed into place:
+    a rename replaces a link planted at a file's name instead of writing through it."""
+    os.makedirs(hf_dir, exist_ok=True)
+    tmp = tempfile.mkdtemp(dir=hf_dir, prefix=".export.")
+    try:
+        hf.save_pretrained(tmp, safe_serialization=True)
+        write_tokenizer(meta, tmp)
+        for name in sorted(os.listdir(tmp)):
+            os.replace(os.path.join(tmp, name), os.path.join(hf_dir, name))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main(argv):
     cfg, _ = parse_args(ExportConfig, argv)
     if not cfg.hf_dir:
@@ -75,8 +91,7 @@ def main(argv):
         hf = to_hf(model, end_of_text(meta, model.config.vocab_size))
     except ImportError as e:
         raise UserError(f"export needs transformers: {e}") from None
-    hf.save_pretrained(cfg.hf_dir, safe_serialization=True)
-    write_tokenizer(meta, cfg.hf_dir)
+    write_export(hf, meta, cfg.hf_dir)
     print(f"wrote {cfg.hf_dir}: load it with transformers.GPT2LMHeadModel.from_pretrained({cfg.hf_dir!r})")
 
 

@@ -29,6 +29,7 @@ from configurator import parse_args, report_overrides
 
 from nanogpt.program import run_main
 from nanogpt.errors import UserError
+from nanogpt.files import open_to_write
 from nanogpt.device import resolve_device
 from nanogpt.generate import Sampling, generate
 from nanogpt.source import Source, load_model
@@ -291,12 +292,12 @@ def main(argv):
     print_trace(result, cfg)
     if cfg.json:
         path = output_path(cfg.json, cfg)
-        with open(path, "w", encoding="utf-8") as f:
+        with open_to_write(path) as f:  # never through a link planted in out_dir
             json.dump(result, f)
         print(f"\nwrote {os.path.abspath(path)}")
     if cfg.html:
         path = output_path(cfg.html, cfg)
-        with open(path, "w", encoding="utf-8") as f:
+        with open_to_write(path) as f:
             f.write(render_html(result, cfg))
         print(f"\nwrote {os.path.abspath(path)}")
 

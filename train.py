@@ -629,11 +629,15 @@ def earlier_run(ckpt_path):
     path = latest_form(ckpt_path)
     if not os.path.exists(path):
         return None
+    import warnings
+    from nanogpt.files import check_regular
     try:
         if os.path.isdir(path):
-            ckpt = torch.load(os.path.join(path, "meta.pt"), map_location="cpu", weights_only=True)
-        else:  # mmap: the weights stay on disk
-            ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            path = os.path.join(path, "meta.pt")
+        check_regular(path)  # a FIFO would block torch.load forever
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's notes on what it reads: never the user's
+            ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # mmap: the weights stay on disk
         return f"iter {int(ckpt['iter_num'])}, best val loss {float(ckpt['best_val_loss']):.4f}"
     except Exception:  # only for a note: what the file holds is checked where it is loaded
         return "its iter and val loss could not be read"

@@ -28,7 +28,7 @@ import torch
 
 from model import GPT, GPTConfig
 from nanogpt.errors import UserError
-from nanogpt.files import open_regular, open_to_write
+from nanogpt.files import check_regular, open_regular, open_to_write
 from nanogpt.program import describe_os_error
 from nanogpt.values import convert
 
@@ -118,7 +118,7 @@ def complete_sharded(path):
     visible name counts: what a save moved aside (.ckpt.dcp.old) is put back by the next writer, which
     holds the lock (remove_partial_saves); a reader never takes it."""
     sharded = sharded_path(path)
-    return sharded if os.path.isfile(os.path.join(sharded, "meta.pt")) else None
+    return sharded if os.path.exists(os.path.join(sharded, "meta.pt")) else None  # a FIFO there: read_tensors says so
 
 
 def moved_aside(path):
@@ -386,7 +386,7 @@ def read_sharded(directory, weights=True):
     """A sharded checkpoint's fields; with weights, "model" holds its weights as whole tensors, read
     from every shard by this one process. Claimed sizes are checked before memory is allocated."""
     meta_path = os.path.join(directory, "meta.pt")
-    if not os.path.isfile(meta_path):
+    if not os.path.exists(meta_path):
         raise UserError(f"{directory} is not a sharded checkpoint (it has no meta.pt); restore it from a backup "
                         f"or train again")
     ckpt = read_tensors(meta_path)
@@ -400,7 +400,10 @@ def read_sharded(directory, weights=True):
     if weights:
         from nanogpt.memory import check_fits
         claimed = sum(size.numel() * dtype.itemsize for size, dtype in shapes.values())
-        held = sum(e.stat().st_size for e in os.scandir(directory) if e.name.endswith(".distcp"))
+        shards = [e.path for e in os.scandir(directory) if e.name.endswith(".distcp")]
+        for shard in shards:
+            check_regular(shard)  # a FIFO's size is 0, and reading it would wait forever
+        held = sum(os.path.getsize(shard) for shard in shards)
         if claimed > held:
             raise UserError(f"{directory}: a shard is missing or damaged (the metadata claims {claimed:,} bytes of "
                             f"weights, the shard files hold {held:,}); restore the directory from a backup or train "
@@ -595,7 +598,7 @@ def finetune_source(init_from):
 
 def is_pretrained(init_from):
     """True for a GPT-2 name or a local Hugging Face directory."""
-    return init_from in GPT2_NAMES or os.path.isfile(os.path.join(init_from, "config.json"))
+    return init_from in GPT2_NAMES or os.path.exists(os.path.join(init_from, "config.json"))  # a FIFO: hf.py says so
 
 
 class OutDirLock:

@@ -20,12 +20,12 @@ def kind_of(mode):
                        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
         if test(mode):
             return name
-    return "not a regular file"
+    return "of another kind"
 
 
 def not_regular(path, mode):
-    return UserError(f"{path} is {kind_of(mode)}, not a regular file: refusing to read it; put the file itself "
-                     f"there")
+    return UserError(f"{path} is not a regular file (it is {kind_of(mode)}): refusing to read it; put the file "
+                     f"itself there")
 
 
 def open_regular(path, mode="rb", encoding=None):
@@ -67,13 +67,14 @@ def open_fd_to_write(path, append=False, truncate=True, perms=0o644):
         fd = os.open(path, flags, perms)
     except OSError as e:
         if os.path.islink(path):  # O_NOFOLLOW's ELOOP (EMLINK on some systems)
-            raise UserError(f"refusing to write {path}: it is a symbolic link (to {os.readlink(path)}), so the "
-                            f"write would land outside its directory; remove the link") from None
+            raise UserError(f"refusing to write {path}: it is a symbolic link (to {os.readlink(path)}), which "
+                            f"would redirect the write; remove the link") from None
         raise OSError(e.errno, e.strerror, path) from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise UserError(f"refusing to write {path}: it is {kind_of(st.st_mode)}, not a regular file; remove it")
+            raise UserError(f"refusing to write {path}: it is not a regular file (it is {kind_of(st.st_mode)}); "
+                            f"remove it")
         if st.st_nlink > 1:
             raise UserError(f"refusing to write {path}: it has {st.st_nlink - 1} other name(s) (a hard link), so "
                             f"the write would change a file elsewhere; remove it")

@@ -8,6 +8,7 @@ from dataclasses import asdict
 from tqdm import tqdm
 
 from nanogpt.errors import UserError
+from nanogpt.files import open_fd_to_write
 
 
 class Clock:
@@ -71,7 +72,7 @@ class Metrics:
         text = json.dumps(record) + "\n"
         if self.file is None:
             os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-            self.file = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+            self.file = open_fd_to_write(self.path, append=True)  # never through a link planted in out_dir
             size = os.fstat(self.file).st_size
             torn = size and os.pread(self.file, 1, size - 1) != b"\n"  # a line cut short before: end it
             text = ("\n" if torn else "") + json.dumps(self.header) + "\n" + text

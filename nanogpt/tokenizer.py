@@ -10,19 +10,28 @@ an unpickler that builds only plain data and runs no code.
 """
 import base64
 import codecs
+import contextlib
 import io
 import json
 import os
 import pickle
 import re
-import stat
 import unicodedata
 from dataclasses import dataclass, field
 from functools import cache, cached_property
 
 from nanogpt.errors import UserError
+from nanogpt.files import open_to_write, read_regular
 
 BPE_ENCODING = "r50k_base"  # the same 50,257-token vocabulary as tiktoken's "gpt2"
+# the split patterns a trained BPE may have: what data/prepare.py writes (rustbpe's, GPT-4's with possessive
+# quantifiers) and GPT-2's. Any other is refused: a pattern can take exponential time on crafted text
+# ((?:a|aa)+(?=b) on "aaaa..."), and tiktoken's engine stops a match only after a million backtracking steps.
+KNOWN_PATTERNS = {
+    "GPT-4's (rustbpe's)": r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*|"""
+                           r"""\s*[\r\n]|\s+(?!\S)|\s+""",
+    "GPT-2's": r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s""",
+}
 
 
 class CharTokenizer:
@@ -135,10 +144,12 @@ class TiktokenTokenizer:
         self.eot = enc._special_tokens.get("<|endoftext|>")
 
     def encode(self, text):
-        return self.enc.encode(text, allowed_special={"<|endoftext|>"} if self.eot is not None else set())
+        with regex_errors():
+            return self.enc.encode(text, allowed_special={"<|endoftext|>"} if self.eot is not None else set())
 
     def encode_ordinary(self, text):
-        return self.enc.encode_ordinary(text)
+        with regex_errors():
+            return self.enc.encode_ordinary(text)
 
     def fit(self, text, start=True):
         return Fitted(text)  # bytes: every text is inside the vocabulary
@@ -176,6 +187,11 @@ class TrainedBPE(TiktokenTokenizer):
 
     def __init__(self, pattern, ranks, special_tokens, name="bpe"):
         import tiktoken
+        if pattern not in KNOWN_PATTERNS.values():
+            shown = pattern if len(pattern) <= 60 else pattern[:57] + "..."
+            raise UserError(f"refusing the trained BPE's split pattern {shown!r}: only {' and '.join(KNOWN_PATTERNS)} "
+                            f"are taken, as another can take exponential time on some text; re-run the dataset's "
+                            f"prepare.py")
         try:
             enc = tiktoken.Encoding(name=name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=special_tokens)
         except ValueError as e:
@@ -187,6 +203,18 @@ class TrainedBPE(TiktokenTokenizer):
         """meta.json's fields for this tokenizer, its merges written to ranks_file (a name in the dataset)."""
         return {"tokenizer": "bpe", "pattern": self.enc._pat_str, "ranks": ranks_file,
                 "special_tokens": dict(self.enc._special_tokens)}
+
+
+@contextlib.contextmanager
+def regex_errors():
+    """tiktoken's regex failing on a text (its backtracking limit) as a UserError."""
+    try:
+        yield
+    except ValueError as e:
+        if "Regex error" not in str(e):
+            raise
+        raise UserError(f"the tokenizer's split pattern failed on this text ({str(e).splitlines()[0]}); "
+                        f"use another text") from None
 
 
 def ranks_text(ranks):
@@ -319,16 +347,6 @@ def read_meta(dataset_dir):
     return None
 
 
-def read_regular(path):
-    """The bytes of a regular file; anything else (a FIFO, which would block the open forever; a device; a
-    directory) is an OSError. Opened non-blocking: even a FIFO's open returns at once."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError("it is not a regular file")
-        return f.read()
-
-
 def check_meta(meta, path):
     """meta itself if its fields have the types and values a dataset's metadata needs; else a UserError."""
     def bad(what):
@@ -373,13 +391,13 @@ def check_meta(meta, path):
 def write_meta(dataset_dir, meta, suffix=""):
     """meta.json always; meta.pkl too for char vocabularies, in nanoGPT's layout. Each file's name has
     suffix appended (a file written aside); returns the names without it."""
-    with open(os.path.join(dataset_dir, "meta.json" + suffix), "w", encoding="utf-8") as f:
+    with open_to_write(os.path.join(dataset_dir, "meta.json" + suffix)) as f:
         json.dump(meta, f, ensure_ascii=False)
     if meta["tokenizer"] != "char" or "chat" in meta:  # nanoGPT's layout has no role tokens
         return ["meta.json"]
     chars = meta["chars"]
     legacy = {"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": {c: i for i, c in enumerate(chars)}}
-    with open(os.path.join(dataset_dir, "meta.pkl" + suffix), "wb") as f:
+    with open_to_write(os.path.join(dataset_dir, "meta.pkl" + suffix), "wb") as f:
         pickle.dump(legacy, f)
     return ["meta.json", "meta.pkl"]
 
@@ -395,7 +413,8 @@ def load_plain_pickle(data, path):
     try:
         obj = PlainUnpickler(io.BytesIO(data)).load()
     except Exception as e:
-        raise UserError(f"{path} is not plain data ({e}); delete it and re-run the dataset's prepare.py") from None
+        reason = " ".join(str(e).split())  # pickle's own messages can span lines
+        raise UserError(f"{path} is not plain data ({reason}); delete it and re-run the dataset's prepare.py") from None
     if not isinstance(obj, dict):
         raise UserError(f"{path} holds a {type(obj).__name__}, expected a dict; re-run the dataset's prepare.py")
     return obj

@@ -3,6 +3,9 @@ import base64
 import hashlib
 import json
 import os
+import pickle
+import random
+import shutil
 
 import numpy as np
 import pytest
@@ -104,6 +107,30 @@ CASES = {
     "meta.json nested 100,000 deep": (["train.py", *TINY, "--dataset={root}/deepmeta", "--out_dir={root}/o1"], "is not valid JSON (nested too deep)"),
     "checkpoint's tokenizer with a rank of 10^8": (["sample.py", "--out_dir={root}/hugerankckpt"], "tokenizer.bpe:257: rank 100000000"),
     "checkpoint's char tokenizer smaller than its model": (["sample.py", "--out_dir={root}/fewchars"], "but its tokenizer has 8; sample with the tokenizer"),
+    "checkpoint's BPE pattern that backtracks": (["sample.py", "--out_dir={root}/badpattern", "--start=" + "a" * 40], "refusing the trained BPE's split pattern '(?:a|aa)+(?=b)|.'"),
+    "a bare pickle as ckpt.pt": (["sample.py", "--out_dir={root}/barepickle"], "barepickle/ckpt.pt is not a readable checkpoint (truncated or corrupted?): UnpicklingError: Unsupported operand 149"),
+    "meta.pkl with a persistent id": (["train.py", *TINY, "--dataset={root}/persid", "--out_dir={root}/o1"], "is not plain data (A load persistent id instruction was encountered, but no persistent_load"),
+    # files that are not regular: a FIFO's open or read would wait for a writer forever
+    "ckpt.pt a FIFO": (["sample.py", "--out_dir={root}/fifo_ckpt"], "fifo_ckpt/ckpt.pt is not a regular file (it is a FIFO)"),
+    ".metadata a FIFO": (["sample.py", "--out_dir={root}/fifo_metadata"], "ckpt.dcp/.metadata is not a regular file (it is a FIFO)"),
+    "meta.pt a FIFO": (["sample.py", "--out_dir={root}/fifo_metapt"], "ckpt.dcp/meta.pt is not a regular file (it is a FIFO)"),
+    "a .distcp shard a FIFO": (["sample.py", "--out_dir={root}/fifo_distcp"], "ckpt.dcp/__0_0.distcp is not a regular file (it is a FIFO)"),
+    "a .distcp shard a FIFO on resume": (["train.py", "--init_from=resume", "--out_dir={root}/fifo_distcp"], "ckpt.dcp/__0_0.distcp is not a regular file (it is a FIFO)"),
+    "model.safetensors a FIFO": (["sample.py", "--init_from={root}/hf_fifo"], "hf_fifo/model.safetensors is not a regular file (it is a FIFO)"),
+    "config.json a FIFO": (["sample.py", "--init_from={root}/hf_fifoconfig"], "hf_fifoconfig/config.json is not a regular file (it is a FIFO)"),
+    ".lock a FIFO": (["train.py", *TINY, "--dataset={root}/data", "--out_dir={root}/fifo_lock", "--max_iters=1"], "refusing to write {root}/fifo_lock/.lock: it is not a regular file (it is a FIFO)"),
+    # Hugging Face directories
+    "config.json with a string n_embd": (["sample.py", "--init_from={root}/hf_strembd"], "config.json: n_embd is '32', expected int"),
+    "config.json nested 100,000 deep": (["sample.py", "--init_from={root}/hf_deep"], "config.json is not valid JSON (nested too deep)"),
+    # eval.py
+    "eval with a negative num_fewshot": (["eval.py", "--out_dir={root}/out", "--tasks=x", "--num_fewshot=-1"], "num_fewshot must be >= 0"),
+    "eval with more few-shot examples than the context": (["eval.py", "--out_dir={root}/out", "--tasks=x", "--num_fewshot=100000", "--device=cpu"], "--num_fewshot=100000: the model's context holds 16 tokens"),
+    "eval with more few-shot examples than a task has": (["eval.py", "--out_dir={root}/out", "--tasks=tiny_two", "--include_path={root}/tasks", "--num_fewshot=3", "--device=cpu", "--output_path={root}/o1/r.json"], "--num_fewshot=3: a task has fewer examples to show than that"),
+    "eval writing its results to a directory": (["eval.py", "--out_dir={root}/out", "--tasks=x", "--output_path={root}/adir"], "--output_path={root}/adir is a directory"),
+    # the chat prepare never replaces its base, nor any directory that is not a chat dataset
+    "chat prepare into its base": (["data/chat/prepare.py", "--input", "{root}/conv.jsonl", "--base", "{root}/data", "--out", "{root}/data"], "--out {root}/data is the base dataset"),
+    "chat prepare over another dataset": (["data/chat/prepare.py", "--input", "{root}/conv.jsonl", "--base", "{root}/data", "--out", "{root}/other"], "--out {root}/other exists and is not a chat dataset"),
+    "chat prepare over an out_dir": (["data/chat/prepare.py", "--input", "{root}/conv.jsonl", "--base", "{root}/data", "--out", "{root}/out"], "--out {root}/out exists and is not a chat dataset"),
 }
 
 BYTE_RANKS = "".join(f"{base64.b64encode(bytes([b])).decode()} {b}\n" for b in range(256))  # a byte-level BPE, no merges
@@ -125,7 +152,8 @@ def write_bpe_dataset(directory, ranks_text, special_tokens=None):
 
 def make_broken_runs(root):
     ckpt = (root / "out" / "ckpt.pt").read_bytes()
-    for name, data in (("truncated", ckpt[:len(ckpt) // 2]), ("garbage", os.urandom(4096))):
+    garbage = random.Random(0).randbytes(4096)  # seeded: what any random file does is test_fuzz.py's
+    for name, data in (("truncated", ckpt[:len(ckpt) // 2]), ("garbage", garbage)):
         (root / name).mkdir(exist_ok=True)
         (root / name / "ckpt.pt").write_bytes(data)
     (root / "empty").mkdir(exist_ok=True)
@@ -171,6 +199,7 @@ def make_broken_runs(root):
     (root / "fewchars").mkdir()  # the model emits ids the 8 characters cannot decode
     torch.save({**state, "tokenizer": {"tokenizer": "char", "chars": state["tokenizer"]["chars"][:8]}},
                root / "fewchars" / "ckpt.pt")
+    make_unreadable_runs(root, state)
     nometa = root / "nometa"
     if not nometa.exists():
         nometa.mkdir()
@@ -178,6 +207,56 @@ def make_broken_runs(root):
         state["config"]["dataset"] = str(root / "gone")
         del state["tokenizer"]  # as an older or nanoGPT checkpoint: only the dataset knows the tokenizer
         torch.save(state, nometa / "ckpt.pt")
+
+
+HF_CONFIG = {"model_type": "gpt2", "n_positions": 16, "vocab_size": 34, "n_layer": 2, "n_head": 2, "n_embd": 32,
+             "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5, "tie_word_embeddings": True,
+             "bos_token_id": 0, "eos_token_id": 0}
+
+
+def make_unreadable_runs(root, state):
+    """FIFOs where files are read, hostile tokenizers and Hugging Face configs, a base dataset to keep."""
+    from train import TrainConfig, train
+    sharded = root / "sharded"
+    train(TrainConfig(out_dir=str(sharded), dataset=str(root / "data"), n_layer=2, n_head=2, n_embd=32, block_size=16,
+                      batch_size=4, gradient_accumulation_steps=1, eval_iters=2, max_iters=2, eval_interval=2,
+                      device="cpu", parallel="fsdp"), log=lambda *a: None)
+    for name, file in (("fifo_metadata", ".metadata"), ("fifo_metapt", "meta.pt"), ("fifo_distcp", "__0_0.distcp")):
+        shutil.copytree(sharded, root / name)
+        os.remove(root / name / "ckpt.dcp" / file)
+        os.mkfifo(root / name / "ckpt.dcp" / file)
+    (root / "fifo_ckpt").mkdir()
+    os.mkfifo(root / "fifo_ckpt" / "ckpt.pt")
+    (root / "fifo_lock").mkdir()
+    os.mkfifo(root / "fifo_lock" / ".lock")
+    for name, config in (("hf_fifo", json.dumps(HF_CONFIG)), ("hf_fifoconfig", None),
+                         ("hf_strembd", json.dumps({**HF_CONFIG, "n_embd": "32"})),
+                         ("hf_deep", '{"n_embd": ' + "[" * 100_000 + "]" * 100_000 + "}")):
+        (root / name).mkdir()
+        if config is None:
+            os.mkfifo(root / name / "config.json")
+        else:
+            (root / name / "config.json").write_text(config)
+        if name == "hf_fifo":
+            os.mkfifo(root / name / "model.safetensors")
+        else:
+            (root / name / "model.safetensors").write_bytes(b"")
+    (root / "badpattern").mkdir()
+    evil = {"tokenizer": "bpe", "pattern": "(?:a|aa)+(?=b)|.", "ranks": "tokenizer.bpe", "vocab_size": 257,
+            "special_tokens": {"<|endoftext|>": 256}, "ranks_text": BYTE_RANKS}
+    torch.save({**state, "tokenizer": evil}, root / "badpattern" / "ckpt.pt")
+    (root / "barepickle").mkdir()
+    (root / "barepickle" / "ckpt.pt").write_bytes(pickle.dumps({"model": {}, "model_args": {}}, protocol=4))
+    (root / "persid").mkdir()
+    (root / "persid" / "meta.pkl").write_bytes(b"P1\n.")  # a persistent id: pickle's error is two lines
+    for split in ("train", "val"):
+        shutil.copyfile(root / "data" / f"{split}.bin", root / "persid" / f"{split}.bin")
+    (root / "adir").mkdir()
+    from test_eval import write_task
+    write_task(root / "tasks", "tiny_two", [{"context": "First", "label": 0, "choices": [" C", "ll"]},
+                                            {"context": "All:", "label": 1, "choices": ["e", "\n"]}])
+    (root / "conv.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "All"},
+                                                              {"role": "assistant", "content": "Speak"}]}) + "\n")
 
 
 NEEDS_NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="this case needs a machine without CUDA")
@@ -190,14 +269,17 @@ def test_bad_input_is_one_line_exit_2_and_touches_nothing(run, case):
     args, message = CASES[case]
     args, message = [a.format(root=run) for a in args], message.format(root=run)
     watched = [d for d in ("out", "truncated", "garbage", "empty", "nometa", "wrongtype", "wrongconfig", "hugeclaim",
-                           "nanweights", "bigids") if (run / d).exists()]
+                           "nanweights", "bigids", "data", "other", "barepickle", "adir") if (run / d).exists()]
     before = {d: snapshot(run / d) for d in watched}
+    names = sorted(os.listdir(run))
     result = run_script(args, timeout=120)
     assert result.returncode == 2, (result.stdout, result.stderr)
     errors = [line for line in result.stderr.splitlines() if not line.startswith("override: ")]
     assert len(errors) == 1 and errors[0].startswith("error: "), result.stderr  # sample.py notes overrides on stderr
     assert "Traceback" not in result.stderr and message in errors[0]
+    assert "weights_only" not in result.stderr  # torch's advice to load with full pickle never reaches the user
     assert {d: snapshot(run / d) for d in watched} == before
+    assert sorted(os.listdir(run)) == names  # nothing written beside them (an eval's .tmp, a chat prepare's)
 
 
 
@@ -227,3 +309,47 @@ def test_ctrl_c_while_a_script_imports_exits_130_without_a_traceback(tmp_path, s
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=30)
     assert (proc.returncode, out, err) == (130, "", "interrupted\n")
+
+
+LINKED = {  # the file planted as a link in out_dir: the command that writes it
+    ".lock": ["train.py", *TINY, "--dataset={root}/data", "--out_dir={out}", "--max_iters=1"],
+    "log.jsonl": ["train.py", *TINY, "--dataset={root}/data", "--out_dir={out}", "--max_iters=1"],
+    "eval_results.json.tmp": ["eval.py", "--out_dir={out}", "--tasks=tiny_known", "--include_path={root}/tasks",
+                              "--device=cpu"],
+    "trace.html": ["trace.py", "--out_dir={out}", "--start=All", "--steps=1", "--html=trace.html", "--device=cpu"],
+    "trace.json": ["trace.py", "--out_dir={out}", "--start=All", "--steps=1", "--json=trace.json", "--device=cpu"],
+}
+
+
+@pytest.mark.parametrize("name", LINKED)
+def test_a_link_planted_in_an_out_dir_is_refused_and_its_target_untouched(run, tmp_path, name):
+    """A run directory taken from someone else may hold links: no write follows one out of out_dir."""
+    out, victim = tmp_path / "out", tmp_path / "victim.txt"
+    shutil.copytree(run / "out", out) if name != ".lock" and name != "log.jsonl" else out.mkdir()
+    (out / name).unlink(missing_ok=True)
+    victim.write_text("precious\n")
+    os.symlink(victim, out / name)
+    if name.startswith("eval"):
+        pytest.importorskip("lm_eval")
+        from test_eval import write_task
+        write_task(run / "tasks", "tiny_known", [{"context": "First", "label": 0, "choices": [" C", "ll"]}])
+    result = run_script([a.format(root=run, out=out) for a in LINKED[name]], timeout=120)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 2 and len(errors) == 1, result.stderr[-3000:]
+    assert f"refusing to write {out / name}: it is a symbolic link (to {victim})" in errors[0]
+    assert victim.read_text() == "precious\n" and os.path.islink(out / name)
+
+
+def test_export_replaces_links_planted_in_its_directory_and_leaves_their_targets(run, tmp_path):
+    pytest.importorskip("transformers")
+    hf, victim = tmp_path / "hf", tmp_path / "victim.txt"
+    hf.mkdir()
+    victim.write_text("precious\n")
+    for name in ("model.safetensors", "config.json", "meta.json"):
+        os.symlink(victim, hf / name)
+    result = run_script(["export.py", f"--out_dir={run / 'out'}", f"--hf_dir={hf}"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert victim.read_text() == "precious\n"
+    assert all(not os.path.islink(hf / name) and (hf / name).stat().st_size > 0
+               for name in ("model.safetensors", "config.json", "meta.json"))
+    assert not [n for n in os.listdir(hf) if n.startswith(".")]  # its temporary directory is gone

@@ -163,3 +163,27 @@ def test_any_value_in_a_checkpoint_field(trained, tmp_path_factory, field, value
         train(cfg, overrides, log=lambda *a: None)
     outcome(sample_then_resume)
     assert not [f for f in os.listdir(out) if f.endswith(".tmp")]
+
+
+# the starts of files torch reads another way: a zip (torch.save), pickles of each protocol (an old torch.save)
+FILE_STARTS = st.sampled_from([b"", b"PK\x03\x04", b"\x80\x02", b"\x80\x04\x95", b"\x80\x05", b"(", b"}"])
+
+
+@fuzz(200)
+@given(start=FILE_STARTS, rest=st.binary(max_size=512))
+def test_any_bytes_as_a_checkpoint_file_are_one_line_and_nothing_else(tmp_path_factory, capfd, start, rest):
+    """A random file as ckpt.pt: a one-line UserError, no warning, nothing else on stderr, and never torch's
+    advice to load it with weights_only=False (the old-pickle route warns about its protocol)."""
+    import warnings
+    from nanogpt.checkpoint import read_tensors
+    path = tmp_path_factory.mktemp("bytes") / "ckpt.pt"
+    path.write_bytes(start + rest)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            read_tensors(str(path))
+        except UserError as e:
+            one_line(e)
+            assert "weights_only" not in str(e), str(e)
+    assert not caught, [str(w.message) for w in caught]
+    assert capfd.readouterr().err == ""

@@ -72,7 +72,7 @@ READERS = {
     "trace.py": lambda root: ["trace.py", "--start=the", "--steps=1", "--device=cpu"],
     "export.py": lambda root: ["export.py", f"--hf_dir={root / 'hf'}"],
     "eval.py": lambda root: ["eval.py", "--device=cpu", *eval_task(root)],
-    "fsdp.py": lambda root: ["fsdp.py"],
+    "consolidate.py": lambda root: ["consolidate.py"],
     "train.py resume": lambda root: ["train.py", "--init_from=resume", "--max_iters=4"],
     "train.py resume under torchrun": lambda root: ["-m", "torch.distributed.run", "--standalone",
                                                     "--nproc_per_node=2", "train.py", "--init_from=resume",
@@ -137,7 +137,7 @@ def test_the_tripwire_catches_each_unrestricted_loader(tmp_path):
         result = run_script(["-c", f"P = {str(tmp_path)!r}\n{code}"], env=tripwire_env(log))
         assert result.returncode == 97 and "called in pid" in log.read_text(), (name, result.stderr)
     log = tmp_path / "safe.log"
-    result = run_script(["-c", f"P = {str(tmp_path)!r}\nimport torch, tokenizer\ntorch.load(P + '/ok.pt')\n"
+    result = run_script(["-c", f"P = {str(tmp_path)!r}\nimport torch\nfrom nanogpt import tokenizer\ntorch.load(P + '/ok.pt')\n"
                                "tokenizer.load_plain_pickle(open(P + '/obj.pkl', 'rb').read(), 'obj.pkl')"],
                         env=tripwire_env(log))
     assert result.returncode == 0 and not log.exists(), result.stderr
@@ -194,13 +194,13 @@ def a_hostile_param_group(directory, marker):
 ATTACKED = {  # reader: its arguments
     "sample.py": ["sample.py", "--max_new_tokens=5", "--num_samples=1"],
     "trace.py": ["trace.py", "--start=the", "--steps=1"],
-    "fsdp.py": ["fsdp.py"],
+    "consolidate.py": ["consolidate.py"],
     "train.py resume": ["train.py", "--init_from=resume", "--max_iters=4"],
 }
 
 
 @pytest.mark.parametrize("attack,reader", [("weight declared as bytes", r) for r in ATTACKED]
-                         + [("hostile param_groups", r) for r in ("fsdp.py", "train.py resume")])
+                         + [("hostile param_groups", r) for r in ("consolidate.py", "train.py resume")])
 def test_a_crafted_sharded_checkpoint_runs_no_code_and_is_one_line(sharded, attack, reader):
     out, marker = fresh_copy(sharded, "attacked"), sharded / "pwned"
     shutil.rmtree(marker, ignore_errors=True)

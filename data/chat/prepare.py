@@ -132,6 +132,7 @@ def prepare_chat(input_path, base, out_dir, block_size=1024, val_fraction=0.1, l
     if block_size < 2:
         raise UserError(f"--block_size must be at least 2, got {block_size}")
     source = base_dir(base)
+    check_out(out_dir, source)
     meta = chat_meta(read_meta(source))
     tokenizer = tokenizer_from_meta({**meta, "ranks_text": read_meta(source).get("ranks_text")})
     meta["dtype"] = "uint16" if meta["vocab_size"] <= 1 << 16 else "uint32"
@@ -158,6 +159,23 @@ def prepare_chat(input_path, base, out_dir, block_size=1024, val_fraction=0.1, l
         log(f"{split} has {c['conversations']:,} conversations, {c['tokens']:,} tokens, {c['targets']:,} of them "
             f"targets ({c['targets'] / c['tokens']:.0%})")
     return counts
+
+
+def check_out(out_dir, source):
+    """Refuse, before anything is written, an out_dir that replacing would lose data: the base dataset itself,
+    or anything there but nothing or a chat dataset (meta.json with role tokens)."""
+    if os.path.exists(out_dir) and os.path.samefile(out_dir, source):
+        raise UserError(f"--out {out_dir} is the base dataset {source}, which the chat dataset would replace; "
+                        f"choose another --out (e.g. --out {os.path.normpath(out_dir)}_chat)")
+    if not os.path.isdir(out_dir) or not os.listdir(out_dir):
+        return
+    try:
+        meta = read_meta(out_dir)
+    except UserError:
+        meta = None
+    if not (meta or {}).get("chat"):
+        raise UserError(f"--out {out_dir} exists and is not a chat dataset, so replacing it would lose what it holds; "
+                        f"choose another --out, or remove it yourself")
 
 
 def replace_dir(tmp, out_dir):
