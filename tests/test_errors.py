@@ -125,7 +125,6 @@ CASES = {
     # eval.py
     "eval with a negative num_fewshot": (["eval.py", "--out_dir={root}/out", "--tasks=x", "--num_fewshot=-1"], "num_fewshot must be >= 0"),
     "eval with more few-shot examples than the context": (["eval.py", "--out_dir={root}/out", "--tasks=x", "--num_fewshot=100000", "--device=cpu"], "--num_fewshot=100000: the model's context holds 16 tokens"),
-    "eval with more few-shot examples than a task has": (["eval.py", "--out_dir={root}/out", "--tasks=tiny_two", "--include_path={root}/tasks", "--num_fewshot=3", "--device=cpu", "--output_path={root}/o1/r.json"], "--num_fewshot=3: a task has fewer examples to show than that"),
     "eval writing its results to a directory": (["eval.py", "--out_dir={root}/out", "--tasks=x", "--output_path={root}/adir"], "--output_path={root}/adir is a directory"),
     # the chat prepare never replaces its base, nor any directory that is not a chat dataset
     "chat prepare into its base": (["data/chat/prepare.py", "--input", "{root}/conv.jsonl", "--base", "{root}/data", "--out", "{root}/data"], "--out {root}/data is the base dataset"),
