@@ -512,6 +512,11 @@ def safe_dcp_classes():
             if not isinstance(metadata, Metadata):
                 raise UserError(f"{path} holds a {type(metadata).__name__}, not DCP metadata; restore the "
                                 f"directory from a backup or train again")
+            for info in (metadata.storage_data or {}).values():
+                if getattr(info, "transform_descriptors", None):  # DCP's zstd: a small file, any amount of memory
+                    raise UserError(f"refusing to load {path}: its shards are to be decoded by "
+                                    f"{list(info.transform_descriptors)}, which no save here writes and which can "
+                                    f"expand a small file into any amount of memory; only load checkpoints you trust")
             if metadata.storage_meta is None:
                 metadata.storage_meta = StorageMeta()
             metadata.storage_meta.load_id = self.load_id
@@ -569,7 +574,11 @@ def dcp_load(state, directory):
         refused = [f[0] for f in failures if isinstance(f, tuple) and isinstance(f[0], UserError)]
         if refused:
             raise refused[0] from None
-        lines = [line for line in str(e).splitlines() if "Error" in line] or [type(e).__name__]
+        text = "\n".join(str(f[0] if isinstance(f, tuple) else f) for f in failures) or str(e)
+        if "GLOBAL" in text:  # the weights-only unpickler met a class or function to import
+            raise UserError(f"refusing to load {directory}: a shard holds objects other than tensors and plain data, "
+                            f"which could run code; only load checkpoints you trust") from None
+        lines = [line for line in load_error(e).splitlines() if line.strip()] or [type(e).__name__]
         raise UserError(f"{directory}: a shard is missing or damaged ({lines[-1].strip()}); restore the directory "
                         f"from a backup or train again") from None
 

@@ -14,6 +14,7 @@ from tqdm import tqdm
 from configurator import read_config_file  # a recipe's assignments: what train.py would run
 from nanogpt import REPOSITORY
 from nanogpt.errors import UserError
+from nanogpt.files import open_to_write
 from nanogpt.tokenizer import GPT2BPE, CharTokenizer, TrainedBPE, ranks_text, write_meta
 
 CHUNK_BYTES = 1 << 22  # 4 MiB of text per read
@@ -171,7 +172,7 @@ def prepare(input_path, tokenizer="char", out_dir=".", val_fraction=0.1, log=pri
         try:
             counts = write_splits(files, encode, tok.eot, split_at, out_dir, np.dtype(meta["dtype"]), bar)
             if tokenizer == "bpe":
-                with open(os.path.join(out_dir, RANKS_FILE + TMP), "w", encoding="ascii") as f:
+                with open_to_write(os.path.join(out_dir, RANKS_FILE + TMP), "w", encoding="ascii") as f:
                     f.write(ranks_text(tok.enc._mergeable_ranks))
             staged = ["train.bin", "val.bin"] + ([RANKS_FILE] if tokenizer == "bpe" else [])
             staged += write_meta(out_dir, meta, suffix=TMP)
@@ -219,7 +220,7 @@ def train_bpe(files, split_at, vocab_size, bar):
 def write_splits(files, encode, eot, split_at, out_dir, dtype, bar):
     """Encode every file, routing characters before split_at to train.bin and the rest to val.bin."""
     counts = {"train": 0, "val": 0}
-    outs = {s: open(os.path.join(out_dir, f"{s}.bin{TMP}"), "wb") for s in counts}
+    outs = {s: open_to_write(os.path.join(out_dir, f"{s}.bin{TMP}"), "wb") for s in counts}  # never through a link
     try:
         def emit(split, ids):
             np.asarray(ids, dtype=dtype).tofile(outs[split])

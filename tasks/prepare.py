@@ -28,6 +28,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
+from nanogpt.files import open_to_write  # noqa: E402
 from nanogpt.program import run_main  # noqa: E402
 from nanogpt.errors import UserError  # noqa: E402
 from nanogpt.tokenizer import read_meta, tokenizer_from_meta  # noqa: E402
@@ -98,7 +99,7 @@ def acrostic_items(text, seed, max_items):
 def write_jsonl(items, path):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
+    with open_to_write(tmp, "w", encoding="utf-8") as f:
         for item in items:
             f.write(json.dumps(item, ensure_ascii=False) + "\n")
     os.replace(tmp, path)

@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import shutil
+import tempfile
 import sys
 
 import numpy as np
@@ -26,6 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 from nanogpt.program import run_main  # noqa: E402
 from nanogpt.errors import UserError  # noqa: E402
+from nanogpt.files import open_to_write  # noqa: E402
 from nanogpt.tokenizer import ROLES, chat_meta, read_meta, tokenizer_from_meta  # noqa: E402
 
 SHOWN = 5  # bad lines reported one by one; the rest are counted
@@ -142,16 +144,19 @@ def prepare_chat(input_path, base, out_dir, block_size=1024, val_fraction=0.1, l
     if n_val >= len(conversations):
         raise UserError(f"{input_path} has {len(conversations)} usable conversation(s): too few for a train and a "
                         f"val split; give more")
-    tmp = os.path.join(os.path.dirname(os.path.abspath(out_dir)), f".{os.path.basename(os.path.normpath(out_dir))}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    counts = {"train": write_split(conversations[:-n_val], tmp, "train", np.dtype(meta["dtype"])),
-              "val": write_split(conversations[-n_val:], tmp, "val", np.dtype(meta["dtype"])), "skipped": skipped}
-    if meta.get("ranks"):  # a trained BPE's merges live beside meta.json
-        shutil.copyfile(os.path.join(source, meta["ranks"]), os.path.join(tmp, meta["ranks"]))
-    with open(os.path.join(tmp, "meta.json"), "w", encoding="utf-8") as f:
-        json.dump(meta, f, ensure_ascii=False)
-    replace_dir(tmp, out_dir)
+    # a fresh name beside out_dir: a fixed one could be a directory the user keeps (even --base itself)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.normpath(out_dir))}.", suffix=".tmp",
+                           dir=os.path.dirname(os.path.abspath(out_dir)))
+    try:
+        counts = {"train": write_split(conversations[:-n_val], tmp, "train", np.dtype(meta["dtype"])),
+                  "val": write_split(conversations[-n_val:], tmp, "val", np.dtype(meta["dtype"])), "skipped": skipped}
+        if meta.get("ranks"):  # a trained BPE's merges live beside meta.json
+            shutil.copyfile(os.path.join(source, meta["ranks"]), os.path.join(tmp, meta["ranks"]))
+        with open_to_write(os.path.join(tmp, "meta.json"), "w", encoding="utf-8") as f:
+            json.dump(meta, f, ensure_ascii=False)
+        replace_dir(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone already where replace_dir moved it into place
     log(f"vocab size: {meta['vocab_size']:,} ({tokenizer.base.vocab_size:,} of {meta['base']} and "
         f"{len(meta['chat'])} role tokens)")
     for split in ("train", "val"):
@@ -180,14 +185,15 @@ def check_out(out_dir, source):
 
 def replace_dir(tmp, out_dir):
     """Move the finished tmp directory to out_dir, the previous out_dir (if any) only removed after."""
-    old = tmp[:-len(".tmp")] + ".old"
-    shutil.rmtree(old, ignore_errors=True)
+    old = None
     if os.path.exists(out_dir):
         if os.path.isfile(out_dir):
             raise UserError(f"--out {out_dir} is a file; choose a directory")
+        old = tmp[:-len(".tmp")] + ".old"  # as fresh as tmp: mkdtemp made the name unique
         os.replace(out_dir, old)
     os.replace(tmp, out_dir)
-    shutil.rmtree(old, ignore_errors=True)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def main(argv):

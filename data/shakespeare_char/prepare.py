@@ -10,6 +10,9 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repository: the nanogpt package
+from nanogpt import program  # noqa: E402
+
+program.exit_quietly_on_ctrl_c()  # before the slow imports (numpy): Ctrl-C during them exits quietly
 from nanogpt.dataset import find_or_download, prepare  # noqa: E402
 from nanogpt.program import run_main  # noqa: E402
 

@@ -19,6 +19,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+from nanogpt.files import open_to_write  # noqa: E402
 from nanogpt.program import run_main  # noqa: E402
 from data.chat.prepare import prepare_chat  # noqa: E402
 from data.tangshi.poems import conversations, parse_poems, split_text  # noqa: E402
@@ -37,7 +38,7 @@ def main(argv):
     random.Random(args.seed).shuffle(chats)
     print(f"{len(poems):,} train poems, {len(chats):,} conversations")
     jsonl = os.path.join(args.dataset, "chat.jsonl")
-    with open(jsonl + ".tmp", "w", encoding="utf-8") as f:
+    with open_to_write(jsonl + ".tmp", "w", encoding="utf-8") as f:
         f.writelines(json.dumps(c, ensure_ascii=False) + "\n" for c in chats)
     os.replace(jsonl + ".tmp", jsonl)
     prepare_chat(jsonl, args.dataset, args.out, block_size=BLOCK_SIZE)

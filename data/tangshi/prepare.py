@@ -17,8 +17,12 @@ import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repository: the nanogpt package
+from nanogpt import program  # noqa: E402
+
+program.exit_quietly_on_ctrl_c()  # before the slow imports (numpy): Ctrl-C during them exits quietly
 from nanogpt.dataset import DEFAULT_BPE_VOCAB, prepare, vocabulary_note  # noqa: E402
 from nanogpt.errors import UserError  # noqa: E402
+from nanogpt.files import open_to_write  # noqa: E402
 from nanogpt.program import run_main  # noqa: E402
 
 SOURCE = "https://raw.githubusercontent.com/chinese-poetry/chinese-poetry/master/全唐诗/poet.tang.{}.json"
@@ -41,7 +45,7 @@ def download(path):
                 parts.append(poems_text(json.load(response)))
         except (OSError, ValueError) as e:
             raise UserError(f"download failed ({e}); offline, pass a local copy with --input PATH") from None
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
+    with open_to_write(path + ".tmp", "w", encoding="utf-8") as f:
         f.write("".join(parts))
     os.replace(path + ".tmp", path)
 
