@@ -18,7 +18,7 @@ import types
 import typing
 
 from nanogpt.errors import UserError  # noqa: F401: scripts' and users' code import it from here too
-from nanogpt.values import convert
+from nanogpt.values import convert, report_overrides  # noqa: F401: report_overrides for the programs
 
 
 def parse_args(cls, argv):
@@ -112,14 +112,6 @@ def field_layout(cls):
         else:
             title = []
     return [g for g in groups if g[1]], comments
-
-
-def report_overrides(overrides, base, log=print):
-    """Print each override once: `override: batch_size = 32 (was 12)`."""
-    for key, value in overrides.items():
-        old = getattr(base, key)
-        if value != old:
-            log(f"override: {key} = {value!r} (was {old!r})")
 
 
 def check_key(key, hints, source):

@@ -374,6 +374,21 @@ def save_sharded(meta, model, optimizer, path, rank=0, world=1):
         dist.barrier()  # no process goes on (or exits) before the checkpoint is in place
 
 
+
+def save_training(meta, model, optimizer, path, sharded=False, rank=0, world=1):
+    """A training run's checkpoint at path (ckpt.pt, best.pt) or, sharded (every process calls it), its
+    directory (ckpt.dcp, best.dcp): weights, optimizer state and meta's fields. The other form of the same
+    checkpoint, older now, is removed, so that readers find the one just saved."""
+    if sharded:
+        save_sharded(meta, model, optimizer, sharded_path(path), rank, world)
+        stale = path
+    else:
+        if rank == 0:
+            save_checkpoint({"model": model.state_dict(), "optimizer": optimizer.state_dict(), **meta}, path)
+        stale = sharded_path(path)
+    if rank == 0 and os.path.exists(stale):
+        discard(stale)
+
 def fsync_dir(directory):
     dir_fd = os.open(directory, os.O_RDONLY)
     try:

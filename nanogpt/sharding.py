@@ -14,10 +14,11 @@ float32, in place of autocast.
 consolidate.py turns the sharded checkpoints such a run writes into one file.
 """
 import functools
-from contextlib import contextmanager
 
 import torch
 from torch.utils.checkpoint import checkpoint
+
+from nanogpt.distributed import all_ranks
 
 
 def shard(model, device, dtype, compile_blocks=False):
@@ -50,12 +51,8 @@ def first_non_finite(model, world):
     """The name of a weight that is not finite on some process ("on another process" where this one's
     shards are all finite), or None when every weight is finite everywhere."""
     bad = next((name for name, p in model.named_parameters() if not torch.isfinite(local(p)).all()), None)
-    if world > 1:
-        import torch.distributed as dist
-        count = torch.tensor([int(bad is not None)], device="cuda" if dist.get_backend() == "nccl" else "cpu")
-        dist.all_reduce(count)
-        if count.item() and bad is None:
-            return "on another process"
+    if not all_ranks(bad is None, world) and bad is None:
+        return "on another process"
     return bad
 
 
@@ -85,12 +82,3 @@ def load_optimizer_state(model, optimizer, state):
         full["param_groups"] += [{**g, "params": [order[i] for i in g["params"]]} for g in saved["param_groups"]]
     set_optimizer_state_dict(model, [opt for _, opt in parts], full, options=StateDictOptions(full_state_dict=True))
 
-
-@contextmanager
-def no_gradient_sync(model):
-    """Accumulate gradients locally (unsharded) until a micro-batch outside this context reduces them."""
-    model.set_requires_gradient_sync(False)
-    try:
-        yield
-    finally:
-        model.set_requires_gradient_sync(True)

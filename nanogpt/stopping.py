@@ -2,8 +2,7 @@
 import signal
 from contextlib import contextmanager
 
-import torch
-import torch.distributed as dist
+from nanogpt.distributed import any_rank
 
 
 class Interrupted(Exception):
@@ -48,9 +47,7 @@ class StopFlag:
             return self.set
         if iter_num % log_interval:  # an all-reduce costs a sync: agree only on log iterations
             return False
-        flag = torch.tensor([float(self.set)], device="cuda" if dist.get_backend() == "nccl" else "cpu")
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        self.set = bool(flag.item())
+        self.set = any_rank(self.set, world)
         return self.set
 
     def restore(self):

@@ -1,5 +1,6 @@
 """Typed values: a value from a config file, the command line or a checkpoint's model_args, converted to
-its dataclass field's type, or a UserError naming the key and the type it expects."""
+its dataclass field's type, or a UserError naming the key and the type it expects; and the one line per
+value a user set that differs from what it overrides."""
 import math
 import types
 import typing
@@ -79,3 +80,11 @@ def type_name(hint):
     if typing.get_origin(hint) is dict:  # the keys' and values' types say what it maps
         return str(hint).replace("typing.", "")
     return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+
+
+def report_overrides(overrides, base, log=print):
+    """Print each override once: `override: batch_size = 32 (was 12)`."""
+    for key, value in overrides.items():
+        old = getattr(base, key)
+        if value != old:
+            log(f"override: {key} = {value!r} (was {old!r})")

@@ -408,7 +408,7 @@ def test_sharded_sizes_claimed_beyond_the_shard_files_allocate_nothing(tmp_path,
 def test_fsdp_py_refuses_a_saved_config_that_describes_no_optimizer(tmp_path, char_dataset, damage):
     """consolidate.py builds the optimizer from the checkpoint's config (train.py's own): a config that cannot build one
     is a one-line error naming the file, and nothing is written."""
-    from fsdp import consolidate
+    from consolidate import consolidate
     out = tmp_path / "o"
     one_process(tmp_path, "o", dataset=str(char_dataset), max_iters=1)
     meta = torch.load(out / "ckpt.dcp" / "meta.pt", weights_only=True)

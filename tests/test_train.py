@@ -195,7 +195,8 @@ def test_gpu_recipe_on_a_cpu_says_so_and_does_not_compile(tmp_path, char_dataset
 
 def test_notes_name_the_laptop_recipe_a_short_warmup_and_a_checkpoint_about_to_be_replaced(tmp_path):
     from model import GPT
-    from train import TrainConfig, earlier_run, startup_notes
+    from nanogpt.startup import earlier_run, startup_notes
+    from train import TrainConfig
     cfg = TrainConfig(dataset="shakespeare_char", batch_size=64, block_size=256, n_layer=6, n_head=6, n_embd=384,
                       max_iters=50, warmup_iters=100, learning_rate=1e-3, out_dir=str(tmp_path))
     model = GPT(cfg.model_config(vocab_size=65))
@@ -436,7 +437,7 @@ def test_val_bpb_counts_the_utf8_bytes_of_the_targets(tmp_path):
 
 def test_accumulation_splits_over_processes_or_is_refused_with_the_values():
     from configurator import UserError
-    from train import micro_batches
+    from nanogpt.distributed import micro_batches
     assert [micro_batches(6, w) for w in (1, 2, 3, 6)] == [6, 3, 2, 1]
     with pytest.raises(UserError, match=r"gradient_accumulation_steps \(3\) must be divisible by the number of "
                                         r"processes \(2\).*e\.g\. 4"):
@@ -448,7 +449,7 @@ def test_resume_checks_the_checkpoints_accumulation_against_the_processes(tmp_pa
     """3 micro-batches saved, 2 processes: 1 each would shrink the batch; 2 saved, 3 processes: refused for the
     checkpoint's 2, not the default 40 the command line holds."""
     from configurator import UserError
-    from train import run_config
+    from nanogpt.startup import run_config
     train(tiny_cfg(tmp_path, char_dataset, max_iters=1, gradient_accumulation_steps=saved), log=quiet)
     ckpt = str(tmp_path / "out" / "ckpt.pt")
     cfg, overrides = parse_args(TrainConfig, ["--init_from=resume", f"--out_dir={tmp_path / 'out'}"])

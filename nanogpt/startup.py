@@ -1,0 +1,424 @@
+"""How a training run starts: the config it trains with and the model it trains (new, resumed from
+out_dir, fine-tuned from another checkpoint, or GPT-2's), with every check of a resume or a fine-tune.
+
+train.py calls start_run once; the Start it returns holds what the loop needs, and Start.restore
+puts a resumed run's optimizer, scaler and RNG state back once train.py has built the optimizer.
+"""
+import math
+import os
+import typing
+import warnings
+from contextlib import nullcontext
+from dataclasses import dataclass, fields, replace
+
+import torch
+
+from model import GPT, GPTConfig
+from nanogpt import REPOSITORY
+from nanogpt.batches import dataset_dir, make_batches
+from nanogpt.checkpoint import (RUNTIME_FIELDS, config_from_model_args, finetune_source, interrupted_save,
+                                latest_form, load_checkpoint, load_sharded, model_from_checkpoint, set_rng_state)
+from nanogpt.device import (autocast, cpu_matmul_flops, peak_flops_for, resolve_device, resolve_dtype,
+                            should_compile, training_kernels)
+from nanogpt.distributed import barrier, from_rank0, micro_batches
+from nanogpt.errors import UserError
+from nanogpt.files import check_regular
+from nanogpt.hf import load_pretrained
+from nanogpt.memory import check_fits, param_count, training_bytes
+from nanogpt.optim import lr_scale
+from nanogpt.sharding import checkpoint_activations, first_non_finite, load_optimizer_state, shard
+from nanogpt.tokenizer import base_meta, read_meta, token_byte_lengths, tokenizer_from_meta, tokenizer_kind
+from nanogpt.train_config import TrainConfig
+from nanogpt.train_tasks import task_scores
+from nanogpt.values import convert, report_overrides
+
+# the model's fields that fix what its weights mean: a resumed run keeps the checkpoint's
+SHAPE_FIELDS = tuple(f.name for f in fields(GPTConfig) if f.name not in RUNTIME_FIELDS)
+FIXED_ON_RESUME = SHAPE_FIELDS + ("optimizer",)  # the optimizer state must fit the optimizer
+# fields about this machine and this invocation: a resumed run never takes them from the checkpoint
+LOCAL_FIELDS = ("out_dir", "init_from", "eval_only", "device", "dtype", "compile", "backend", "peak_flops",
+                "packed_linear", "matmul_dtype")
+# what loading a damaged optimizer, scaler or RNG state raises
+DAMAGED = (ValueError, KeyError, TypeError, IndexError, RuntimeError, AttributeError, OverflowError)
+
+
+@dataclass
+class Start:
+    """What a training run starts with: its config (the shape its weights have), its data, and its model on
+    device, sharded where the run is (not yet compiled or wrapped in DDP)."""
+    cfg: TrainConfig
+    model: GPT
+    device: torch.device
+    dtype: torch.dtype
+    batches: object  # batches.Batches or ChatBatches
+    tokenizer_meta: dict | None  # saved in each checkpoint: sampling needs no dataset
+    sharded: bool  # FSDP's shards (under torchrun with --parallel=fsdp)
+    compile: bool
+    kernels: object  # device.MatmulKernels: the kernels of training's products
+    tasks: object  # train_tasks.TaskScores, or None without eval_tasks
+    token_bytes: torch.Tensor | None  # (vocab_size,) UTF-8 bytes per token, for val_bpb
+    ctx: object  # the autocast context of a forward pass (FSDP casts per unit itself)
+    peak_flops: float | None  # the device's, for MFU
+    ckpt_path: str  # out_dir/ckpt.pt
+    replacing: str | None  # the earlier run in out_dir that this new run replaces when it first saves
+    ckpt: dict | None  # the checkpoint a resume continues (restore() takes what the model did not)
+    rank: int = 0
+    world: int = 1
+    log: typing.Callable = print
+
+    def restore(self, optimizer, scaler):
+        """(iter_num, best_val_loss, train_time) of the run: a resumed one's from its checkpoint, with the
+        optimizer, scaler and RNG state loaded (and a sharded checkpoint's weights); (0, inf, 0) for a new one."""
+        ckpt, self.ckpt = self.ckpt, None  # its weights are the model's now: nothing here keeps them alive
+        if ckpt is None:
+            return 0, float("inf"), 0.0
+        path = ckpt.get("sharded", self.ckpt_path)
+        peaks = [group["initial_lr"] for group in optimizer.param_groups]  # this run's peaks, not the saved ones
+        try:
+            if "sharded" in ckpt:  # whatever number of processes wrote it
+                load_sharded(self.model, optimizer, path)
+            elif self.sharded:
+                load_optimizer_state(self.model, optimizer, ckpt["optimizer"])
+            else:
+                optimizer.load_state_dict(ckpt["optimizer"])
+        except DAMAGED as e:
+            raise UserError(f"{path}: its optimizer state does not fit optimizer={self.cfg.optimizer} ({e})") from None
+        check_optimizer_state(self.model, optimizer, path)
+        if "sharded" in ckpt and first_non_finite(self.model, self.world):
+            raise UserError(f"{path} holds non-finite weights: the run that wrote it diverged; use an earlier "
+                            f"checkpoint (best.dcp?) or train again")
+        for group, peak in zip(optimizer.param_groups, peaks):
+            group["initial_lr"] = peak
+        if ckpt.get("iter_num") is None:
+            raise UserError(f"{path} has no iter_num: it cannot be resumed (sample from it, or train anew)")
+        best = ckpt.get("best_val_loss")  # nanoGPT writes a tensor
+        iter_num, best_val_loss = int(ckpt["iter_num"]), float(best) if best is not None else float("inf")
+        if math.isnan(best_val_loss) or best_val_loss == -math.inf:  # no val loss beats it: best.pt would stay
+            self.log(f"note: {path} records best_val_loss={best_val_loss}, which no evaluation can beat; taken as "
+                     f"no best yet: the next evaluation writes best.pt")
+            best_val_loss = float("inf")
+        try:
+            if "scaler" in ckpt:
+                scaler.load_state_dict(ckpt["scaler"])
+            has_rng = self.rank < len(ckpt.get("rng") or [])
+            if has_rng:
+                set_rng_state(ckpt["rng"][self.rank])
+        except DAMAGED as e:
+            raise UserError(f"{path}: its RNG or gradient-scaler state is damaged ({type(e).__name__}: {e})") from None
+        if not has_rng:
+            self.log(f"note: {path} has no RNG state (a nanoGPT checkpoint?): resuming with fresh dropout RNG")
+        self.log(f"resuming from {path} at iter {iter_num}")
+        return iter_num, best_val_loss, trained_before(ckpt, path)
+
+
+def start_run(cfg, overrides, rank, local_rank, world, log, lock):
+    """The Start of a run of cfg (overrides: the keys the user set, for a resume), as rank of world
+    processes: from scratch, a resume of out_dir's checkpoint, a fine-tune or GPT-2's weights, as
+    cfg.init_from says. lock: out_dir's, which a resume takes at once where a save was interrupted."""
+    ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
+    if cfg.init_from == "resume":
+        if rank == 0 and not cfg.eval_only and interrupted_save(ckpt_path):
+            lock.acquire()  # now, not once about to write: it puts back the checkpoint a save moved aside
+        barrier(world)  # every rank reads out_dir as rank 0 left it
+    cfg, base, ckpt = run_config(cfg, overrides, ckpt_path, world)
+    report_overrides(overrides, base, log)
+    device = resolve_device(cfg.device, local_rank)
+    dtype = resolve_dtype(cfg.dtype, device)
+    data_dir = dataset_dir(cfg.dataset)
+    meta = read_meta(data_dir)
+    batches = make_batches(data_dir, cfg.block_size, cfg.batch_size, device, cfg.seed, meta, log)
+    batches.check_windows("val", cfg.eval_windows)
+    torch.manual_seed(cfg.seed)  # the same initial weights on every rank
+    model, cfg = build_model(cfg, ckpt, meta, data_dir, overrides, device, ckpt_path, log)
+    if cfg.block_size != batches.block_size:  # a fine-tuned checkpoint's context decided it
+        batches = make_batches(data_dir, cfg.block_size, cfg.batch_size, device, cfg.seed, meta, log)
+    batches.vocab_size = model.config.vocab_size  # a token id beyond it is an error
+    torch.manual_seed(cfg.seed + rank)  # distinct dropout masks per rank
+    model.to(device)
+    compile = should_compile(cfg.compile, device)
+    sharded = parallelize(model, cfg, device, dtype, compile, world, log)
+    token_bytes = bytes_per_token(meta, model.config.vocab_size, device, log)
+    kernels = training_kernels(cfg, device, dtype, compile, sharded, log)
+    tasks = task_scores(cfg, model, meta, rank, sharded)
+    # an earlier run's checkpoint that this new run replaces: rank 0's view, shared, so that every rank
+    # agrees on whether an interrupt saves
+    replacing = from_rank0(earlier_run(ckpt_path) if rank == 0 and cfg.init_from != "resume" and not cfg.eval_only
+                           else None, world)
+    return Start(cfg, model, device, dtype, batches, meta, sharded, compile, kernels, tasks, token_bytes,
+                 ctx=nullcontext() if sharded else autocast(device, dtype),
+                 peak_flops=cfg.peak_flops or peak_flops_for(device, dtype), ckpt_path=ckpt_path,
+                 replacing=replacing, ckpt=ckpt, rank=rank, world=world, log=log)
+
+
+def build_model(cfg, ckpt, meta, data_dir, overrides, device, ckpt_path, log):
+    """The model: from the checkpoint, from GPT-2's weights, or new; and cfg with the shape it has."""
+    if ckpt is not None and "sharded" in ckpt:  # its weights are loaded into the model, sharded or not, by restore
+        config = config_from_model_args(ckpt["model_args"], ckpt["sharded"],
+                                        dict(attn_impl=cfg.attn_impl, dropout=cfg.dropout))
+        check_vocab(config.vocab_size, meta, data_dir, ckpt["sharded"])
+        check_memory(config, cfg.batch_size, device)
+        return GPT(config), cfg
+    if ckpt is not None:
+        model = model_from_checkpoint(ckpt, ckpt_path, attn_impl=cfg.attn_impl, dropout=cfg.dropout)
+        check_vocab(model.config.vocab_size, meta, data_dir, ckpt_path)
+        check_memory(model.config, cfg.batch_size, device, held=(ckpt, model.state_dict()))
+        return model, cfg
+    source = finetune_source(cfg.init_from)
+    if source is not None:
+        return finetune_model(cfg, source, meta, data_dir, "block_size" in overrides, device, log)
+    if cfg.init_from != "scratch":
+        model = load_pretrained(cfg.init_from, dropout=cfg.dropout, attn_impl=cfg.attn_impl)
+        check_vocab(model.config.vocab_size, meta, data_dir, cfg.init_from)
+        return fit_context(model, cfg, cfg.init_from, device, log)
+    config = cfg.model_config(vocab_size=(meta or {}).get("vocab_size", cfg.vocab_size))
+    check_memory(config, cfg.batch_size, device)
+    return GPT(config), replace(cfg, vocab_size=config.vocab_size)
+
+
+def finetune_model(cfg, source, meta, data_dir, block_size_given, device, log):
+    """A trained checkpoint's model to fine-tune from iter 0, its embeddings and head grown by the role tokens a
+    chat dataset adds; and cfg with the shape it has."""
+    ckpt = load_checkpoint(source)
+    check_same_tokenizer(ckpt.get("tokenizer"), meta, source, data_dir, log)
+    vocab = (meta or {}).get("vocab_size", 0)
+    grown = grow_vocab(ckpt, vocab)
+    if grown:
+        log(f"from {source}: vocabulary {grown[0]:,} -> {grown[1]:,} (new rows start at the mean embedding)")
+    model = model_from_checkpoint(ckpt, source, attn_impl=cfg.attn_impl, dropout=cfg.dropout)
+    check_vocab(model.config.vocab_size, meta, data_dir, source)
+    if not block_size_given:  # the checkpoint's context, unless a config or the command line says otherwise
+        cfg = replace(cfg, block_size=model.config.block_size)
+    return fit_context(model, cfg, source, device, log)
+
+
+def fit_context(model, cfg, source, device, log):
+    """A trained model cropped to cfg.block_size (at most its own context) and checked to fit in memory;
+    and cfg with the shape the weights decide."""
+    if cfg.block_size > model.config.block_size:
+        raise UserError(f"block_size ({cfg.block_size}) is longer than {source}'s context "
+                        f"({model.config.block_size}); use --block_size={model.config.block_size} or less")
+    model.crop_block_size(cfg.block_size)
+    check_memory(model.config, cfg.batch_size, device, held=model.state_dict())
+    shape = {k: getattr(model.config, k) for k in SHAPE_FIELDS}
+    changed = [f"{k}={v}" for k, v in shape.items() if getattr(cfg, k) != v]
+    if changed:
+        log(f"from {source}: {', '.join(changed)}")
+    return model, replace(cfg, **shape)
+
+
+def check_memory(config, batch_size, device, held=()):
+    """Training config on micro-batches of batch_size fits in what the device has free, before training
+    allocates it; held: tensors already in memory (a loaded checkpoint) that training's own take over."""
+    held_bytes = tensor_bytes(held) if device.type == "cpu" else 0  # on a GPU they are not there yet
+    check_fits(training_bytes(config, batch_size) - held_bytes, device,
+               f"training {param_count(config) / 1e6:,.1f}M parameters on micro-batches of {batch_size} x "
+               f"{config.block_size} tokens", "lower batch_size (raise gradient_accumulation_steps to keep the "
+               "batch), block_size, n_layer or n_embd")
+
+
+def parallelize(model, cfg, device, dtype, compile, world, log):
+    """Activation checkpointing, and FSDP's shards under torchrun; True when the model is sharded."""
+    if cfg.activation_checkpointing:
+        checkpoint_activations(model)
+    if cfg.parallel != "fsdp":
+        return False
+    if dtype == torch.float16:
+        raise UserError("--parallel=fsdp computes in bfloat16 or float32, not float16 (no gradient scaler for "
+                        "shards here): use --dtype=bfloat16, or --parallel=ddp")
+    if world == 1:
+        log("note: --parallel=fsdp in one process: nothing to shard, so the model trains whole; "
+            "checkpoints are still sharded directories (run under torchrun to shard)")
+        return False
+    shard(model, device, dtype, compile_blocks=compile)
+    return True
+
+
+def run_config(cfg, overrides, ckpt_path, world):
+    """(cfg, base, ckpt): the config this run trains with (a resume's is the checkpoint's, with the overrides),
+    what the overrides are reported against, and the checkpoint to resume (None for a new run)."""
+    if cfg.init_from != "resume":
+        micro_batches(cfg.gradient_accumulation_steps, world)
+        return cfg, TrainConfig(), None
+    ckpt = load_checkpoint(ckpt_path, weights=False)  # a sharded one's weights load once sharded (restore)
+    base, resumed = resume_config(ckpt, overrides, ckpt_path)
+    cfg = replace(resumed, **{k: getattr(cfg, k) for k in LOCAL_FIELDS})  # this invocation's, as given
+    given = "gradient_accumulation_steps" in overrides
+    micro_batches(cfg.gradient_accumulation_steps, world, "" if given else f", {ckpt.get('sharded', ckpt_path)}'s")
+    return cfg, base, ckpt
+
+
+def resume_config(ckpt, overrides, path):
+    """The checkpoint's config, with the user's overrides unless they would change the model."""
+    hints = typing.get_type_hints(TrainConfig)
+    saved = {k: convert(v, hints[k], k, f"{path}: config") for k, v in (ckpt.get("config") or {}).items()
+             if k in hints and k not in LOCAL_FIELDS}
+    model_args = ckpt["model_args"]
+    default = GPTConfig()
+    for key in SHAPE_FIELDS:  # model_args is the truth about the weights
+        saved[key] = model_args.get(key, getattr(default, key))
+    saved.setdefault("optimizer", "adamw")  # nanoGPT's
+    if "embedding_lr" in overrides and (overrides["embedding_lr"] is None) != (saved.get("embedding_lr") is None):
+        raise UserError(f"--embedding_lr={overrides['embedding_lr']!r} would add or remove the embeddings' own "
+                        f"optimizer group, which the checkpoint's optimizer state {'lacks' if saved.get('embedding_lr') is None else 'has'} "
+                        f"({path}); change its value, not whether it is set, or train anew in a new out_dir")
+    for key, value in overrides.items():
+        if key in FIXED_ON_RESUME and value != saved[key]:
+            raise UserError(f"--{key}={value!r} contradicts the checkpoint's {key}={saved[key]!r} ({path}); "
+                            f"a resumed run keeps the model's shape and optimizer: train from scratch in a new "
+                            f"out_dir to change them")
+    try:
+        base = TrainConfig(**saved)
+        return base, TrainConfig(**{**saved, **overrides})
+    except (TypeError, ValueError) as e:
+        raise UserError(f"{path}: its saved config does not fit: {e}") from None
+
+
+def check_vocab(model_vocab, meta, data_dir, path):
+    if meta is None:
+        return
+    vocab = meta.get("vocab_size")
+    char = tokenizer_kind(meta) == "char"
+    if vocab is not None and (vocab > model_vocab or (char and vocab != model_vocab)):
+        raise UserError(f"{path} was trained on a vocabulary of {model_vocab} tokens but {data_dir} has {vocab}; "
+                        f"resume with the dataset it was trained on (--dataset)")
+
+
+def check_same_tokenizer(trained, meta, source, data_dir, log):
+    """A fine-tuning dataset must tokenize as the checkpoint's did (a chat dataset: its base tokenizer)."""
+    if trained is None or meta is None:
+        log(f"note: {source if trained is None else data_dir} names no tokenizer; assuming the two agree")
+        return
+    def signature(m):
+        m = base_meta(m)
+        return (tokenizer_kind(m), m.get("chars") or m.get("itos"), m.get("pattern"), m.get("ranks_text"))
+    if signature(trained) != signature(meta):
+        raise UserError(f"{data_dir}'s tokenizer is not the one {source} was trained with; prepare the fine-tuning "
+                        f"data on the model's own dataset (python data/chat/prepare.py --base THAT_DATASET ...)")
+
+
+def grow_vocab(ckpt, vocab_size):
+    """Grow the checkpoint's token embeddings (wte, the head, value embeddings) to vocab_size rows, in place;
+    each new row is the mean of the old ones, so new tokens start as an average token. Returns (old, new) or None."""
+    old = ckpt["model_args"].get("vocab_size", GPTConfig().vocab_size)
+    if vocab_size <= old:
+        return None
+    for name, weight in list(ckpt["model"].items()):
+        is_table = name.endswith(("wte.weight", "lm_head.weight")) or ".ve." in name
+        if is_table and weight.dim() == 2 and weight.size(0) == old:
+            mean = weight.float().mean(0, keepdim=True).to(weight.dtype)
+            ckpt["model"][name] = torch.cat([weight, mean.expand(vocab_size - old, -1)])
+    ckpt["model_args"] = {**ckpt["model_args"], "vocab_size": vocab_size}
+    return old, vocab_size
+
+
+def trained_before(ckpt, path):
+    """Seconds of training the checkpoint's run had behind it (0 for a checkpoint that does not say)."""
+    seconds = ckpt.get("train_time", 0.0)
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds < math.inf:
+        raise UserError(f"{path}: train_time is {seconds!r}, expected seconds >= 0; the file is damaged")
+    return float(seconds)
+
+
+def check_optimizer_state(model, optimizer, path):
+    """Each parameter's state (AdamW's exp_avg and exp_avg_sq, Muon's momentum_buffer) has the parameter's
+    shape: loading does not check it, and a wrong one would fail only in the first step."""
+    names = {p: name for name, p in model.named_parameters()}
+    state = optimizer.state
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            for key, value in state.get(p, {}).items():
+                if isinstance(value, torch.Tensor) and value.dim() and value.shape != p.shape:
+                    raise UserError(f"{path}: its optimizer state does not fit the model: {key} of {names.get(p)} "
+                                    f"has shape {tuple(value.shape)}, the parameter {tuple(p.shape)}; the file is "
+                                    f"damaged: resume from another checkpoint (best.pt?) or train anew")
+
+
+def tensor_bytes(obj):
+    """Bytes of the tensors in obj (nested dicts, lists and tuples), each storage once."""
+    seen, total, stack = set(), 0, [obj]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            storage = item.untyped_storage()
+            if storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                total += storage.nbytes()
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return total
+
+
+def bytes_per_token(meta, vocab_size, device, log):
+    """(vocab_size,) UTF-8 bytes of each token, for val_bpb; None (with a note) where the tokenizer cannot be had."""
+    try:
+        lengths = token_byte_lengths(tokenizer_from_meta(meta), vocab_size)
+    except UserError as e:
+        log(f"note: no val_bpb: {e}")
+        return None
+    return torch.tensor(lengths, dtype=torch.float64, device=device)
+
+
+# a training iteration on a CPU reaches about this fraction of a plain matmul's FLOP/s
+CPU_TRAINING_EFFICIENCY = 0.5
+
+
+def startup_notes(cfg, model, device, tokens_per_iter, ckpt_path, iter_num=0, earlier=None):
+    """Warnings worth a line before a run starts: a GPU-sized run on a CPU, a warmup longer than the run,
+    a scratch run about to replace a checkpoint, a resumed run with nothing left to do."""
+    notes = []
+    if device.type == "cpu" and not cfg.eval_only:
+        flops_per_token = model.flops_per_token()
+        rate = CPU_TRAINING_EFFICIENCY * cpu_matmul_flops()
+        per_iter = flops_per_token * tokens_per_iter / rate
+        per_eval = 2 * cfg.eval_iters * cfg.batch_size * cfg.block_size * flops_per_token / 3 / rate  # forward only
+        if per_iter > 1.0:
+            laptop = f"config/{os.path.basename(os.path.normpath(cfg.dataset))}_cpu.py"
+            if not os.path.exists(os.path.join(REPOSITORY, laptop)):
+                laptop = "a smaller batch_size, block_size, n_layer and n_embd (see config/shakespeare_char_cpu.py)"
+            total = cfg.max_iters * per_iter + (cfg.max_iters // cfg.eval_interval + 1) * per_eval
+            notes.append(f"this run is sized for a GPU: on this CPU an iter takes about {fmt_seconds(per_iter)} and "
+                         f"each evaluation about {fmt_seconds(per_eval)}, {fmt_seconds(total)} for {cfg.max_iters} "
+                         f"iters and their evaluations; for a laptop-sized run use {laptop}")
+    if cfg.decay_lr and 0 < cfg.max_iters <= cfg.warmup_iters:
+        reached = cfg.learning_rate * lr_scale(cfg.max_iters - 1, cfg)
+        notes.append(f"warmup_iters ({cfg.warmup_iters}) >= max_iters ({cfg.max_iters}): the learning rate rises "
+                     f"only to {reached:.2e} of its {cfg.learning_rate:.2e}; lower warmup_iters to reach it")
+    elif cfg.decay_lr and cfg.warmup_iters < cfg.max_iters < cfg.lr_decay_iters:
+        last = cfg.learning_rate * lr_scale(cfg.max_iters - 1, cfg)
+        notes.append(f"max_iters ({cfg.max_iters}) < lr_decay_iters ({cfg.lr_decay_iters}): the run ends at a "
+                     f"learning rate of {last:.2e}, before its decay to {cfg.min_lr:.2e}; "
+                     f"--lr_decay_iters={cfg.max_iters} decays within the run")
+    if earlier is not None:
+        first = min(cfg.eval_interval, cfg.max_iters)
+        notes.append(f"{latest_form(ckpt_path)} holds an earlier run ({earlier}); this {cfg.init_from} run replaces "
+                     f"it, and its best checkpoint, when it first saves at an evaluation (at iter {first} at the "
+                     f"earliest); until then it is kept, and Ctrl-C saves nothing (--init_from=resume would continue "
+                     f"it instead; --out_dir=DIR keeps both)")
+    if cfg.init_from == "resume" and not cfg.eval_only and iter_num >= cfg.max_iters:
+        notes.append(f"the checkpoint is at iter {iter_num} and max_iters is {cfg.max_iters}: nothing to train; "
+                     f"pass --max_iters=N with N > {iter_num} to continue")
+    return notes
+
+
+def earlier_run(ckpt_path):
+    """'iter N, best val loss X' of the checkpoint at ckpt_path (its latest form), read without its weights;
+    None where there is none."""
+    path = latest_form(ckpt_path)
+    if not os.path.exists(path):
+        return None
+    try:
+        if os.path.isdir(path):
+            path = os.path.join(path, "meta.pt")
+        check_regular(path)  # a FIFO would block torch.load forever
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's notes on what it reads: never the user's
+            ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # mmap: the weights stay on disk
+        return f"iter {int(ckpt['iter_num'])}, best val loss {float(ckpt['best_val_loss']):.4f}"
+    except Exception:  # only for a note: what the file holds is checked where it is loaded
+        return "its iter and val loss could not be read"
+
+
+def fmt_seconds(s):
+    return f"{s:.1f} s" if s < 90 else f"{s / 60:.0f} min" if s < 5400 else f"{s / 3600:.1f} h"
