@@ -13,6 +13,7 @@ import torch
 
 from nanogpt.checkpoint import check_shapes
 from nanogpt.errors import UserError
+from nanogpt.llama import ARCHITECTURES, from_llama, model_type
 from model import GPT, GPTConfig
 
 # ours (nn.Linear, (out, in)) <-> Hugging Face's Conv1D ((in, out)): the same matrix, transposed
@@ -73,7 +74,8 @@ def hub_reachable():
 
 
 def load_pretrained(name_or_path, **runtime):
-    """GPT-2's weights (from_hf), with their failures as one-line UserErrors."""
+    """GPT-2's weights (from_hf), or a Llama or Qwen3 directory's (llama.py), with their failures as one-line
+    UserErrors."""
     if os.path.isdir(name_or_path) and not os.path.exists(os.path.join(name_or_path, "model.safetensors")):
         pickles = [f for f in os.listdir(name_or_path) if f.endswith((".bin", ".pt", ".pth", ".ckpt"))]
         if pickles:
@@ -81,6 +83,8 @@ def load_pretrained(name_or_path, **runtime):
                             f"loaded; only model.safetensors is read: convert it where you trust the file "
                             f"(transformers: model.save_pretrained(dir, safe_serialization=True))")
     try:
+        if os.path.isdir(name_or_path) and model_type(name_or_path) in ARCHITECTURES:  # export.py's Llama, Qwen3
+            return from_llama(name_or_path, **runtime)
         return from_hf(name_or_path, **runtime)
     except ImportError as e:
         raise UserError(str(e)) from None
