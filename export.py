@@ -94,8 +94,8 @@ def write_hf(model, tokenizer, meta, hf_dir, kind):
     from nanogpt.llama import to_llama
     stops = stop_ids(tokenizer)
     first = stops[0] if isinstance(stops, list) else stops
-    hf = to_hf(model, stops) if kind == "gpt2" else to_llama(model, kind, bos_token_id=first, eos_token_id=stops)
-    hf.generation_config.eos_token_id = stops
+    hf = to_hf(model, first) if kind == "gpt2" else to_llama(model, kind, bos_token_id=first, eos_token_id=stops)
+    hf.config.eos_token_id = hf.generation_config.eos_token_id = stops
     tmp = os.path.join(os.path.dirname(os.path.abspath(hf_dir)), f".{os.path.basename(os.path.abspath(hf_dir))}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
@@ -119,7 +119,7 @@ def main(argv):
     check_decodes(tokenizer, model.config.vocab_size, cfg.path)
     try:
         if cfg.format == "gguf":
-            from gguf_file import write_gguf
+            from nanogpt.gguf_file import write_gguf
             write_gguf(model, tokenizer, kind, cfg.gguf_file, cfg.path)
             print(f"wrote {cfg.gguf_file}: run it with llama.cpp (llama-cli -m {cfg.gguf_file}) or Ollama; see docs/export.md")
             return

@@ -88,8 +88,7 @@ def our_state(state, config):
 
 def to_llama(model, model_type, bos_token_id=None, eos_token_id=None):
     """A transformers LlamaForCausalLM (model_type "llama") or Qwen3ForCausalLM ("qwen3") holding model's weights."""
-    from nanogpt.hf import transformers_module
-    transformers = transformers_module()
+    import transformers  # ImportError: the caller says what to install
     c = model.config
     common = dict(vocab_size=c.vocab_size, hidden_size=c.n_embd, intermediate_size=c.mlp_width, num_hidden_layers=c.n_layer,
                   num_attention_heads=c.n_head, num_key_value_heads=c.kv_heads, head_dim=c.head_dim, hidden_act="silu",
@@ -162,9 +161,9 @@ def safetensors_state(directory):
 def from_llama(directory, **runtime):
     """A GPT holding the weights of a Llama or Qwen3 directory (export.py's, or any that model.py computes
     exactly); runtime may set dropout and attn_impl."""
+    import transformers  # ImportError: the caller says what to install
+
     from nanogpt.checkpoint import check_shapes
-    from nanogpt.hf import transformers_module
-    transformers = transformers_module()
     try:
         hf_config = transformers.AutoConfig.from_pretrained(directory)
     except (OSError, ValueError, TypeError) as e:
@@ -192,35 +191,3 @@ def from_llama(directory, **runtime):
     model = GPT(config)
     model.load_state_dict(ours, strict=True)
     return model
-
-
-# what exports to which architecture
-RECIPES = ("GPT-2's recipe (learned positions, LayerNorm, GELU or ReLU, n_kv_head = n_head) exports as GPT2LMHeadModel; "
-           "--pos_emb=rope --norm=rmsnorm --activation=swiglu (any n_kv_head, tied or not) as LlamaForCausalLM, "
-           "with --qk_norm=True as Qwen3ForCausalLM; none with value_embeds or logit_softcap")
-
-
-def hf_architecture(config, path):
-    """The Hugging Face model_type that computes config's model exactly: "gpt2", "llama" or "qwen3"; else a
-    UserError naming each option none expresses and the recipes that export."""
-    from nanogpt.hf import incompatibilities
-    reasons = []
-    if config.value_embeds:
-        reasons.append(f"value_embeds={config.value_embeds} (no Hugging Face architecture has value embeddings)")
-    if config.logit_softcap is not None:
-        reasons.append(f"logit_softcap={config.logit_softcap} (Gemma 2, the architecture with a final softcap, also "
-                       f"scales the embeddings and normalizes every sublayer's output)")
-    if config.pos_emb == "learned":
-        reasons += [r for r in incompatibilities(config) if not r.startswith(("value_embeds", "logit_softcap"))]
-        if not reasons:
-            return "gpt2"
-    else:
-        if config.norm != "rmsnorm":
-            reasons.append(f"norm={config.norm} with RoPE (Llama and Qwen3 use RMSNorm)")
-        if config.activation != "swiglu":
-            reasons.append(f"activation={config.activation} with RoPE (Llama and Qwen3 use SwiGLU)")
-        if config.qk_norm and config.bias:
-            reasons.append("qk_norm=True with bias=True (Qwen3 has no MLP biases)")
-        if not reasons:
-            return "qwen3" if config.qk_norm else "llama"
-    raise UserError(f"{path} cannot export: {'; '.join(reasons)}. {RECIPES}")

@@ -29,20 +29,38 @@ def sample(args):
 
 
 @pytest.mark.parametrize("options", ARCHITECTURES.values(), ids=ARCHITECTURES.keys())
-def test_export_computes_our_logits_and_greedy_text_in_transformers_and_reads_back(tmp_path, char_dataset, options):
+def test_transformers_computes_our_logits_and_greedy_tokens(tmp_path, char_dataset, options):
     """Every parameter random (norm gains and biases too): RoPE's pairing, the GQA split, the gate and up
     rows and the untied head each change the logits if written wrong."""
+    import export
+    from model import GPT, GPTConfig
+    from nanogpt.tokenizer import read_meta, tokenizer_from_meta
+    meta = read_meta(str(char_dataset))
+    ours = randomize(GPT(GPTConfig(n_layer=2, n_head=4, n_embd=32, block_size=32, vocab_size=len(meta["chars"]),
+                                   **options))).eval()
+    kind = "qwen3" if options.get("qk_norm") else "llama"
+    export.write_hf(ours, tokenizer_from_meta(meta), meta, str(tmp_path / "hf"), kind)
+    expected = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}[kind]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
+    assert type(hf).__name__ == expected
+    idx = torch.randint(0, ours.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        np.testing.assert_allclose(hf(idx).logits.numpy(), ours(idx)[0].numpy(), atol=1e-4, rtol=0)
+        theirs = hf.generate(idx[:1, :4], max_new_tokens=20, do_sample=False, pad_token_id=0)
+    assert torch.equal(theirs, ours.generate(idx[:1, :4], 20, temperature=0))
+
+
+@pytest.mark.parametrize("options", [ARCHITECTURES["llama-gqa-untied"], ARCHITECTURES["qwen3-gqa"]],
+                         ids=["llama-gqa-untied", "qwen3-gqa"])
+def test_exported_greedy_text_is_sample_pys_and_the_export_reads_back(tmp_path, char_dataset, options):
+    """End to end: train.py's checkpoint, export.py, transformers' generate() == sample.py --temperature=0 on
+    the checkpoint == sample.py --init_from=DIR."""
     out, ours = trained_then_randomized(tmp_path, char_dataset, **options)
     exported = run_script(["export.py", f"--out_dir={out}", f"--hf_dir={tmp_path / 'hf'}"])
     assert exported.returncode == 0, exported.stderr
     expected = "Qwen3ForCausalLM" if options.get("qk_norm") else "LlamaForCausalLM"
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["architectures"] == [expected]
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
-    assert type(hf).__name__ == expected
-    idx = torch.randint(0, ours.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        np.testing.assert_allclose(hf(idx).logits.numpy(), ours(idx)[0].numpy(), atol=1e-4, rtol=0)
-    # generate() greedy == sample.py --temperature=0 on the checkpoint == sample.py on the export
     chars = json.loads((char_dataset / "meta.json").read_text(encoding="utf-8"))["chars"]
     prompt = torch.tensor([[chars.index(c) for c in "Speak"]])
     with torch.no_grad():
@@ -75,7 +93,7 @@ REFUSED = {
 @pytest.mark.parametrize("options, reason", REFUSED.values(), ids=REFUSED.keys())
 def test_an_option_no_architecture_expresses_is_named_with_recipes_that_export(options, reason):
     from nanogpt.errors import UserError
-    from nanogpt.llama import hf_architecture
+    from nanogpt.hf import hf_architecture
     from model import GPTConfig
     config = GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=64, block_size=16, **options)
     with pytest.raises(UserError) as e:
@@ -87,7 +105,7 @@ def test_an_option_no_architecture_expresses_is_named_with_recipes_that_export(o
 @pytest.mark.parametrize("options, kind", [(dict(), "gpt2"), (MODERN, "llama"), (dict(MODERN, qk_norm=True), "qwen3"),
                                            (dict(activation="relu", bias=False, tie_weights=False), "gpt2")])
 def test_each_recipe_exports_as_its_architecture(options, kind):
-    from nanogpt.llama import hf_architecture
+    from nanogpt.hf import hf_architecture
     from model import GPTConfig
     assert hf_architecture(GPTConfig(n_layer=1, n_head=2, n_embd=32, **options), "ckpt.pt") == kind
 
