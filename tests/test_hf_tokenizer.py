@@ -125,7 +125,7 @@ def test_typed_role_token_is_text_in_the_template_and_with_split_special_tokens(
     assert theirs.decode(ours.render(messages)[0]) == ours.decode(ours.render(messages)[0])
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # test_gguf.py uses it too
 def llama_sft(tmp_path_factory):
     """test_chat's 'say xy' -> 'xyxy.' model, as a Llama (RoPE, RMSNorm, SwiGLU, one kv head) of 64 positions
     (a prompt and 50 tokens): its out_dir."""
