@@ -3,7 +3,8 @@
 Both directions use one table: the parameter names are the same on both sides
 (transformer.h.N.attn.c_attn.weight, ...), four matrices are Conv1D there and
 so stored transposed, and the activations have other names. Needs the optional
-transformers package.
+transformers package. Llama and Qwen3 live in llama.py; hf_architecture says which of the three
+computes a model exactly.
 """
 import json
 import os
@@ -15,6 +16,7 @@ import torch
 from nanogpt.checkpoint import check_shapes
 from nanogpt.errors import UserError
 from nanogpt.files import check_regular, read_regular
+from nanogpt.llama import ARCHITECTURES, from_llama, model_type
 from model import GPT, GPTConfig
 
 # ours (nn.Linear, (out, in)) <-> Hugging Face's Conv1D ((in, out)): the same matrix, transposed
@@ -76,7 +78,8 @@ def hub_reachable():
 
 
 def load_pretrained(name_or_path, **runtime):
-    """GPT-2's weights (from_hf), with their failures as one-line UserErrors."""
+    """GPT-2's weights (from_hf), or a Llama or Qwen3 directory's (llama.py), with their failures as one-line
+    UserErrors."""
     if os.path.isdir(name_or_path) and not os.path.exists(os.path.join(name_or_path, "model.safetensors")):
         pickles = [f for f in os.listdir(name_or_path) if f.endswith((".bin", ".pt", ".pth", ".ckpt"))]
         if pickles:
@@ -84,6 +87,8 @@ def load_pretrained(name_or_path, **runtime):
                             f"loaded; only model.safetensors is read: convert it where you trust the file "
                             f"(transformers: model.save_pretrained(dir, safe_serialization=True))")
     try:
+        if os.path.isdir(name_or_path) and model_type(name_or_path) in ARCHITECTURES:  # export.py's Llama, Qwen3
+            return from_llama(name_or_path, **runtime)
         return from_hf(name_or_path, **runtime)
     except ImportError as e:
         raise UserError(str(e)) from None
@@ -211,3 +216,34 @@ def to_hf(model, eot_token=None):
                 continue
             p.copy_(as_theirs(name, ours[name]))
     return hf
+
+
+# what exports to which architecture
+RECIPES = ("GPT-2's recipe (learned positions, LayerNorm, GELU or ReLU, n_kv_head = n_head) exports as GPT2LMHeadModel; "
+           "--pos_emb=rope --norm=rmsnorm --activation=swiglu (any n_kv_head, tied or not) as LlamaForCausalLM, "
+           "with --qk_norm=True as Qwen3ForCausalLM; none with value_embeds or logit_softcap")
+
+
+def hf_architecture(config, path):
+    """The Hugging Face model_type that computes config's model exactly: "gpt2", "llama" or "qwen3"; else a
+    UserError naming each option none expresses and the recipes that export."""
+    reasons = []
+    if config.value_embeds:
+        reasons.append(f"value_embeds={config.value_embeds} (no Hugging Face architecture has value embeddings)")
+    if config.logit_softcap is not None:
+        reasons.append(f"logit_softcap={config.logit_softcap} (Gemma 2, the architecture with a final softcap, also "
+                       f"scales the embeddings and normalizes every sublayer's output)")
+    if config.pos_emb == "learned":
+        reasons += [r for r in incompatibilities(config) if not r.startswith(("value_embeds", "logit_softcap"))]
+        if not reasons:
+            return "gpt2"
+    else:
+        if config.norm != "rmsnorm":
+            reasons.append(f"norm={config.norm} with RoPE (Llama and Qwen3 use RMSNorm)")
+        if config.activation != "swiglu":
+            reasons.append(f"activation={config.activation} with RoPE (Llama and Qwen3 use SwiGLU)")
+        if config.qk_norm and config.bias:
+            reasons.append("qk_norm=True with bias=True (Qwen3 has no MLP biases)")
+        if not reasons:
+            return "qwen3" if config.qk_norm else "llama"
+    raise UserError(f"{path} cannot export: {'; '.join(reasons)}. {RECIPES}")

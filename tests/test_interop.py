@@ -140,7 +140,7 @@ def test_export_refuses_other_architectures(tmp_path, char_dataset):
     train(cfg, log=lambda *a: None)
     result = run_script(["export.py", f"--out_dir={tmp_path / 'out'}", f"--hf_dir={tmp_path / 'hf'}"])
     assert result.returncode == 2
-    assert "not a GPT-2 architecture (pos_emb=rope, norm=rmsnorm)" in result.stderr
+    assert "cannot export: activation=gelu with RoPE (Llama and Qwen3 use SwiGLU)" in result.stderr
     assert not os.path.exists(tmp_path / "hf")
 
 

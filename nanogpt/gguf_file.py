@@ -1,0 +1,153 @@
+"""A model and its tokenizer as one GGUF file (llama.cpp's format, written by its own `gguf` package), for
+llama.cpp and Ollama. Llama and Qwen3 models; float32 weights (llama.cpp's tools quantize them).
+
+Two rules the tensor names do not show:
+- RoPE's pairing: llama.cpp's llama rotates pairs (2i, 2i+1), as model.py does: q and k as ours are.
+  Its qwen3 rotates halves (i, i + head_dim/2), as Hugging Face's: q and k reordered (llama.to_halves).
+- The tokenizer is llama.cpp's byte-level BPE ("gpt2"): tokens spelled in GPT-2's byte alphabet, the merges
+  in rank order, and the split pattern named by llama.cpp's name for it (tokenizer.ggml.pre). A
+  character vocabulary is such a BPE too: each character's bytes merge into it (its prefixes, in turn).
+  Role tokens are control tokens; the chat template goes in as Jinja.
+"""
+import os
+
+import numpy as np
+
+from nanogpt.errors import UserError
+from nanogpt.hf_tokenizer import bpe_merges, byte_chars, chat_template
+from nanogpt.llama import to_halves
+from nanogpt.tokenizer import GPT2BPE, CharTokenizer, ChatTokenizer
+
+# a trained BPE's split pattern -> llama.cpp's name for it (the pre-tokenizers it implements)
+GPT4_PATTERN = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
+PRE_TOKENIZERS = {GPT4_PATTERN: "llama-bpe"}  # a trained BPE's (rustbpe's): llama.cpp's llama-bpe (Llama 3's)
+
+
+def char_merges(chars, spelled):
+    """A character vocabulary as byte-level BPE merges: each multi-byte character's bytes joined in turn
+    (b1 + b2, then b1b2 + b3, ...). Merges only ever extend a character from its first byte, so no two
+    characters merge into one."""
+    merges, seen = [], set()
+    for c in chars:
+        data = c.encode("utf-8")
+        for i in range(1, len(data)):
+            pair = (spelled(data[:i]), spelled(data[i:i + 1]))
+            if pair not in seen:
+                seen.add(pair)
+                merges.append(pair)
+    return merges
+
+
+def vocabulary(tokenizer, vocab_size):
+    """(tokens, token types, merges, pre-tokenizer name) of tokenizer for a model of vocab_size ids; ids no
+    text has (padding) are unused tokens."""
+    import gguf
+    chars = byte_chars()
+
+    def spelled(data):
+        return "".join(chars[b] for b in data)
+    base = tokenizer.base if isinstance(tokenizer, ChatTokenizer) else tokenizer
+    tokens = [f"[PAD{i}]" for i in range(vocab_size)]
+    types = [gguf.TokenType.UNUSED] * vocab_size
+    if isinstance(base, CharTokenizer):
+        for i, c in enumerate(base.chars):
+            tokens[i], types[i] = spelled(c.encode("utf-8")), gguf.TokenType.NORMAL
+        merges, pre = char_merges(base.chars, spelled), "gpt-2"  # every pattern splits between characters
+    else:
+        pattern = base.enc._pat_str
+        if not isinstance(base, GPT2BPE) and pattern not in PRE_TOKENIZERS:
+            raise UserError(f"the BPE's split pattern {pattern!r} is not one llama.cpp implements "
+                            f"({', '.join(PRE_TOKENIZERS.values())}); export with --format=hf")
+        for token, rank in base.enc._mergeable_ranks.items():
+            tokens[rank], types[rank] = spelled(token), gguf.TokenType.NORMAL
+        for name, i in base.enc._special_tokens.items():
+            tokens[i], types[i] = name, gguf.TokenType.CONTROL
+        merges = [(spelled(a), spelled(b)) for a, b in bpe_merges(base.enc._mergeable_ranks)]
+        pre = "gpt-2" if isinstance(base, GPT2BPE) else PRE_TOKENIZERS[pattern]  # GPT-2's is tiktoken's r50k_base
+    if isinstance(tokenizer, ChatTokenizer):
+        for name, i in tokenizer.ids.items():
+            tokens[i], types[i] = name, gguf.TokenType.CONTROL
+    if not merges:  # llama.cpp needs some (an ASCII vocabulary has none): one no UTF-8 text holds, bytes 0xFE 0xFF
+        merges = [(spelled(b"\xfe"), spelled(b"\xff"))]
+    return tokens, types, [f"{a} {b}" for a, b in merges], pre
+
+
+def tensors(model, kind):
+    """(GGUF name, float32 array) of each weight of model, for llama.cpp's llama or qwen3."""
+    c, ours = model.config, {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
+    q_dim, kv_dim = c.n_head * c.head_dim, c.kv_heads * c.head_dim
+    out = {"token_embd.weight": ours["transformer.wte.weight"], "output_norm.weight": ours["transformer.ln_f.weight"]}
+    if not c.tie_weights:
+        out["output.weight"] = ours["lm_head.weight"]
+    reorder = (lambda t, n: to_halves(t, n)) if kind == "qwen3" else (lambda t, n: t)
+    for i in range(c.n_layer):
+        mine, blk = f"transformer.h.{i}.", f"blk.{i}."
+        out[blk + "attn_norm.weight"] = ours[mine + "ln_1.weight"]
+        out[blk + "ffn_norm.weight"] = ours[mine + "ln_2.weight"]
+        for kind_ in ("weight", "bias"):
+            if mine + "attn.c_attn." + kind_ not in ours:
+                continue
+            q, k, v = ours[mine + "attn.c_attn." + kind_].split([q_dim, kv_dim, kv_dim])
+            gate, up = ours[mine + "mlp.c_fc." + kind_].chunk(2)
+            out.update({blk + "attn_q." + kind_: reorder(q, c.n_head), blk + "attn_k." + kind_: reorder(k, c.kv_heads),
+                        blk + "attn_v." + kind_: v, blk + "attn_output." + kind_: ours[mine + "attn.c_proj." + kind_],
+                        blk + "ffn_gate." + kind_: gate, blk + "ffn_up." + kind_: up,
+                        blk + "ffn_down." + kind_: ours[mine + "mlp.c_proj." + kind_]})
+        if kind == "qwen3":
+            out[blk + "attn_q_norm.weight"] = out[blk + "attn_k_norm.weight"] = np.ones(c.head_dim, dtype=np.float32)
+    return {name: np.ascontiguousarray(np.asarray(t, dtype=np.float32)) for name, t in out.items()}
+
+
+def write_gguf(model, tokenizer, kind, path, source):
+    """model (of Hugging Face model_type kind) and tokenizer as the GGUF file path, written beside it and renamed
+    into place."""
+    import gguf
+    c = model.config
+    if kind not in ("llama", "qwen3"):
+        raise UserError(f"{source} is a GPT-2-style model: --format=gguf writes Llama and Qwen3 models (train with "
+                        f"--pos_emb=rope --norm=rmsnorm --activation=swiglu); export it with --format=hf")
+    if c.bias:
+        raise UserError(f"{source} has biases (bias=True): llama.cpp's llama has no MLP biases; train with "
+                        f"--bias=False, or export with --format=hf")
+    tokens, types, merges, pre = vocabulary(tokenizer, c.vocab_size)
+    tmp = os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.tmp")
+    writer = gguf.GGUFWriter(tmp, kind)
+    writer.add_name(os.path.basename(path).removesuffix(".gguf"))
+    writer.add_context_length(c.block_size)
+    writer.add_embedding_length(c.n_embd)
+    writer.add_block_count(c.n_layer)
+    writer.add_feed_forward_length(c.mlp_width)
+    writer.add_head_count(c.n_head)
+    writer.add_head_count_kv(c.kv_heads)
+    writer.add_key_length(c.head_dim)
+    writer.add_value_length(c.head_dim)
+    writer.add_rope_dimension_count(c.head_dim)
+    writer.add_rope_freq_base(c.rope_base)
+    writer.add_layer_norm_rms_eps(c.norm_eps)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_vocab_size(c.vocab_size)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(pre)
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
+    writer.add_add_bos_token(False)
+    if isinstance(tokenizer, ChatTokenizer):
+        writer.add_bos_token_id(tokenizer.end)
+        writer.add_eos_token_id(tokenizer.end)
+        writer.add_eot_token_id(tokenizer.end)
+        writer.add_chat_template(chat_template())
+    elif tokenizer.eot is not None:
+        writer.add_bos_token_id(tokenizer.eot)
+        writer.add_eos_token_id(tokenizer.eot)
+    for name, array in tensors(model, kind).items():
+        writer.add_tensor(name, array)
+    try:
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)

@@ -1,0 +1,193 @@
+"""Hugging Face's Llama and Qwen3 in one place: write a RoPE + RMSNorm + SwiGLU GPT as their directory,
+read such a directory back into a GPT.
+
+One table of names; two rules the names do not show:
+- RoPE's pairing. model.py rotates channel pairs (2i, 2i+1) of each head; Llama and Qwen3 rotate
+  channel i with channel i + head_dim/2 (rotate_half). Both give pair i the same frequency, so the
+  same model is q and k with each head's channels reordered: evens first, then odds (to_halves).
+  The scores q.k are sums over channels and do not change; v and o keep their order.
+- Ours has no gain in qk_norm: Qwen3's per-head q_norm and k_norm are written as ones (and a
+  directory whose gains are not ones is refused on reading: ours cannot compute it).
+SwiGLU's c_fc holds the gate rows, then the up rows: gate_proj and up_proj. Needs transformers.
+"""
+import json
+import os
+
+import torch
+
+from nanogpt.errors import UserError
+from model import GPT, GPTConfig
+
+# our parameter suffix (per block) -> Llama's; c_attn and c_fc split into several of theirs
+BLOCK = {"ln_1.weight": "input_layernorm.weight", "ln_2.weight": "post_attention_layernorm.weight",
+         "attn.c_proj.weight": "self_attn.o_proj.weight", "attn.c_proj.bias": "self_attn.o_proj.bias",
+         "mlp.c_proj.weight": "mlp.down_proj.weight", "mlp.c_proj.bias": "mlp.down_proj.bias"}
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+
+def to_halves(t, n_heads):
+    """Rows of each head's q or k (a weight (n*hs, C) or bias (n*hs,)) from pairs (2i, 2i+1) to halves
+    (i, i + hs/2): the evens of the head, then its odds."""
+    return t.reshape(n_heads, -1, 2, *t.shape[1:]).transpose(1, 2).reshape(t.shape)
+
+
+def from_halves(t, n_heads):
+    """to_halves undone."""
+    return t.reshape(n_heads, 2, -1, *t.shape[1:]).transpose(1, 2).reshape(t.shape)
+
+
+def llama_state(model, qk_norm_gains=False):
+    """model's state dict under Llama's names, q and k in halves order; Qwen3's q_norm/k_norm gains (ones)
+    where qk_norm_gains."""
+    c, ours = model.config, model.state_dict()
+    q_dim, kv_dim = c.n_head * c.head_dim, c.kv_heads * c.head_dim
+    state = {"model.embed_tokens.weight": ours["transformer.wte.weight"], "model.norm.weight": ours["transformer.ln_f.weight"]}
+    if not c.tie_weights:
+        state["lm_head.weight"] = ours["lm_head.weight"]
+    for i in range(c.n_layer):
+        mine, theirs = f"transformer.h.{i}.", f"model.layers.{i}."
+        for suffix, name in BLOCK.items():
+            if mine + suffix in ours:
+                state[theirs + name] = ours[mine + suffix]
+        for kind in ("weight", "bias"):
+            if mine + "attn.c_attn." + kind in ours:
+                q, k, v = ours[mine + "attn.c_attn." + kind].split([q_dim, kv_dim, kv_dim])
+                state[theirs + "self_attn.q_proj." + kind] = to_halves(q, c.n_head)
+                state[theirs + "self_attn.k_proj." + kind] = to_halves(k, c.kv_heads)
+                state[theirs + "self_attn.v_proj." + kind] = v
+            if mine + "mlp.c_fc." + kind in ours:
+                gate, up = ours[mine + "mlp.c_fc." + kind].chunk(2)
+                state[theirs + "mlp.gate_proj." + kind], state[theirs + "mlp.up_proj." + kind] = gate, up
+        if qk_norm_gains:
+            for name in ("q_norm", "k_norm"):
+                state[theirs + f"self_attn.{name}.weight"] = torch.ones(c.head_dim)
+    return {k: v.contiguous() for k, v in state.items()}
+
+
+def our_state(state, config):
+    """A Llama/Qwen3 state dict (llama_state's names) as GPT(config)'s."""
+    c = config
+    ours = {"transformer.wte.weight": state["model.embed_tokens.weight"], "transformer.ln_f.weight": state["model.norm.weight"]}
+    ours["lm_head.weight"] = ours["transformer.wte.weight"] if c.tie_weights else state.get("lm_head.weight")
+    for i in range(c.n_layer):
+        mine, theirs = f"transformer.h.{i}.", f"model.layers.{i}."
+        for suffix, name in BLOCK.items():
+            if theirs + name in state:
+                ours[mine + suffix] = state[theirs + name]
+        for kind in ("weight", "bias"):
+            if theirs + "self_attn.q_proj." + kind in state:
+                ours[mine + "attn.c_attn." + kind] = torch.cat([
+                    from_halves(state[theirs + "self_attn.q_proj." + kind], c.n_head),
+                    from_halves(state[theirs + "self_attn.k_proj." + kind], c.kv_heads),
+                    state[theirs + "self_attn.v_proj." + kind]])
+            if theirs + "mlp.gate_proj." + kind in state:
+                ours[mine + "mlp.c_fc." + kind] = torch.cat([state[theirs + "mlp.gate_proj." + kind],
+                                                            state[theirs + "mlp.up_proj." + kind]])
+    return {k: v for k, v in ours.items() if v is not None}
+
+
+def to_llama(model, model_type, bos_token_id=None, eos_token_id=None):
+    """A transformers LlamaForCausalLM (model_type "llama") or Qwen3ForCausalLM ("qwen3") holding model's weights."""
+    import transformers  # ImportError: the caller says what to install
+    c = model.config
+    common = dict(vocab_size=c.vocab_size, hidden_size=c.n_embd, intermediate_size=c.mlp_width, num_hidden_layers=c.n_layer,
+                  num_attention_heads=c.n_head, num_key_value_heads=c.kv_heads, head_dim=c.head_dim, hidden_act="silu",
+                  max_position_embeddings=c.block_size, rms_norm_eps=c.norm_eps, tie_word_embeddings=c.tie_weights,
+                  rope_parameters={"rope_type": "default", "rope_theta": float(c.rope_base)}, attention_bias=c.bias,
+                  bos_token_id=bos_token_id, eos_token_id=eos_token_id, pad_token_id=None)
+    if model_type == "llama":
+        hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common, mlp_bias=c.bias))
+    else:
+        hf = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**common, use_sliding_window=False))
+    state = llama_state(model, qk_norm_gains=model_type == "qwen3")
+    if c.tie_weights:
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    hf.load_state_dict(state, strict=True)
+    return hf.eval()
+
+
+def model_type(directory):
+    """config.json's model_type in a Hugging Face directory ("gpt2", "llama", ...), or None where it names none."""
+    try:
+        with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return None  # the GPT-2 reader reports what is wrong with it
+    kind = config.get("model_type") if isinstance(config, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
+def config_from_llama(hf, path, runtime):
+    """Our GPTConfig of a transformers LlamaConfig or Qwen3Config; what ours cannot compute is a UserError."""
+    rope = getattr(hf, "rope_parameters", None) or {}
+    head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+    mlp_bias = getattr(hf, "mlp_bias", False)
+    differences = []
+    if hf.hidden_act != "silu":
+        differences.append(f"hidden_act={hf.hidden_act} (ours: silu)")
+    if rope.get("rope_type", "default") != "default":
+        differences.append(f"rope_type={rope.get('rope_type')} (ours: default)")
+    if head_dim * hf.num_attention_heads != hf.hidden_size:
+        differences.append(f"head_dim={head_dim} with {hf.num_attention_heads} heads of width {hf.hidden_size}")
+    if bool(mlp_bias) != bool(hf.attention_bias):
+        differences.append(f"attention_bias={hf.attention_bias} with mlp_bias={mlp_bias}")
+    if getattr(hf, "use_sliding_window", False):
+        differences.append("use_sliding_window=True")
+    if differences:
+        raise UserError(f"{path}: {', '.join(differences)}: model.py cannot compute this model")
+    return GPTConfig(block_size=hf.max_position_embeddings, vocab_size=hf.vocab_size, n_layer=hf.num_hidden_layers,
+                     n_head=hf.num_attention_heads, n_embd=hf.hidden_size, n_kv_head=hf.num_key_value_heads,
+                     bias=bool(hf.attention_bias), pos_emb="rope", rope_base=float(rope.get("rope_theta", 10000.0)),
+                     norm="rmsnorm", norm_eps=hf.rms_norm_eps, activation="swiglu", mlp_hidden=hf.intermediate_size,
+                     tie_weights=bool(hf.tie_word_embeddings), qk_norm=hf.model_type == "qwen3", **runtime)
+
+
+def safetensors_state(directory):
+    """Every tensor of directory's *.safetensors files (safetensors only: a pickle can run code)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+    state = {}
+    for file in sorted(f for f in os.listdir(directory) if f.endswith(".safetensors")):
+        try:
+            state.update(load_file(os.path.join(directory, file)))
+        except (SafetensorError, OSError) as e:
+            raise UserError(f"{os.path.join(directory, file)} is not a readable safetensors file ({e}); "
+                            f"export it again") from None
+    if not state:
+        raise UserError(f"{directory} has no model.safetensors; export it again")
+    return state
+
+
+def from_llama(directory, **runtime):
+    """A GPT holding the weights of a Llama or Qwen3 directory (export.py's, or any that model.py computes
+    exactly); runtime may set dropout and attn_impl."""
+    import transformers  # ImportError: the caller says what to install
+
+    from nanogpt.checkpoint import check_shapes
+    try:
+        hf_config = transformers.AutoConfig.from_pretrained(directory)
+    except (OSError, ValueError, TypeError) as e:
+        raise UserError(f"{directory}/config.json cannot be read ({str(e).splitlines()[0]})") from None
+    config = config_from_llama(hf_config, directory, runtime)
+    state = safetensors_state(directory)
+    with torch.device("meta"):
+        expected = set(llama_state(GPT(config), qk_norm_gains=config.qk_norm))
+    if config.tie_weights and "lm_head.weight" in state and torch.equal(state["lm_head.weight"],
+                                                                       state.get("model.embed_tokens.weight")):
+        del state["lm_head.weight"]  # a tied head saved twice
+    if set(state) != expected:
+        missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
+        raise UserError(f"{directory}: weights do not match its config.json ("
+                        f"{f'missing {missing[0]}' if missing else f'unexpected {extra[0]}'}; {len(missing)} missing, "
+                        f"{len(extra)} unexpected)")
+    for i in range(config.n_layer):  # Qwen3's gains: ours are ones
+        for name in ("q_norm", "k_norm"):
+            gain = state.pop(f"model.layers.{i}.self_attn.{name}.weight", None)
+            if gain is not None and not torch.equal(gain, torch.ones_like(gain)):
+                raise UserError(f"{directory}: model.layers.{i}.self_attn.{name}.weight is not all ones; model.py's "
+                                f"qk_norm has no gain and cannot compute this model")
+    ours = our_state(state, config)
+    check_shapes(config, ours, directory, claims="config.json")
+    model = GPT(config)
+    model.load_state_dict(ours, strict=True)
+    return model
