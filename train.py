@@ -39,10 +39,10 @@ from nanogpt.checkpoint import (RUNTIME_FIELDS, OutDirLock, config_from_model_ar
                         model_args, model_from_checkpoint, rng_state, save_checkpoint, save_sharded, set_rng_state,
                         sharded_path)
 from nanogpt.hf import load_pretrained
-from configurator import convert, parse_args, report_overrides
+from configurator import convert, parse_args, read_config_file, report_overrides
 from nanogpt.program import run_main
 from nanogpt.errors import UserError
-from nanogpt.device import (autocast, cpu_matmul_flops, peak_flops_for, resolve_device, resolve_dtype, should_compile,
+from nanogpt.device import (autocast, batch_seconds, peak_flops_for, resolve_device, resolve_dtype, should_compile,
                     training_kernels)
 from nanogpt.memory import check_fits, param_count, training_bytes
 from nanogpt.metrics import Clock, Metrics
@@ -176,10 +176,11 @@ def all_ranks(flag, world):
     return failed.item() == 0
 
 
-def train(cfg, overrides=None, log=print, t_start=None):
+def train(cfg, overrides=None, log=print, t_start=None, config_files=()):
     """Run training as cfg says; returns a summary dict (iters, losses, time).
 
     t_start: when the clock for "training time" started (the process start for the script).
+    config_files: the config files cfg was read from (a note on a slow CPU never suggests one of them).
     """
     t_start = t_start or time.time()
     stop = StopFlag()  # first: a signal during start-up stops the run at once, with nothing saved
@@ -189,7 +190,7 @@ def train(cfg, overrides=None, log=print, t_start=None):
         rank, local_rank, world = setup_distributed(cfg)
         stop.abandon = world == 1  # DDP ranks stop together, at a log iteration
         log = log if rank == 0 else (lambda *a, **k: None)
-        run = Run(cfg, overrides or {}, rank, local_rank, world, log, t_start, stop, lock)
+        run = Run(cfg, overrides or {}, rank, local_rank, world, log, t_start, stop, lock, config_files)
         with run.kernels.applied(run.raw_model):
             loop(run, stop)
         summary = run.finish(stop)
@@ -231,7 +232,7 @@ def loop(run, stop):
 class Run:
     """One training run: what start-up builds, and the steps the loop takes."""
 
-    def __init__(self, cfg, overrides, rank, local_rank, world, log, t_start, stop, lock):
+    def __init__(self, cfg, overrides, rank, local_rank, world, log, t_start, stop, lock, config_files=()):
         self.rank, self.world, self.log, self.stop, self.lock = rank, world, log, stop, lock
         self.master = rank == 0
         self.ckpt_path = ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
@@ -281,8 +282,8 @@ class Run:
             f"{world} process(es); {self.tokens_per_iter:,} tokens per iter")
         # an earlier run's checkpoint that this new run replaces: kept until this run saves at an evaluation
         self.replacing = self.earlier_run(cfg)
-        for note in startup_notes(cfg, self.raw_model, device, self.tokens_per_iter, ckpt_path, self.iter_num,
-                                  self.replacing):
+        cpu_time = self.cpu_time(cfg) if device.type == "cpu" and not cfg.eval_only and world == 1 else None
+        for note in startup_notes(cfg, ckpt_path, self.iter_num, self.replacing, cpu_time, config_files):
             log(f"note: {note}")
         writer = self.master and not cfg.eval_only  # eval_only only reads out_dir
         self.metrics = Metrics(os.path.join(cfg.out_dir, "log.jsonl"), cfg, log, record=writer, iter=self.iter_num)
@@ -294,6 +295,14 @@ class Run:
         self.clock = Clock(t_start, before=trained)  # a resumed run's clock goes on from its checkpoint's
         self.bar = tqdm(total=cfg.max_iters, initial=self.iter_num, disable=not self.master or None, desc="train",
                         unit="iter")
+
+    def cpu_time(self, cfg):
+        """Rough seconds of an iter and of an evaluation on this CPU, from a few passes over the run's first
+        micro-batch (one process only: timing a sharded model would need every rank to time it in step)."""
+        x, y = self.batches.get("train", (TRAINING, self.iter_num, 0))
+        micro = batch_seconds(self.raw_model, x, y, self.ctx)
+        eval_rows = cfg.eval_iters * cfg.batch_size + (cfg.eval_windows or cfg.eval_iters * cfg.batch_size)
+        return micro * self.accum, micro * eval_rows / x.size(0) / 3  # a forward is about a third of training
 
     def earlier_run(self, cfg):
         """What out_dir's checkpoint holds where this run is a new one (not a resume) that will save: rank 0's
@@ -581,27 +590,42 @@ class Run:
         return summary
 
 
-# a training iteration on a CPU reaches about this fraction of a plain matmul's FLOP/s
-CPU_TRAINING_EFFICIENCY = 0.5
+# an iter slower than this on a CPU gets a note with its estimated time
+SLOW_CPU_ITER = 1.0  # seconds
 
 
-def startup_notes(cfg, model, device, tokens_per_iter, ckpt_path, iter_num=0, earlier=None):
-    """Warnings worth a line before a run starts: a GPU-sized run on a CPU, a warmup longer than the run,
-    a scratch run about to replace a checkpoint, a resumed run with nothing left to do."""
+def cpu_time_note(cfg, per_iter, per_eval, config_files=()):
+    """The note for a run whose iters take over SLOW_CPU_ITER on this CPU, given rough seconds per iter and per
+    evaluation: its estimated time, and a smaller recipe where there is one that this run is not already."""
+    if per_iter <= SLOW_CPU_ITER:
+        return None
+    total = cfg.max_iters * per_iter + (cfg.max_iters // cfg.eval_interval + 1) * per_eval
+    took = (f"on this CPU an iter takes about {fmt_seconds(per_iter)} and each evaluation about "
+            f"{fmt_seconds(per_eval)}, {fmt_seconds(total)} for {cfg.max_iters} iters and their evaluations "
+            f"(rough: timed at start-up as if the CPU were free; a busy one takes longer)")
+    name = f"config/{os.path.basename(os.path.normpath(cfg.dataset))}_cpu.py"
+    laptop = os.path.join(REPOSITORY, name)
+    cpu_recipe = next((f for f in config_files if os.path.realpath(f) == os.path.realpath(laptop)
+                       or read_config_file(f).get("device") == "cpu"), None)
+    if cpu_recipe is not None:  # a recipe sized for a CPU by its author: the CPU is what is slow
+        return f"{took}; {cpu_recipe} is a CPU recipe: this CPU is slower than the one it was sized on"
+    if os.path.exists(laptop):
+        smaller = f"for a laptop-sized run use {name}"
+    elif cfg.init_from == "scratch":
+        smaller = ("for a laptop-sized run use a smaller batch_size, block_size, n_layer and n_embd "
+                   "(see config/shakespeare_char_cpu.py)")
+    else:  # a fine-tune or a resume keeps its model's shape
+        smaller = "a smaller batch_size or block_size shortens each iter"
+    return f"this run is sized for a GPU: {took}; {smaller}"
+
+
+def startup_notes(cfg, ckpt_path, iter_num=0, earlier=None, cpu_time=None, config_files=()):
+    """Warnings worth a line before a run starts: a run slow on this CPU (cpu_time: rough seconds per iter and
+    per evaluation, None off a CPU), a warmup longer than the run, a scratch run about to replace a checkpoint,
+    a resumed run with nothing left to do."""
     notes = []
-    if device.type == "cpu" and not cfg.eval_only:
-        flops_per_token = model.flops_per_token()
-        rate = CPU_TRAINING_EFFICIENCY * cpu_matmul_flops()
-        per_iter = flops_per_token * tokens_per_iter / rate
-        per_eval = 2 * cfg.eval_iters * cfg.batch_size * cfg.block_size * flops_per_token / 3 / rate  # forward only
-        if per_iter > 1.0:
-            laptop = f"config/{os.path.basename(os.path.normpath(cfg.dataset))}_cpu.py"
-            if not os.path.exists(os.path.join(REPOSITORY, laptop)):
-                laptop = "a smaller batch_size, block_size, n_layer and n_embd (see config/shakespeare_char_cpu.py)"
-            total = cfg.max_iters * per_iter + (cfg.max_iters // cfg.eval_interval + 1) * per_eval
-            notes.append(f"this run is sized for a GPU: on this CPU an iter takes about {fmt_seconds(per_iter)} and "
-                         f"each evaluation about {fmt_seconds(per_eval)}, {fmt_seconds(total)} for {cfg.max_iters} "
-                         f"iters and their evaluations; for a laptop-sized run use {laptop}")
+    if cpu_time is not None and (note := cpu_time_note(cfg, *cpu_time, config_files)):
+        notes.append(note)
     if cfg.decay_lr and 0 < cfg.max_iters <= cfg.warmup_iters:
         reached = cfg.learning_rate * lr_scale(cfg.max_iters - 1, cfg)
         notes.append(f"warmup_iters ({cfg.warmup_iters}) >= max_iters ({cfg.max_iters}): the learning rate rises "
@@ -708,7 +732,7 @@ def gather_rng(world):
 
 def main(argv):
     cfg, overrides = parse_args(TrainConfig, argv)
-    train(cfg, overrides, t_start=PROCESS_START)
+    train(cfg, overrides, t_start=PROCESS_START, config_files=[a for a in argv if not a.startswith("--")])
 
 
 if __name__ == "__main__":
