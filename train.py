@@ -585,7 +585,9 @@ class Run:
         if cfg.target_loss is not None and self.reached is None and self.last_val is not None:
             log(f"did not reach val loss {cfg.target_loss} in {self.iter_num} iters (last {self.last_val:.4f})")
         if self.last_val is not None and not cfg.eval_only and not stop.set:
-            log(f"done: {self.iter_num} iters in {summary['time']:.1f}s; val loss {self.last_val:.4f} "
+            ran = self.iter_num - self.start_iter  # the wall time is this process's: so is the count beside it
+            total = f" ({self.iter_num} in all)" if self.start_iter else ""
+            log(f"done: {ran} iters in {summary['time']:.1f} s{total}; val loss {self.last_val:.4f} "
                 f"(best {self.best_val_loss:.4f}); checkpoint {latest_form(self.ckpt_path)}")
         return summary
 

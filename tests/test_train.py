@@ -62,7 +62,10 @@ def test_best_val_loss_is_the_best_seen_and_best_pt_holds_it(tmp_path, char_data
     # resumed with a learning rate this high, val loss only gets worse: the best stays the old one
     cfg, overrides = parse_args(TrainConfig, ["--init_from=resume", f"--out_dir={tmp_path / 'out'}", "--max_iters=12",
                                               "--learning_rate=5.0", "--decay_lr=False", "--grad_clip=0"])
-    summary = train(cfg, overrides, log=quiet)
+    lines = []
+    summary = train(cfg, overrides, log=lines.append)
+    # the time is this process's, and so is the count beside it: 6 of the 12 iters
+    assert re.fullmatch(r"done: 6 iters in [0-9.]+ s \(12 in all\); val loss .*", lines[-1]), lines[-1]
     evals = [json.loads(line) for line in open(tmp_path / "out" / "log.jsonl") if '"eval"' in line]
     assert evals[-1]["val_loss"] > first["best_val_loss"]
     assert summary["best_val_loss"] == first["best_val_loss"] == min(r["val_loss"] for r in evals)
