@@ -196,7 +196,8 @@ def main(argv):
     parser.add_argument("--base", required=True, help="the dataset whose tokenizer the model was pretrained with")
     parser.add_argument("--out", help="output directory (default: data/<input's name>)")
     parser.add_argument("--block_size", type=int, default=1024, help="the context: longer conversations are skipped")
-    parser.add_argument("--val_fraction", type=float, default=0.1)
+    parser.add_argument("--val_fraction", type=float, default=0.1,
+                        help="the share of the conversations, at the end, held out as val")
     args = parser.parse_args(argv)
     out = args.out or os.path.join(ROOT, "data", os.path.splitext(os.path.basename(args.input))[0])
     prepare_chat(args.input, args.base, out, args.block_size, args.val_fraction)
