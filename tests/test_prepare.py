@@ -385,7 +385,7 @@ def test_dataset_metadata_that_is_a_fifo_is_refused_not_waited_on(tmp_path, name
 
 @pytest.mark.parametrize("script", ["data/prepare.py", "data/shakespeare_char/prepare.py", "data/shakespeare/prepare.py",
                                     "data/openwebtext/prepare.py", "data/chat/prepare.py", "data/tangshi/prepare.py",
-                                    "data/tangshi/chat.py", "data/tangshi/evaluate.py", "plot.py"])
+                                    "data/tangshi/conversations.py", "data/tangshi/evaluate.py", "plot.py"])
 def test_help_describes_every_option(script):
     """argparse lists an option without help= bare: each entry of --help has its text, beside it or below."""
     from conftest import run_script

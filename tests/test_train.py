@@ -221,7 +221,8 @@ def test_notes_name_the_laptop_recipe_a_short_warmup_and_a_checkpoint_about_to_b
 
 
 def test_slow_cpu_note_never_suggests_the_recipe_being_run(tmp_path, monkeypatch):
-    from train import ROOT, TrainConfig, cpu_time_note
+    from nanogpt import REPOSITORY as ROOT
+    from train import TrainConfig, cpu_time_note
     gpu = TrainConfig(dataset="shakespeare_char", max_iters=5000, eval_interval=250)
     laptop = os.path.join(ROOT, "config", "shakespeare_char_cpu.py")
     assert cpu_time_note(gpu, 1.0, 10.0, ["config/shakespeare_char.py"]) is None  # not over SLOW_CPU_ITER
@@ -250,7 +251,7 @@ def test_slow_cpu_note_never_suggests_the_recipe_being_run(tmp_path, monkeypatch
 
 def test_run_times_its_own_model_for_the_cpu_note_and_leaves_training_as_it_was(tmp_path, char_dataset, monkeypatch):
     import train as train_module
-    from device import batch_seconds
+    from nanogpt.device import batch_seconds
     timed = []
 
     def slow(model, x, y, ctx):  # the real timing, then the CPU made 1000x slower
@@ -260,7 +261,7 @@ def test_run_times_its_own_model_for_the_cpu_note_and_leaves_training_as_it_was(
     baseline = train(tiny_cfg(tmp_path / "a", char_dataset, max_iters=3, dropout=0.1), log=quiet)
     monkeypatch.setattr(train_module, "batch_seconds", slow)
     lines = []
-    laptop = os.path.join(train_module.ROOT, "config", "shakespeare_char_cpu.py")
+    laptop = os.path.join(train_module.REPOSITORY, "config", "shakespeare_char_cpu.py")
     slowed = train(tiny_cfg(tmp_path / "b", char_dataset, max_iters=3, dropout=0.1), log=lines.append,
                    config_files=[laptop])
     assert timed == [(torch.Size([4, 16]), 2)]  # the run's own batch (batch_size x block_size) and model
