@@ -457,7 +457,7 @@ class Service:
         if layer is not None and not 0 <= layer < c.n_layer:
             raise BadRequest(f"layer must be in [0, {c.n_layer - 1}], got {layer}", "layer")
         ids = (self.encode(self.fit(prompt, [])) if prompt is not None
-               else self.chat_ids(parse_messages(body["messages"]), reply=False))[-c.block_size:]  # what the model reads: the last block_size
+               else self.chat_ids(parse_messages(body["messages"]), reply=False))[-c.block_size:]  # what the model reads
         layers = list(range(c.n_layer)) if layer is None else [layer]
         if len(layers) * c.n_head * len(ids) ** 2 > ATTENTION_MAX_VALUES:
             raise BadRequest(f"{len(layers)} layers x {c.n_head} heads x {len(ids)}^2 tokens is more weights than one "
