@@ -374,10 +374,11 @@ class GPT(nn.Module):
                 n -= sum(p.numel() for p in self.transformer[name].parameters())
         return n
 
-    def flops_per_token(self):
-        """Training FLOPs per token: 6 per parameter (fwd + bwd) plus attention's 12*L*H*hs*T."""
+    def flops_per_token(self, T=None):
+        """Training FLOPs per token of a T-token row (block_size by default): 6 per parameter (fwd + bwd)
+        plus attention's 12*L*H*hs*T."""
         c = self.config
-        return 6 * self.get_num_params() + 12 * c.n_layer * c.n_head * c.head_dim * c.block_size
+        return 6 * self.get_num_params() + 12 * c.n_layer * c.n_head * c.head_dim * (T or c.block_size)
 
     def estimate_mfu(self, fwdbwd_per_iter, dt, peak_flops):
         """Model FLOPs utilization: achieved FLOP/s over the device's peak (the caller knows it)."""

@@ -149,7 +149,7 @@ def draw_rewards(runs):
 
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("out_dirs", nargs="+")
+    parser.add_argument("out_dirs", nargs="+", help="the runs to draw: out_dirs holding a log.jsonl")
     parser.add_argument("--png", required=True, help="where to write the figure")
     parser.add_argument("--target", type=float, default=None, help="draw a horizontal line at this loss")
     parser.add_argument("--task_metric", default="acc",

@@ -447,15 +447,17 @@ class Service:
 
     async def attention(self, request):
         body = await read_json(request)
-        check_names(body, self.name, {"model", "prompt", "layer"}, {})
+        check_names(body, self.name, {"model", "prompt", "messages", "layer"}, {})
         prompt = typed(body, "prompt", str, None, "a string")
-        if prompt is None:
-            raise BadRequest("prompt is required: the text whose attention to show", "prompt")
+        if (prompt is None) == (body.get("messages") is None):
+            raise BadRequest("give prompt (the text whose attention to show) or, for a chat model, messages "
+                             "(the conversation, as the chat API takes it)", "prompt")
         c = self.model.config
         layer = typed(body, "layer", int, None, "an integer")
         if layer is not None and not 0 <= layer < c.n_layer:
             raise BadRequest(f"layer must be in [0, {c.n_layer - 1}], got {layer}", "layer")
-        ids = self.encode(self.fit(prompt, []))[-c.block_size:]  # what the model reads: the last block_size tokens
+        ids = (self.encode(self.fit(prompt, [])) if prompt is not None
+               else self.chat_ids(parse_messages(body["messages"]), reply=False))[-c.block_size:]  # what the model reads
         layers = list(range(c.n_layer)) if layer is None else [layer]
         if len(layers) * c.n_head * len(ids) ** 2 > ATTENTION_MAX_VALUES:
             raise BadRequest(f"{len(layers)} layers x {c.n_head} heads x {len(ids)}^2 tokens is more weights than one "

@@ -42,15 +42,16 @@ from nanogpt.metrics import Clock, Metrics
 from nanogpt.optim import OptimizerSettings, configure_optimizers, lr_scale
 from nanogpt.program import run_main
 from nanogpt.sharding import first_non_finite, held_bytes
-from nanogpt.startup import start_run, startup_notes
+from nanogpt.startup import cpu_time_of, start_run, startup_notes
 from nanogpt.stopping import Interrupted, StopFlag
 from nanogpt.train_config import TrainConfig
 
 
-def train(cfg, overrides=None, log=print, t_start=None):
+def train(cfg, overrides=None, log=print, t_start=None, config_files=()):
     """Run training as cfg says; returns a summary dict (iters, losses, time).
 
     t_start: when the clock for "training time" started (the process start for the script).
+        config_files: the config files cfg was read from (a note on a slow CPU never suggests one of them).
     """
     t_start = t_start or time.time()
     stop = StopFlag()  # first: a signal during start-up stops the run at once, with nothing saved
@@ -60,7 +61,7 @@ def train(cfg, overrides=None, log=print, t_start=None):
         rank, local_rank, world = setup_distributed(cfg)
         stop.abandon = world == 1  # DDP ranks stop together, at a log iteration
         log = log if rank == 0 else (lambda *a, **k: None)
-        run = Run(cfg, overrides or {}, rank, local_rank, world, log, t_start, stop, lock)
+        run = Run(cfg, overrides or {}, rank, local_rank, world, log, t_start, stop, lock, config_files)
         with run.kernels.applied(run.raw_model):
             loop(run, stop)
         summary = run.finish(stop)
@@ -100,7 +101,7 @@ def loop(run, stop):
 class Run:
     """One training run: what start-up builds, and the steps the loop takes."""
 
-    def __init__(self, cfg, overrides, rank, local_rank, world, log, t_start, stop, lock):
+    def __init__(self, cfg, overrides, rank, local_rank, world, log, t_start, stop, lock, config_files=()):
         self.rank, self.world, self.log, self.stop, self.lock = rank, world, log, stop, lock
         self.master = rank == 0
         start = start_run(cfg, overrides, rank, local_rank, world, log, lock)
@@ -125,8 +126,9 @@ class Run:
             f"{str(start.dtype)[6:]}, {world} process(es); {self.tokens_per_iter:,} tokens per iter")
         # an earlier run's checkpoint that this new run replaces: kept until this run saves at an evaluation
         self.replacing = start.replacing
-        for note in startup_notes(cfg, self.raw_model, self.device, self.tokens_per_iter, self.ckpt_path, self.iter_num,
-                                  self.replacing):
+        cpu_time = (cpu_time_of(start, self.accum, self.iter_num)
+                    if self.device.type == "cpu" and not cfg.eval_only and world == 1 else None)
+        for note in startup_notes(cfg, self.ckpt_path, self.iter_num, self.replacing, cpu_time, config_files):
             log(f"note: {note}")
         writer = self.master and not cfg.eval_only  # eval_only only reads out_dir
         self.metrics = Metrics(os.path.join(cfg.out_dir, "log.jsonl"), cfg, log, record=writer, iter=self.iter_num)
@@ -275,14 +277,16 @@ class Run:
         if cfg.target_loss is not None and self.reached is None and self.last_val is not None:
             log(f"did not reach val loss {cfg.target_loss} in {self.iter_num} iters (last {self.last_val:.4f})")
         if self.last_val is not None and not cfg.eval_only and not stop.set:
-            log(f"done: {self.iter_num} iters in {summary['time']:.1f}s; val loss {self.last_val:.4f} "
+            ran = self.iter_num - self.start_iter  # the wall time is this process's: so is the count beside it
+            total = f" ({self.iter_num} in all)" if self.start_iter else ""
+            log(f"done: {ran} iters in {summary['time']:.1f} s{total}; val loss {self.last_val:.4f} "
                 f"(best {self.best_val_loss:.4f}); checkpoint {latest_form(self.ckpt_path)}")
         return summary
 
 
 def main(argv):
     cfg, overrides = parse_args(TrainConfig, argv)
-    train(cfg, overrides, t_start=PROCESS_START)
+    train(cfg, overrides, t_start=PROCESS_START, config_files=[a for a in argv if not a.startswith("--")])
 
 
 if __name__ == "__main__":

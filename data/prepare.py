@@ -29,7 +29,8 @@ def main(argv):
                         help="char: one token per character; gpt2: GPT-2's BPE; bpe: a BPE trained on this text")
     parser.add_argument("--vocab_size", type=int, default=DEFAULT_BPE_VOCAB, help="tokens of a trained BPE")
     parser.add_argument("--out", required=True, help="output directory, e.g. data/mytext")
-    parser.add_argument("--val_fraction", type=float, default=0.1)
+    parser.add_argument("--val_fraction", type=float, default=0.1,
+                        help="the share of the text, at its end, held out as val")
     args = parser.parse_args(argv)
     cuda = torch_cuda_available()
     counts = prepare(args.input, args.tokenizer, args.out, args.val_fraction, vocab_size=args.vocab_size,

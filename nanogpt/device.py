@@ -61,17 +61,48 @@ def should_compile(setting, device):
     return setting if setting is not None else device.type == "cuda"
 
 
-def cpu_matmul_flops(n=512, reps=5):
-    """FLOP/s of one float32 n x n matmul on the CPU, best of reps (a few ms): a yardstick for estimates."""
-    g = torch.Generator().manual_seed(0)  # its own: the global RNG belongs to training (exact resume)
-    a, b = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)
-    a @ b  # warm-up
-    best = float("inf")
-    for _ in range(reps):
-        t = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - t)
-    return 2 * n ** 3 / best
+def batch_seconds(model, x, y, ctx=nullcontext(), budget=1.0, probe=16):
+    """Rough seconds of a training forward and backward of model on the batch x (B, T), targets y, on this CPU
+    with its threads to itself: the CPU time of passes on one thread, over the batch's first rows and tokens
+    (probe tokens of one row, then twice the tokens, then twice the rows, while the passes so far and one twice
+    as long fit the budget of CPU seconds), divided among torch's threads. CPU time, unlike the wall clock,
+    barely moves with what else the machine runs. The last pass's time is extended by the FLOPs still missing
+    at the rate the last two passes differ by: a pass that costs mostly its operations' overhead is not scaled
+    as if it were all arithmetic. Leaves no gradients and the global RNG as it was (dropout draws from it;
+    training owns it: exact resume)."""
+    B, T = x.shape
+    flops = lambda r, t: r * t * model.flops_per_token(t)  # noqa: E731
+
+    def timed(r, t):
+        start = time.process_time()
+        with ctx:
+            _, loss = model(x[:r, :t], y[:r, :t])
+        loss.backward()
+        return time.process_time() - start
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one thread's CPU time is its work; several also count their waits for each other
+    try:
+        with torch.random.fork_rng(devices=[]):
+            r, t = 1, min(T, probe)
+            timed(r, t)  # warm-up: the first pass allocates
+            passes, spent = [], 0.0
+            while True:
+                took = timed(r, t)
+                passes.append((flops(r, t), took))
+                spent += took
+                if (r, t) == (B, T) or spent + 2 * took > budget:
+                    break
+                r, t = (r, min(T, 2 * t)) if t < T else (min(B, 2 * r), t)
+    finally:
+        torch.set_num_threads(threads)
+        for p in model.parameters():
+            p.grad = None
+    f, took = passes[-1]
+    per_flop = took / f  # at most as if the last pass were all arithmetic
+    if len(passes) > 1:
+        per_flop = min(max(took - passes[-2][1], 0.0) / (f - passes[-2][0]), per_flop)
+    return (took + (flops(B, T) - f) * per_flop) / threads
 
 
 @dataclass(frozen=True)

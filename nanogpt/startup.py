@@ -14,11 +14,12 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from model import GPT, GPTConfig
+from configurator import read_config_file  # a config file's device: is it a CPU recipe?
 from nanogpt import REPOSITORY
 from nanogpt.batches import dataset_dir, make_batches
 from nanogpt.checkpoint import (RUNTIME_FIELDS, config_from_model_args, finetune_source, interrupted_save,
                                 latest_form, load_checkpoint, load_sharded, model_from_checkpoint, set_rng_state)
-from nanogpt.device import (autocast, cpu_matmul_flops, peak_flops_for, resolve_device, resolve_dtype,
+from nanogpt.device import (autocast, batch_seconds, peak_flops_for, resolve_device, resolve_dtype,
                             should_compile, training_kernels)
 from nanogpt.distributed import barrier, from_rank0, micro_batches
 from nanogpt.errors import UserError
@@ -360,27 +361,53 @@ def bytes_per_token(meta, vocab_size, device, log):
     return torch.tensor(lengths, dtype=torch.float64, device=device)
 
 
-# a training iteration on a CPU reaches about this fraction of a plain matmul's FLOP/s
-CPU_TRAINING_EFFICIENCY = 0.5
+# an iter slower than this on a CPU gets a note with its estimated time
+SLOW_CPU_ITER = 1.0  # seconds
 
 
-def startup_notes(cfg, model, device, tokens_per_iter, ckpt_path, iter_num=0, earlier=None):
-    """Warnings worth a line before a run starts: a GPU-sized run on a CPU, a warmup longer than the run,
-    a scratch run about to replace a checkpoint, a resumed run with nothing left to do."""
+def cpu_time_of(start, accum, iter_num):
+    """Rough seconds of an iter and of an evaluation on this CPU, from a few passes over the run's first
+    micro-batch (one process only: timing a sharded model would need every rank to time it in step)."""
+    from nanogpt.batches import TRAINING
+    cfg = start.cfg
+    x, y = start.batches.get("train", (TRAINING, iter_num, 0))
+    micro = batch_seconds(start.model, x, y, start.ctx)
+    eval_rows = cfg.eval_iters * cfg.batch_size + (cfg.eval_windows or cfg.eval_iters * cfg.batch_size)
+    return micro * accum, micro * eval_rows / x.size(0) / 3  # a forward is about a third of training
+
+
+def cpu_time_note(cfg, per_iter, per_eval, config_files=()):
+    """The note for a run whose iters take over SLOW_CPU_ITER on this CPU, given rough seconds per iter and per
+    evaluation: its estimated time, and a smaller recipe where there is one that this run is not already."""
+    if per_iter <= SLOW_CPU_ITER:
+        return None
+    total = cfg.max_iters * per_iter + (cfg.max_iters // cfg.eval_interval + 1) * per_eval
+    took = (f"on this CPU an iter takes about {fmt_seconds(per_iter)} and each evaluation about "
+            f"{fmt_seconds(per_eval)}, {fmt_seconds(total)} for {cfg.max_iters} iters and their evaluations "
+            f"(rough: timed at start-up as if the CPU were free; a busy one takes longer)")
+    name = f"config/{os.path.basename(os.path.normpath(cfg.dataset))}_cpu.py"
+    laptop = os.path.join(REPOSITORY, name)
+    cpu_recipe = next((f for f in config_files if os.path.realpath(f) == os.path.realpath(laptop)
+                       or read_config_file(f).get("device") == "cpu"), None)
+    if cpu_recipe is not None:  # a recipe sized for a CPU by its author: the CPU is what is slow
+        return f"{took}; {cpu_recipe} is a CPU recipe: this CPU is slower than the one it was sized on"
+    if os.path.exists(laptop):
+        smaller = f"for a laptop-sized run use {name}"
+    elif cfg.init_from == "scratch":
+        smaller = ("for a laptop-sized run use a smaller batch_size, block_size, n_layer and n_embd "
+                   "(see config/shakespeare_char_cpu.py)")
+    else:  # a fine-tune or a resume keeps its model's shape
+        smaller = "a smaller batch_size or block_size shortens each iter"
+    return f"this run is sized for a GPU: {took}; {smaller}"
+
+
+def startup_notes(cfg, ckpt_path, iter_num=0, earlier=None, cpu_time=None, config_files=()):
+    """Warnings worth a line before a run starts: a run slow on this CPU (cpu_time: rough seconds per iter and
+    per evaluation, None off a CPU), a warmup longer than the run, a scratch run about to replace a checkpoint,
+    a resumed run with nothing left to do."""
     notes = []
-    if device.type == "cpu" and not cfg.eval_only:
-        flops_per_token = model.flops_per_token()
-        rate = CPU_TRAINING_EFFICIENCY * cpu_matmul_flops()
-        per_iter = flops_per_token * tokens_per_iter / rate
-        per_eval = 2 * cfg.eval_iters * cfg.batch_size * cfg.block_size * flops_per_token / 3 / rate  # forward only
-        if per_iter > 1.0:
-            laptop = f"config/{os.path.basename(os.path.normpath(cfg.dataset))}_cpu.py"
-            if not os.path.exists(os.path.join(REPOSITORY, laptop)):
-                laptop = "a smaller batch_size, block_size, n_layer and n_embd (see config/shakespeare_char_cpu.py)"
-            total = cfg.max_iters * per_iter + (cfg.max_iters // cfg.eval_interval + 1) * per_eval
-            notes.append(f"this run is sized for a GPU: on this CPU an iter takes about {fmt_seconds(per_iter)} and "
-                         f"each evaluation about {fmt_seconds(per_eval)}, {fmt_seconds(total)} for {cfg.max_iters} "
-                         f"iters and their evaluations; for a laptop-sized run use {laptop}")
+    if cpu_time is not None and (note := cpu_time_note(cfg, *cpu_time, config_files)):
+        notes.append(note)
     if cfg.decay_lr and 0 < cfg.max_iters <= cfg.warmup_iters:
         reached = cfg.learning_rate * lr_scale(cfg.max_iters - 1, cfg)
         notes.append(f"warmup_iters ({cfg.warmup_iters}) >= max_iters ({cfg.max_iters}): the learning rate rises "

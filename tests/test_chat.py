@@ -16,7 +16,7 @@ from conftest import run_script
 from reference import next_token_log_probs
 from data.chat.prepare import prepare_chat
 from nanogpt.tokenizer import CHAT_TOKENS, GPT2BPE, CharTokenizer, ChatTokenizer, read_meta, tokenizer_from_meta
-from train import TrainConfig, train
+from train import TrainConfig, startup_notes, train
 
 BASE_TEXT = "say abcdefgh, then stop.\n" * 200
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=4, gradient_accumulation_steps=1, eval_iters=2,
@@ -414,6 +414,45 @@ def test_n_samples_with_a_seed_repeat_and_a_system_message_is_taken(chat_server)
     assert len(first.choices) == 2 and [c.index for c in first.choices] == [0, 1]
 
 
+def test_attention_of_a_conversation_is_over_its_template(chat_server):
+    """/v1/attention takes a chat model's messages: the weights over the conversation's tokens, role tokens
+    and the last answer's <|end|> included, as the template writes it (ids the text alone cannot give)."""
+    import httpx
+    _, service = chat_server
+    messages = [{"role": "user", "content": "say cg"}, {"role": "assistant", "content": "cgcg."}]
+    answer = httpx.post(service.url + "/v1/attention", json={"messages": messages}, timeout=60).json()
+    ids = service.tokenizer.render(messages, reply=False)[0]
+    assert answer["tokens"] == [service.tokenizer.decode([i]) for i in ids]
+    assert answer["tokens"][0] == "<|user|>" and answer["tokens"][-1] == "<|end|>"
+    weights = torch.tensor([layer["heads"] for layer in answer["layers"]])  # (layers, heads, T, T)
+    assert weights.shape == (service.model.config.n_layer, service.model.config.n_head, len(ids), len(ids))
+    assert torch.allclose(weights.sum(-1), torch.ones(()), atol=1e-3)
+    both = httpx.post(service.url + "/v1/attention", json={"messages": messages, "prompt": "say"}, timeout=60)
+    assert both.status_code == 400 and "prompt" in both.json()["error"]["message"]
+
+
+def test_the_playground_chats_and_shows_the_conversations_attention(chat_server):
+    from test_serve import chromium_page
+    _, service = chat_server
+    with chromium_page(service.url + "/") as page:
+        page.wait_for_function("document.querySelector('#model').textContent.length > 0")
+        assert page.input_value("#mode") == "chat"
+        page.fill("#prompt", "say cg")
+        page.fill("#temperature", "0")
+        page.click("#generate")
+        page.wait_for_function("document.querySelector('#status').textContent.includes('finished')")
+        page.locator("#attention .tok").first.wait_for()
+        messages = page.evaluate("messages")
+        assert [m["role"] for m in messages] == ["user", "assistant"] and messages[0]["content"] == "say cg"
+        ids = service.tokenizer.render(messages, reply=False)[0]
+        assert page.locator("#attention .tok").all_text_contents() == [service.tokenizer.decode([i]) for i in ids]
+        c = service.model.config
+        assert page.locator("#layer option").all_text_contents() == [str(i) for i in range(c.n_layer)]
+        assert page.locator("#head option").all_text_contents() == ["mean", *map(str, range(c.n_head))]
+        page.locator("#attention .tok").last.hover()
+        assert page.locator("#attention .tok").evaluate_all("s => s.filter(e => e.style.background).length") > 1
+
+
 def test_chat_errors_are_openais(chat_server):
     import openai
     client, service = chat_server
@@ -492,3 +531,48 @@ def test_an_answer_ends_where_the_model_starts_another_turn(chat_server):
         handle.remove()
     choice = reply.choices[0]
     assert choice.message.content == "f" and choice.finish_reason == "stop"
+
+
+def sh_block(doc, heading):
+    """The command lines of the first sh block under heading in docs/<doc>."""
+    from conftest import ROOT
+    section = open(os.path.join(ROOT, "docs", doc), encoding="utf-8").read().split(f"\n{heading}\n", 1)[1]
+    return [line for line in section.split("```sh\n", 1)[1].split("```", 1)[0].splitlines() if line.strip()]
+
+
+def test_your_own_conversations_recipe_runs_as_written(tmp_path, char_dataset, monkeypatch):
+    """docs/chat.md's commands word for word, in a directory of their own (the scripts and config/ are the
+    repository's), on a tiny quick-start model: the dataset takes the checkpoint's context and dataset,
+    config/chat_sft.py trains with no note of a warmup or of conversations left out, chat.py answers."""
+    import shlex
+    from conftest import ROOT
+    base = replace(TrainConfig(**TINY), block_size=48, dataset=str(char_dataset), max_iters=2, lr_decay_iters=2,
+                   out_dir=str(tmp_path / "out-shakespeare-char-cpu"))
+    train(base, log=quiet)
+    words = "First Citizen All Speak You are resolved rather to die than famish".split()  # conftest's CORPUS
+    records = [conversation(f"{a} {b}?", f"{b}, {a}.") for a in words for b in words]
+    write_jsonl(tmp_path / "my.jsonl", records + [conversation("Speak, " * 10, "All.")])  # 78 tokens > 48 + 1
+    outputs, short = [], ["--max_iters=20", "--lr_decay_iters=20", "--warmup_iters=2", "--eval_interval=10"]
+    for line in sh_block("chat.md", "## Your own conversations"):
+        args = shlex.split(line)
+        assert args[0] == "python", line
+        args = [os.path.join(ROOT, a) if os.path.isfile(os.path.join(ROOT, a)) else a for a in args[1:]]
+        if args[0].endswith("train.py"):  # the recipe's own schedule is checked below: 300 iters take minutes here
+            monkeypatch.chdir(tmp_path)  # where its relative paths point
+            notes = startup_notes(parse_args(TrainConfig, args[1:])[0], "nowhere", cpu_time=(0.01, 0.1))
+            assert notes == [], notes
+            args += short
+        result = run_script(args, cwd=tmp_path)
+        assert result.returncode == 0, (line, result.stderr)
+        outputs.append(result.stdout)
+    prepared, trained, answered = outputs
+    assert f"my.jsonl:{len(records) + 1}: 78 tokens, longer than the context (block_size 48 + 1)" in prepared
+    assert read_meta(str(tmp_path / "data" / "my_chat"))["base"] == os.path.basename(char_dataset)
+    assert "done: 20 iters" in trained and "left out" not in trained
+    assert answered.strip()
+    # a context longer than the checkpoint's would leave out at training what the dataset kept
+    result = run_script(["data/chat/prepare.py", "--input", str(tmp_path / "my.jsonl"), "--init_from",
+                         str(tmp_path / "out-shakespeare-char-cpu"), "--block_size", "256", "--out", str(tmp_path / "x")])
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
+    assert "--block_size 256 is longer than" in result.stderr and "context (48)" in result.stderr
+    assert not os.path.exists(tmp_path / "x")

@@ -381,3 +381,18 @@ def test_dataset_metadata_that_is_a_fifo_is_refused_not_waited_on(tmp_path, name
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.mark.parametrize("script", ["data/prepare.py", "data/shakespeare_char/prepare.py", "data/shakespeare/prepare.py",
+                                    "data/openwebtext/prepare.py", "data/chat/prepare.py", "data/tangshi/prepare.py",
+                                    "data/tangshi/conversations.py", "data/tangshi/evaluate.py", "plot.py"])
+def test_help_describes_every_option(script):
+    """argparse lists an option without help= bare: each entry of --help has its text, beside it or below."""
+    from conftest import run_script
+    result = run_script([script, "--help"])
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.split("\n\n", 1)[1].splitlines()  # past the usage
+    entries = [i for i, line in enumerate(lines) if line.startswith("  ") and not line.startswith("   ")]
+    for i in entries:
+        described = "  " in lines[i].strip() or (i + 1 < len(lines) and lines[i + 1].startswith("   "))
+        assert described, f"{script} --help: {lines[i].strip()} has no description"

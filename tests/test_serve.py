@@ -408,17 +408,25 @@ def test_serve_py_on_a_busy_port_is_one_line_naming_port(out_dir):
 
 
 @contextmanager
-def chromium_page(url):
-    """A headless Chromium's page at url."""
+def chromium_page(url, expected=()):
+    """A headless Chromium's page at url. Its console then holds no warning or error (Chromium's own advice
+    on the page, such as "[DOM] Password field is not contained in a form", included) but those containing
+    one of the expected strings."""
     sync_api = pytest.importorskip("playwright.sync_api")
     if not os.path.exists(CHROMIUM) and not shutil.which("chromium"):
         pytest.skip("needs Debian's chromium (apt-get install chromium)")
+    console = []
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium"))
         page = browser.new_page()
+        page.on("console", lambda message: console.append((message.type, message.text)))
+        page.on("pageerror", lambda error: console.append(("error", str(error))))
         page.goto(url)
         yield page
         browser.close()
+    bad = [f"{kind}: {text}" for kind, text in console if (kind in ("error", "warning") or text.startswith("[DOM]"))
+           and not any(e in text for e in expected)]
+    assert not bad, bad
 
 
 @pytest.fixture
@@ -453,7 +461,7 @@ def test_the_playground_streams_tokens_shaded_with_alternatives_and_attention(se
 
 def test_the_playground_asks_for_the_api_key_and_then_generates(keyed_server):
     """The page is served without the key (it holds none); the API answers it only once the key is typed."""
-    with chromium_page(keyed_server[0] + "/") as page:
+    with chromium_page(keyed_server[0] + "/", expected=["status of 401"]) as page:  # the key, asked for
         page.wait_for_function("document.querySelector('#status').textContent.includes('needs its API key')")
         assert page.is_visible("#api_key") and page.inner_text("#model") == ""
         page.fill("#api_key", "wrong")

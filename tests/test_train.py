@@ -62,7 +62,10 @@ def test_best_val_loss_is_the_best_seen_and_best_pt_holds_it(tmp_path, char_data
     # resumed with a learning rate this high, val loss only gets worse: the best stays the old one
     cfg, overrides = parse_args(TrainConfig, ["--init_from=resume", f"--out_dir={tmp_path / 'out'}", "--max_iters=12",
                                               "--learning_rate=5.0", "--decay_lr=False", "--grad_clip=0"])
-    summary = train(cfg, overrides, log=quiet)
+    lines = []
+    summary = train(cfg, overrides, log=lines.append)
+    # the time is this process's, and so is the count beside it: 6 of the 12 iters
+    assert re.fullmatch(r"done: 6 iters in [0-9.]+ s \(12 in all\); val loss .*", lines[-1]), lines[-1]
     evals = [json.loads(line) for line in open(tmp_path / "out" / "log.jsonl") if '"eval"' in line]
     assert evals[-1]["val_loss"] > first["best_val_loss"]
     assert summary["best_val_loss"] == first["best_val_loss"] == min(r["val_loss"] for r in evals)
@@ -194,31 +197,79 @@ def test_gpu_recipe_on_a_cpu_says_so_and_does_not_compile(tmp_path, char_dataset
 
 
 def test_notes_name_the_laptop_recipe_a_short_warmup_and_a_checkpoint_about_to_be_replaced(tmp_path):
-    from model import GPT
     from nanogpt.startup import earlier_run, startup_notes
     from train import TrainConfig
     cfg = TrainConfig(dataset="shakespeare_char", batch_size=64, block_size=256, n_layer=6, n_head=6, n_embd=384,
                       max_iters=50, warmup_iters=100, learning_rate=1e-3, out_dir=str(tmp_path))
-    model = GPT(cfg.model_config(vocab_size=65))
     (tmp_path / "ckpt.pt").write_bytes(b"an earlier run")
-    notes = startup_notes(cfg, model, torch.device("cpu"), 64 * 256, str(tmp_path / "ckpt.pt"),
-                          earlier=earlier_run(str(tmp_path / "ckpt.pt")))
+    notes = startup_notes(cfg, str(tmp_path / "ckpt.pt"), earlier=earlier_run(str(tmp_path / "ckpt.pt")),
+                          cpu_time=(2.0, 30.0))
     assert "use config/shakespeare_char_cpu.py" in notes[0]
     # lr at iter 49 of a 100-iter warmup: 1e-3 * 50 / 101, worked by hand
     assert "rises only to 4.95e-04 of its 1.00e-03" in notes[1]
     assert "holds an earlier run (its iter and val loss could not be read)" in notes[2] and "--init_from=resume" in notes[2]
     assert "best checkpoint" in notes[2] and "at iter 50 at the earliest" in notes[2]
     done = replace(cfg, init_from="resume", warmup_iters=10, lr_decay_iters=50)
-    assert startup_notes(done, model, torch.device("cpu"), 64 * 256, "x", iter_num=50)[-1] == (
+    assert startup_notes(done, "x", iter_num=50)[-1] == (
         "the checkpoint is at iter 50 and max_iters is 50: nothing to train; pass --max_iters=N with N > 50 to continue")
     short = TrainConfig(max_iters=200, warmup_iters=100, lr_decay_iters=2000, learning_rate=1e-3, min_lr=1e-4,
                         n_layer=1, n_head=1, n_embd=16, block_size=16, out_dir=str(tmp_path / "new"))
-    note = startup_notes(short, GPT(short.model_config(vocab_size=65)), torch.device("cpu"), 64, "nowhere")
+    note = startup_notes(short, "nowhere", cpu_time=(0.01, 0.1))
     assert note[0].startswith("max_iters (200) < lr_decay_iters (2000)") and "--lr_decay_iters=200" in note[0]
     small = TrainConfig(dataset="x", batch_size=4, block_size=16, n_layer=1, n_head=1, n_embd=16, max_iters=200,
                         warmup_iters=10, lr_decay_iters=200, out_dir=str(tmp_path / "new"))
-    assert startup_notes(small, GPT(small.model_config(vocab_size=65)), torch.device("cpu"), 64, "nowhere") == []
+    assert startup_notes(small, "nowhere", cpu_time=(0.01, 0.1)) == []
 
+
+def test_slow_cpu_note_never_suggests_the_recipe_being_run(tmp_path, monkeypatch):
+    from nanogpt import REPOSITORY as ROOT
+    from nanogpt.startup import cpu_time_note
+    from train import TrainConfig
+    gpu = TrainConfig(dataset="shakespeare_char", max_iters=5000, eval_interval=250)
+    laptop = os.path.join(ROOT, "config", "shakespeare_char_cpu.py")
+    assert cpu_time_note(gpu, 1.0, 10.0, ["config/shakespeare_char.py"]) is None  # not over SLOW_CPU_ITER
+    # 5000 iters x 2 s + 21 evaluations x 60 s = 11,260 s, worked by hand
+    note = cpu_time_note(gpu, 2.0, 60.0, [os.path.join(ROOT, "config", "shakespeare_char.py")])
+    assert note.startswith("this run is sized for a GPU: on this CPU an iter takes about 2.0 s and each evaluation "
+                           "about 60.0 s, 3.1 h for 5000 iters") and "rough" in note
+    assert note.endswith("use config/shakespeare_char_cpu.py")
+    # the laptop recipe itself, named as the user named it (relative, or through a symlink): only the time
+    monkeypatch.chdir(ROOT)
+    (tmp_path / "mine.py").symlink_to(laptop)
+    for path in ("config/shakespeare_char_cpu.py", "./config/../config/shakespeare_char_cpu.py", str(tmp_path / "mine.py")):
+        cpu = TrainConfig(dataset="shakespeare_char", max_iters=2000, eval_interval=250)
+        note = cpu_time_note(cpu, 1.5, 3.0, [path])
+        assert "use config/" not in note and "sized for a GPU" not in note and f"{path} is a CPU recipe" in note
+    # any recipe whose file says device = "cpu" (the Tang fine-tune) is one too, whatever its dataset
+    sft = tmp_path / "sft.py"
+    sft.write_text('device = "cpu"\n')
+    note = cpu_time_note(TrainConfig(dataset="tangshi_chat", init_from="gpt2"), 2.0, 5.0, [str(sft)])
+    assert f"{sft} is a CPU recipe" in note and "sized for a GPU" not in note
+    # no laptop recipe for the dataset: a fine-tune keeps its shape, so only its batch can shrink
+    note = cpu_time_note(TrainConfig(dataset="owt", init_from="gpt2"), 2.0, 5.0, [])
+    assert note.endswith("a smaller batch_size or block_size shortens each iter")
+    assert "n_layer" in cpu_time_note(TrainConfig(dataset="owt"), 2.0, 5.0, [])
+
+
+def test_run_times_its_own_model_for_the_cpu_note_and_leaves_training_as_it_was(tmp_path, char_dataset, monkeypatch):
+    import nanogpt.startup as startup_module
+    from nanogpt.device import batch_seconds
+    timed = []
+
+    def slow(model, x, y, ctx):  # the real timing (its effects on training are what is checked), then a slow CPU's
+        timed.append((x.shape, model.config.n_layer))
+        return 5.0 + batch_seconds(model, x, y, ctx)
+
+    baseline = train(tiny_cfg(tmp_path / "a", char_dataset, max_iters=3, dropout=0.1), log=quiet)
+    monkeypatch.setattr(startup_module, "batch_seconds", slow)
+    lines = []
+    laptop = os.path.join(startup_module.REPOSITORY, "config", "shakespeare_char_cpu.py")
+    slowed = train(tiny_cfg(tmp_path / "b", char_dataset, max_iters=3, dropout=0.1), log=lines.append,
+                   config_files=[laptop])
+    assert timed == [(torch.Size([4, 16]), 2)]  # the run's own batch (batch_size x block_size) and model
+    note = next(line for line in lines if "an iter takes about" in line)
+    assert f"{laptop} is a CPU recipe" in note and "use config/" not in note
+    assert slowed["val_loss"] == baseline["val_loss"]  # timing drew no dropout and left no gradients
 
 def test_resume_command_is_shell_quoted(tmp_path, char_dataset, monkeypatch):
     import shlex

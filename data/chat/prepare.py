@@ -1,5 +1,6 @@
 """Conversations into a chat dataset: token ids, and a mask of what the fine-tuning loss sees.
 
+    python data/chat/prepare.py --input FILE.jsonl --init_from OUT_DIR [--out data/NAME]
     python data/chat/prepare.py --input FILE.jsonl --base DATASET [--out data/NAME] [--block_size 1024]
 
 FILE.jsonl is OpenAI's fine-tuning format, one conversation per line:
@@ -11,11 +12,13 @@ appended; DATASET itself is not touched. Writes, for train (the first 1 - val_fr
 conversations) and val: NAME/train.bin (ids, each conversation rendered by the chat template),
 train_mask.bin (uint8, 1 where the loss sees the token: the assistant's words and its <|end|>),
 train_index.bin (int64, where each conversation starts, then the total), and meta.json.
-Bad lines are skipped and reported with their line numbers.
+Bad lines are skipped and reported with their line numbers. With --init_from (the checkpoint to be
+fine-tuned), DATASET is the one it was trained on and the context its block_size, unless given.
 """
 import argparse
 import json
 import os
+import shlex
 import shutil
 import tempfile
 import sys
@@ -25,6 +28,7 @@ from tqdm import tqdm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
+from nanogpt.checkpoint import finetune_source, load_checkpoint  # noqa: E402
 from nanogpt.program import run_main  # noqa: E402
 from nanogpt.errors import UserError  # noqa: E402
 from nanogpt.files import open_to_write  # noqa: E402
@@ -196,18 +200,43 @@ def replace_dir(tmp, out_dir):
         shutil.rmtree(old, ignore_errors=True)
 
 
+def model_defaults(init_from, base, block_size):
+    """(base, block_size): as given, else init_from's checkpoint's dataset and context (1024 without one).
+    A context longer than the checkpoint's is refused: train.py would leave out what only it fits."""
+    if init_from is None:
+        if base is None:
+            raise UserError("give --init_from OUT_DIR (the checkpoint to fine-tune) or --base DATASET")
+        return base, block_size or 1024
+    path = finetune_source(init_from)
+    if path is None:
+        raise UserError(f"--init_from {init_from} holds no training checkpoint (an out_dir with ckpt.pt, or the "
+                        f"file); train one first, or give --base DATASET instead")
+    ckpt = load_checkpoint(path, weights=False)
+    context = int(ckpt["model_args"]["block_size"])
+    if block_size is not None and block_size > context:
+        raise UserError(f"--block_size {block_size} is longer than {init_from}'s context ({context}): fine-tuning "
+                        f"would leave out the conversations only it fits; omit --block_size (it is then {context})")
+    return base or ckpt.get("config", {}).get("dataset"), block_size or context
+
+
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--input", required=True, help="conversations in OpenAI's fine-tuning JSONL")
-    parser.add_argument("--base", required=True, help="the dataset whose tokenizer the model was pretrained with")
+    parser.add_argument("--init_from", help="the checkpoint to fine-tune (an out_dir or its ckpt.pt): "
+                                            "--base and --block_size default to its dataset and context")
+    parser.add_argument("--base", help="the dataset whose tokenizer the model was pretrained with")
     parser.add_argument("--out", help="output directory (default: data/<input's name>)")
-    parser.add_argument("--block_size", type=int, default=1024, help="the context: longer conversations are skipped")
-    parser.add_argument("--val_fraction", type=float, default=0.1)
+    parser.add_argument("--block_size", type=int, help="the context: longer conversations are skipped "
+                                                       "(default: --init_from's, else 1024)")
+    parser.add_argument("--val_fraction", type=float, default=0.1,
+                        help="the share of the conversations, at the end, held out as val")
     args = parser.parse_args(argv)
+    args.base, args.block_size = model_defaults(args.init_from, args.base, args.block_size)
     out = args.out or os.path.join(ROOT, "data", os.path.splitext(os.path.basename(args.input))[0])
     prepare_chat(args.input, args.base, out, args.block_size, args.val_fraction)
-    print(f"done; fine-tune a model trained on {args.base} with: python train.py --init_from=<its out_dir> "
-          f"--dataset={out} --out_dir=out-{os.path.basename(os.path.normpath(out))}")
+    print(f"done; fine-tune a model trained on {args.base} with: python train.py config/chat_sft.py "
+          f"--init_from={shlex.quote(args.init_from or '<its out_dir>')} --dataset={shlex.quote(out)} "
+          f"--out_dir={shlex.quote('out-' + os.path.basename(os.path.normpath(out)))}")
 
 
 if __name__ == "__main__":

@@ -83,8 +83,9 @@ def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--input", default="Skylion007/openwebtext", help="Hub dataset name or local files")
     parser.add_argument("--out", default=HERE, help="output directory")
-    parser.add_argument("--num_proc", type=int, default=max(1, (os.cpu_count() or 2) // 2))
-    parser.add_argument("--val_fraction", type=float, default=0.0005)
+    parser.add_argument("--num_proc", type=int, default=max(1, (os.cpu_count() or 2) // 2),
+                        help="processes that load and tokenize the documents (default: half the cores)")
+    parser.add_argument("--val_fraction", type=float, default=0.0005, help="the share of documents held out as val")
     args = parser.parse_args(argv)
     if not 0 < args.val_fraction < 1:
         raise UserError(f"--val_fraction must be between 0 and 1, got {args.val_fraction}")

@@ -30,7 +30,8 @@ BLOCK_SIZE = 128  # config/tangshi_sft.py's context: a 七言律詩 and its requ
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dataset", default=HERE, help="the prepared Tang dataset (char, bpe or gpt2)")
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(HERE), "tangshi_chat"))
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(HERE), "tangshi_chat"),
+                        help="where the chat dataset goes (default: data/tangshi_chat, config/tangshi_sft.py's)")
     parser.add_argument("--seed", type=int, default=1337, help="the shuffle of the conversations")
     args = parser.parse_args(argv)
     poems = parse_poems(split_text(args.dataset, "train"))

@@ -126,8 +126,10 @@ def main(argv):
     parser.add_argument("--out_dir", action="append", required=True, help="a checkpoint's out_dir (repeatable)")
     parser.add_argument("--base", default=None, help="the pretrained model's out_dir, for the fluency cost")
     parser.add_argument("--dataset", default=HERE, help="the prepared Tang dataset whose val split gives the keys")
-    parser.add_argument("--keys", type=int, default=200)
-    parser.add_argument("--seed", type=int, default=1337)
+    parser.add_argument("--keys", type=int, default=200,
+                        help="how many acrostic keys each model answers, drawn from the val split's poems (default: 200)")
+    parser.add_argument("--seed", type=int, default=1337,
+                        help="which keys are drawn, and the sampled answers: key i is sampled with seed + i (default: 1337)")
     parser.add_argument("--decoding", action="append", choices=list(DECODINGS), help="default: both")
     parser.add_argument("--show", type=int, default=3, help="answers printed per model and decoding")
     parser.add_argument("--log", default=None, help="append results as JSON lines here")

@@ -53,7 +53,8 @@ def download(path):
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--input", help="a local copy of the corpus (no download)")
-    parser.add_argument("--tokenizer", default="char", choices=["char", "bpe", "gpt2"])
+    parser.add_argument("--tokenizer", default="char", choices=["char", "bpe", "gpt2"],
+                        help="char: one token per character; bpe: a BPE trained on the poems; gpt2: GPT-2's BPE")
     parser.add_argument("--vocab_size", type=int, default=DEFAULT_BPE_VOCAB, help="tokens of a trained BPE")
     args = parser.parse_args(argv)
     path = args.input or os.path.join(HERE, "input.txt")
