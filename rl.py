@@ -34,11 +34,12 @@ from tqdm import tqdm
 
 import nanogpt.rewards as reward_registry
 from nanogpt.batches import dataset_dir
-from nanogpt.checkpoint import (OutDirLock, load_checkpoint, model_args, model_from_checkpoint, rng_state, save_checkpoint,
+from nanogpt.checkpoint import (OutDirLock, load_checkpoint, model_args, model_from_checkpoint, save_checkpoint,
                         set_rng_state)
 from configurator import parse_args, report_overrides
 from nanogpt.program import run_main
 from data.tangshi.poems import ACROSTIC, held_out_keys, train_requests
+from nanogpt.distributed import collective_device, gather_rng, mean_over_ranks
 from nanogpt.errors import UserError
 from nanogpt.generate import check_sampling, sample_seed
 from nanogpt.memory import check_fits, kv_cache_bytes, training_bytes
@@ -363,18 +364,8 @@ def all_mean(record, world):
     if world == 1:
         return record
     keys = sorted(record)
-    values = torch.tensor([float(record[k]) for k in keys], dtype=torch.float64)
-    dist.all_reduce(values)
-    return dict(zip(keys, (values / world).tolist()))
-
-
-def gather_rng(world):
-    state = rng_state()
-    if world == 1:
-        return [state]
-    out = [None] * world
-    dist.all_gather_object(out, state)
-    return out
+    values = torch.tensor([float(record[k]) for k in keys], dtype=torch.float64, device=collective_device())
+    return dict(zip(keys, mean_over_ranks(values, world).tolist()))
 
 
 def rl(cfg, overrides=None, log=print):
