@@ -709,6 +709,9 @@ def remove_partial_saves(out_dir):
     save removes it)."""
     for name in os.listdir(out_dir):
         path = os.path.join(out_dir, name)
+        if os.path.islink(path) and name.startswith((".ckpt.", ".best.")):
+            os.remove(path)  # a save's scratch name is never a link: removed as a link, never followed or put in place
+            continue
         if name.startswith((".ckpt.pt.", ".best.pt.")) and name.endswith(".tmp") or name in (".ckpt.pt.stale",
                                                                                             ".best.pt.stale"):
             os.remove(path)

@@ -471,3 +471,19 @@ def test_a_billion_claimed_layers_are_refused_without_counting_to_a_billion(tmp_
                             text=True, timeout=120, preexec_fn=limit_memory)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert "claims n_layer=1000000000 but the weights hold 2 blocks" in result.stderr
+
+
+@pytest.mark.parametrize("name", [".ckpt.dcp.tmp", ".ckpt.dcp.old", ".best.dcp.old", ".ckpt.pt.x.tmp"])
+def test_a_link_at_a_saves_scratch_name_is_removed_not_followed(tmp_path, name):
+    """A link planted in an out_dir at a sharded save's scratch name (adversarial pass, #31): the next writer
+    removes the link itself; its target is neither deleted nor moved into the checkpoint's place."""
+    from nanogpt.checkpoint import remove_partial_saves
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("mine")
+    out = tmp_path / "out"
+    out.mkdir()
+    os.symlink(outside, out / name)
+    remove_partial_saves(str(out))
+    assert not os.path.lexists(out / name) and not os.path.exists(out / "ckpt.dcp")
+    assert (outside / "keep.txt").read_text() == "mine"
