@@ -14,7 +14,7 @@ from nanogpt.checkpoint import load_checkpoint
 from configurator import UserError, parse_args
 from conftest import run_script
 from reference import next_token_log_probs
-from data.chat.prepare import prepare_chat
+from nanogpt.chat_dataset import prepare_chat
 from nanogpt.tokenizer import CHAT_TOKENS, GPT2BPE, CharTokenizer, ChatTokenizer, read_meta, tokenizer_from_meta
 from train import TrainConfig, startup_notes, train
 

@@ -130,7 +130,7 @@ def llama_sft(tmp_path_factory):
     """test_chat's 'say xy' -> 'xyxy.' model, as a Llama (RoPE, RMSNorm, SwiGLU, one kv head) of 64 positions
     (a prompt and 50 tokens): its out_dir."""
     from configurator import parse_args
-    from data.chat.prepare import prepare_chat
+    from nanogpt.chat_dataset import prepare_chat
     from data.prepare import prepare
     from test_chat import BASE_TEXT, TINY, conversation, quiet, write_jsonl
     from train import TrainConfig, train
