@@ -487,3 +487,26 @@ def test_a_link_at_a_saves_scratch_name_is_removed_not_followed(tmp_path, name):
     remove_partial_saves(str(out))
     assert not os.path.lexists(out / name) and not os.path.exists(out / "ckpt.dcp")
     assert (outside / "keep.txt").read_text() == "mine"
+
+
+def test_a_sharded_checkpoint_asking_for_decompression_is_refused_before_any_read(tmp_path):
+    """DCP can decode a shard through zstd before any size check: a 24 KB frame made a reader hold 1.9 GB
+    (adversarial pass, #31). No save here writes such a shard, so a .metadata that asks for one is refused."""
+    import pickle
+    import warnings
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from nanogpt.checkpoint import UserError, dcp_reader
+    directory = tmp_path / "ckpt.dcp"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "assuming the intent is to save in a single process": it is
+        dcp.save({"model.transformer.wte.weight": torch.randn(4, 8)}, checkpoint_id=str(directory), no_dist=True)
+    assert dcp_reader(str(directory)).read_metadata().storage_data  # the plain directory reads
+    with open(directory / ".metadata", "rb") as f:
+        metadata = pickle.load(f)  # our own file, just written
+    index, info = next(iter(metadata.storage_data.items()))
+    metadata.storage_data[index] = _StorageInfo(info.relative_path, info.offset, info.length, ["stream.zstd/1"])
+    with open(directory / ".metadata", "wb") as f:
+        pickle.dump(metadata, f)
+    with pytest.raises(UserError, match="refusing to load .*stream.zstd"):
+        dcp_reader(str(directory)).read_metadata()
