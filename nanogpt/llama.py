@@ -16,6 +16,7 @@ import os
 import torch
 
 from nanogpt.errors import UserError
+from nanogpt.files import check_regular, read_regular
 from model import GPT, GPTConfig
 
 # our parameter suffix (per block) -> Llama's; c_attn and c_fc split into several of theirs
@@ -109,9 +110,8 @@ def to_llama(model, model_type, bos_token_id=None, eos_token_id=None):
 def model_type(directory):
     """config.json's model_type in a Hugging Face directory ("gpt2", "llama", ...), or None where it names none."""
     try:
-        with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
-            config = json.load(f)
-    except (OSError, ValueError):
+        config = json.loads(read_regular(os.path.join(directory, "config.json")))  # a FIFO: one line, never a wait
+    except (OSError, ValueError, RecursionError):
         return None  # the GPT-2 reader reports what is wrong with it
     kind = config.get("model_type") if isinstance(config, dict) else None
     return kind if isinstance(kind, str) else None
@@ -148,6 +148,7 @@ def safetensors_state(directory):
     from safetensors.torch import load_file
     state = {}
     for file in sorted(f for f in os.listdir(directory) if f.endswith(".safetensors")):
+        check_regular(os.path.join(directory, file))  # a FIFO would block safetensors' open forever
         try:
             state.update(load_file(os.path.join(directory, file)))
         except (SafetensorError, OSError) as e:
