@@ -207,7 +207,7 @@ def test_chat_leaves_out_the_oldest_turns_and_keeps_the_newest_message(monkeypat
     for user, answer in turns:
         session.messages += [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
     sent, real_stream = [], chat.stream
-    monkeypatch.setattr(chat, "stream", lambda model, x, *a: sent.append(x[0].tolist()) or real_stream(model, x, *a))
+    monkeypatch.setattr(chat, "stream", lambda model, x, *a, **k: sent.append(x[0].tolist()) or real_stream(model, x, *a, **k))
     session.answer("say fg", out=io.StringIO())
     # by hand: <|system|> b <|end|> is 3 tokens, a turn 4 + its two texts, the question <|user|> say fg <|end|>
     # <|assistant|> 9: with the newest turn 3 + 12 + 9 = 24 tokens, exactly the 32 - 8 that leave room for the answer
