@@ -113,7 +113,7 @@ def test_each_override_is_printed_once(tmp_path):
                   "learning_rate=0.0006": "AdamW's peak learning rate"}),
     ("sample.py", {"temperature=0.8": "0 greedy", "stop=[]": "token ids that end a sample"}),
     ("trace.py", {"html=None": "attention heatmaps"}),
-    ("export.py", {"hf_dir=''": "where to write the Hugging Face directory"}),
+    ("export.py", {"hf_dir=''": "--format=hf: the directory to write", "format='hf'": "a Hugging Face directory"}),
     ("bench.py", {"gen_batch=8": "sequences decoded together"}),
 ])
 @pytest.mark.parametrize("flag", ["--help", "-h"])
