@@ -590,6 +590,8 @@ def dcp_load(state, directory):
         if refused:
             raise refused[0] from None
         text = "\n".join(str(f[0] if isinstance(f, tuple) else f) for f in failures) or str(e)
+        if "refusing to" in text:  # ours, from inside DCP's metadata read, which wraps it in an AssertionError
+            raise UserError(text[text.index("refusing to"):].splitlines()[0]) from None
         if "GLOBAL" in text:  # the weights-only unpickler met a class or function to import
             raise UserError(f"refusing to load {directory}: a shard holds objects other than tensors and plain data, "
                             f"which could run code; only load checkpoints you trust") from None
