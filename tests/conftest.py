@@ -1,10 +1,15 @@
 import os
+import signal
 import sys
 import tempfile
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# a suite started in the background by a shell without job control inherits SIGINT ignored, and so would every
+# program it starts: the Ctrl-C tests need the signal delivered, as it is in a terminal
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.path.insert(0, ROOT)
 SHARED = os.path.join(os.path.dirname(ROOT), "shared")
 SHAKESPEARE = os.path.join(SHARED, "data", "tinyshakespeare", "input.txt")
