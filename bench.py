@@ -35,7 +35,8 @@ from nanogpt.program import run_main
 from nanogpt.errors import UserError
 from nanogpt.files import open_to_write
 from nanogpt.device import autocast, resolve_device, resolve_dtype, should_compile, training_kernels
-from nanogpt.generate import generate, packed_weights, window_start
+from nanogpt import cpu
+from nanogpt.generate import generate, window_start
 from nanogpt.cpu.kernels import bfloat16_products_supported, onednn_available, pack, packed_product
 from nanogpt.metrics import read_log
 from model import GPT
@@ -256,7 +257,7 @@ def decode_matmuls_tok_s(model, device, batch=1):
     """
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     xs = [torch.randn(batch, 1, m.in_features, device=device) for m in linears]
-    with packed_weights(model, batch), torch.inference_mode():
+    with cpu.decoding(model, batch), torch.inference_mode():
         seconds = best_time(lambda: [m(x) for m, x in zip(linears, xs)], device, repeats=20)
     return batch / seconds
 

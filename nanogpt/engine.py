@@ -13,8 +13,8 @@ thread (Engine.run) does all of this; other threads submit and cancel.
 The cache owns the positions (as nanochat's cache_seqlens, litgpt's input_pos):
 SlotCache knows how many positions each slot holds, and model.forward asks it for
 the new tokens' positions and for the mask that keeps each row to its own slot's
-positions; the Engine runs the model, or fused_step.FusedStep where it applies, on
-it. The numbers are those of decoding each sequence alone.
+positions; the Engine's decode steps are cpu.decoding's (the fused step where it applies,
+else the model) on it. The numbers are those of decoding each sequence alone.
 """
 import collections
 import threading
@@ -23,8 +23,8 @@ import traceback
 import torch
 import torch.nn.functional as F
 
-from nanogpt.cpu.fused_step import FusedStep
-from nanogpt.generate import Penalties, packed_weights, sample_next, window_start
+from nanogpt import cpu
+from nanogpt.generate import Penalties, sample_next, window_start
 
 
 class SlotCache:
@@ -154,7 +154,7 @@ class Engine:
         self.wake = threading.Condition()
         self.lock = threading.Lock()
         self.stopping = False
-        self.fused = None  # fused_step.FusedStep while run() holds packed weights
+        self.decode = None  # cpu.decoding's step while run() or drain() holds packed weights
         self.batch_job = False  # drain(): errors propagate
 
     def submit(self, seqs):
@@ -176,8 +176,7 @@ class Engine:
 
     @torch.inference_mode()
     def run(self):
-        with packed_weights(self.model, self.max_batch) as packed, self.autocast:
-            self.fused = FusedStep.build(self.model, packed)  # every decode step runs on it where it applies
+        with cpu.decoding(self.model, self.max_batch) as self.decode, self.autocast:
             while True:
                 with self.wake:
                     while not (self.stopping or self.waiting or self.active or self.tasks):
@@ -190,7 +189,7 @@ class Engine:
                     self.guarded(self.work, [self.tasks[0]])
                 if self.active:
                     self.guarded(self.step, list(self.active.values()))
-        self.fused = None  # it holds the packed copies
+        self.decode = None  # it holds the packed copies
         for seq in list(self.active.values()) + list(self.tasks) + list(self.waiting):
             self.leave(seq, "cancelled", "the server is shutting down")
 
@@ -199,8 +198,7 @@ class Engine:
         """Decode every submitted sequence to its end on the calling thread, then return: a batch job (rl.py's
         samples), the same steps as run() takes for a server."""
         self.batch_job = True  # an exception ends the job (guarded re-raises it), not one sequence
-        with packed_weights(self.model, self.max_batch) as packed, self.autocast:
-            self.fused = FusedStep.build(self.model, packed)
+        with cpu.decoding(self.model, self.max_batch) as self.decode, self.autocast:
             try:
                 while self.waiting or self.active:
                     self.drop_cancelled()
@@ -208,7 +206,7 @@ class Engine:
                     if self.active:
                         self.guarded(self.step, list(self.active.values()))
             finally:
-                self.fused = None
+                self.decode = None
 
     def guarded(self, fn, seqs, *args):
         """fn(seqs, *args); an exception ends those sequences with it (logged) and the engine goes on."""
@@ -292,13 +290,12 @@ class Engine:
         self.choose(seqs, logits)
 
     def decode_step(self, tokens, slots):
-        """Logits (A, V) of one step: tokens[i] (a tensor (A,)) after the positions slot slots[i] holds, on the
-        fused step where it applies, else on the model."""
+        """Logits (A, V) of one step: tokens[i] (a tensor (A,)) after the positions slot slots[i] holds, on
+        cpu.decoding's step (outside run() and drain(): the model's)."""
         self.cache.select(slots)
-        if self.fused is not None and self.fused.valid():
-            return self.fused(tokens, self.cache)[:, -1]
-        logits, _ = self.model(tokens[:, None], kv_cache=self.cache)
-        return logits[:, -1]
+        if self.decode is None:
+            return self.model(tokens[:, None], kv_cache=self.cache)[0][:, -1]
+        return self.decode(tokens, self.cache)[:, -1]
 
     def choose(self, seqs, logits):
         """Sample each sequence's next token from its row of logits (A, V), hand it to its sink. A row that holds

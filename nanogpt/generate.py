@@ -2,26 +2,19 @@
 
 The model exposes what a cached step needs, forward(idx, kv_cache=cache);
 everything else about producing text lives here: the cache and its
-context-shift rule, packed CPU weights for decoding, the sampling settings
-every program shares (Sampling) and the sampler (OpenAI's penalties and logit
-bias, temperature, top-k, top-p), stop sequences, and the serial loop that
-feeds each chosen token back in.
+context-shift rule, the sampling settings every program shares (Sampling)
+and the sampler (OpenAI's penalties and logit bias, temperature, top-k,
+top-p), stop sequences, and the serial loop that feeds each chosen token
+back in: prefill, step, sample. How a step runs fast on a CPU is
+nanogpt/cpu's (cpu.decoding), which a reader of this file can skip.
 """
 import math
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn as nn
 from torch.nn import functional as F
 
-from nanogpt.cpu.fused_step import FusedStep
-from nanogpt.cpu.kernels import packed_inference
-
-# bytes of linear weights packed_weights copies; beyond this (gpt2-large holds 3.1 GB,
-# gpt2-xl 6.2 GB) a second copy could exhaust a laptop's memory
-PACKED_COPY_LIMIT = 2 << 30
-PACK_MIN_ROWS = 16  # the row count packed weights are laid out for, at least
+from nanogpt import cpu
 
 
 class KVCache:
@@ -70,23 +63,6 @@ def window_start(n, start, block):
     if start is None:
         return max(0, n - block)
     return start if n - start <= block else n - max(1, block // 2)
-
-
-# --- packed CPU weights -------------------------------------------------------------------------------
-
-@contextmanager
-def packed_weights(model, rows):
-    """Within: model's linear layers decode on copies of their weights packed for oneDNN
-    (kernels.packed_inference), freed at the end.
-
-    Yields {linear: its packed weight} for the layers packed: none beyond PACKED_COPY_LIMIT bytes.
-    """
-    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
-    if sum(m.weight.numel() * m.weight.element_size() for m in linears) > PACKED_COPY_LIMIT:
-        linears = []
-    # the layout oneDNN picks for fewer rows is slower even for one-row inputs (docs/generation.md)
-    with packed_inference(linears, max(rows, PACK_MIN_ROWS)) as packed:
-        yield packed
 
 
 # --- sampling -----------------------------------------------------------------------------------------
@@ -368,10 +344,9 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, 
     When the context would pass block_size, the cached path keeps the last
     half of the window, recomputes it once and continues, as llama.cpp's
     context shift does (the uncached path slides the window by one each
-    step, so the two differ beyond block_size). On CPU the linear layers
-    run on packed float32 weights (packed_weights), a second copy of them
-    held while the generator runs, up to PACKED_COPY_LIMIT bytes, and each decode step
-    is fused_step.FusedStep where it applies (no hooks, a config it knows).
+    step, so the two differ beyond block_size). Each step after a prefill
+    is cpu.decoding's: on a CPU, packed float32 weights (a second copy of
+    them held while the generator runs) and the fused step where it applies.
     on_step(report): called each step with the step's logits, probs, draws and tokens.
     presence_penalty, frequency_penalty and logit_bias: Penalties, counting the tokens of each row
     generated here (not idx's). The yielded tensors are inference tensors: call .tolist() or .clone().
@@ -384,8 +359,7 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, 
     was_training = model.training
     model.eval()
     try:
-        with packed_weights(model, B) as packed:  # decoding feeds B rows per step
-            fused = FusedStep.build(model, packed)  # None: the model's own forward
+        with cpu.decoding(model, B) as step:  # B rows per step
             # the last `block` tokens are all any forward reads: nothing grows with max_new_tokens
             window = torch.empty(B, block, dtype=idx.dtype, device=idx.device)  # tokens n - block .. n - 1
             held = min(T, block)
@@ -399,10 +373,8 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, 
                         cache = KVCache(model.config, B, idx.device, model.lm_head.weight.dtype)
                     start, cache.pos = window_start(n, start, block), 0
                     logits, _ = model(window[:, block - (n - start):], kv_cache=cache, last_only=True)
-                elif fused is not None and fused.valid():
-                    logits = fused(window[:, -1], cache)
                 else:
-                    logits, _ = model(window[:, -1:], kv_cache=cache)
+                    logits = step(window[:, -1], cache)
                 report = {} if on_step is not None else None
                 tok = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator, report, penalties)  # (B,)
                 if penalties is not None:

@@ -6,15 +6,22 @@ from dataclasses import replace
 import pytest
 import torch
 
+from nanogpt import cpu
 from nanogpt.cpu import fused_step
 from nanogpt.cpu.fused_step import SUPPORTED, FusedStep
-from nanogpt.generate import KVCache, generate, packed_weights
-from nanogpt.cpu.kernels import onednn_available
+from nanogpt.generate import KVCache, generate
+from nanogpt.cpu.kernels import onednn_available, packed_inference
 from model import GPTConfig
 from test_generate import assert_attention_is_sharp, greedy_by_hand, sharp
 from test_model_options import OPTIONS
 
 pytestmark = pytest.mark.skipif(not onednn_available(), reason="this PyTorch build has no oneDNN")
+
+
+def packed_weights(model, rows):
+    """The packed copies of model's linear layers that cpu.decoding makes for `rows` rows: {linear: packed}."""
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    return packed_inference(linears, max(rows, cpu.PACK_MIN_ROWS))
 
 
 def sharp32(config):
@@ -127,11 +134,11 @@ def test_a_weight_given_new_data_sends_the_step_back(tiny_config):
         assert not step.valid()
 
 
-def engine_for(model, slots, fused):
-    """A engine.Engine on model whose decode steps run on fused (a FusedStep, or None: the model)."""
+def engine_for(model, slots, decode):
+    """A engine.Engine on model whose decode steps run on decode (cpu.decoding's step, or None: the model)."""
     from nanogpt.engine import Engine
     engine = Engine(model, slots, 16, torch.device("cpu"), contextlib.nullcontext())
-    engine.fused = fused
+    engine.decode = decode
     return engine
 
 
@@ -142,8 +149,8 @@ def test_one_active_sequence_in_the_batching_engine_decodes_on_the_fused_step(mo
     real = FusedStep.__call__
     monkeypatch.setattr(FusedStep, "__call__", lambda self, *a: calls.append(1) or real(self, *a))
     idx = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(5))
-    with torch.inference_mode(), packed_weights(model, 3) as packed:
-        engine = engine_for(model, 3, FusedStep.build(model, packed))
+    with torch.inference_mode(), cpu.decoding(model, 3) as step:
+        engine = engine_for(model, 3, step)
         full, _ = model(idx)
         engine.cache.select([2])
         model(idx[:, :7], kv_cache=engine.cache)
@@ -165,10 +172,8 @@ def test_rows_at_their_own_positions_match_each_sequence_alone(monkeypatch, tiny
     monkeypatch.setattr(FusedStep, "__call__", lambda self, *a: calls.append(1) or real(self, *a))
     seqs = torch.randint(0, 64, (3, 16), generator=torch.Generator().manual_seed(6))
     lengths = [9, 4, 13]  # each row's prompt; then three steps together
-    with torch.inference_mode(), packed_weights(model, 4) as packed:
-        step = FusedStep.build(model, packed) if fused else None
-        assert (step is not None) == fused
-        engine = engine_for(model, 4, step)
+    with torch.inference_mode(), cpu.decoding(model, 4) as step:
+        engine = engine_for(model, 4, step if fused else None)
         full, _ = model(seqs)
         for slot, seq, n in zip(slots, seqs, lengths):
             engine.cache.select([slot])

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from nanogpt import generate as generate_module
+import nanogpt.cpu
 from nanogpt.cpu import kernels
 from nanogpt.generate import filter_logits, generate, sample_next, stream
 from nanogpt.cpu.kernels import onednn_available, packed_inference
@@ -409,7 +410,7 @@ def test_models_beyond_the_copy_limit_decode_on_their_plain_weights(monkeypatch,
     idx = torch.randint(0, 64, (2, 3))
     packed = generate(model, idx, 10, temperature=0)
     assert not plain_linear_calls
-    monkeypatch.setattr(generate_module, "PACKED_COPY_LIMIT", 1000)  # bytes: less than this model's weights
+    monkeypatch.setattr(nanogpt.cpu, "PACKED_COPY_LIMIT", 1000)  # bytes: less than this model's weights
     torch.testing.assert_close(generate(model, idx, 10, temperature=0), packed)
     assert len(plain_linear_calls) == 10 * 9  # 10 steps x (4 linear layers x 2 blocks + the head)
 

@@ -128,16 +128,16 @@ def test_generation_inside_packed_training_leaves_the_training_kernels(tiny_conf
 def test_packed_training_inside_packed_weights_leaves_the_packed_weights(tiny_config, monkeypatch):
     """A training step within generation's packed weights gives them back: inference then runs on them
     again, with the logits of packed weights alone."""
-    from nanogpt.generate import packed_weights
+    from nanogpt.cpu import decoding
     from model import GPT
     model, idx = GPT(tiny_config), torch.randint(0, tiny_config.vocab_size, (2, 8))
     with packed_training(model):
         alone = loss_and_grads(model, idx)
-    with packed_weights(model, 2), torch.inference_mode():
+    with decoding(model, 2), torch.inference_mode():
         logits = model(idx)[0]
     calls, product = [], kernels.packed_product
     monkeypatch.setattr(kernels, "packed_product", lambda *a: calls.append(1) or product(*a))
-    with packed_weights(model, 2):
+    with decoding(model, 2):
         with packed_training(model):
             nested = loss_and_grads(model, idx)
         calls.clear()

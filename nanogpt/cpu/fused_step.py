@@ -2,7 +2,7 @@
 
 A cached decode step is a matrix-vector product per weight plus ~200 small
 operations around them. On CPU the products run on packed weights
-(generate.packed_weights) at close to the memory bandwidth, so the small
+(cpu.decoding) at close to the memory bandwidth, so the small
 operations and the Python around them are what is left to remove: module
 calls, hook points, dropout no-ops, the views of the general path. This step
 is the forward of model.py for one position, written flat over the model's own
@@ -58,7 +58,7 @@ class FusedStep:
 
     @classmethod
     def build(cls, model, packed):
-        """The fused step for model (eval mode) and packed ({linear: packed weight}, from packed_weights),
+        """The fused step for model (eval mode) and packed ({linear: packed weight}, from kernels.packed_inference),
         or None where the model's own forward must run (see the module's docstring)."""
         linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
         weight = model.lm_head.weight

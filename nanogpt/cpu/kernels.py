@@ -20,7 +20,7 @@ returned in float32, as autocast's bfloat16 products are. oneDNN runs these
 faster than packed float32 on such CPUs, with no packing (docs/speedrun.md,
 Speedrun III). device.training_kernels decides which of the two a run uses.
 
-Generation packs too (packed_inference, through generate.packed_weights), for inference mode only; fused_step.py's
+Generation packs too (packed_inference, through cpu.decoding), for inference mode only; fused_step.py's
 fused step reads those copies. This module is the one place that calls oneDNN. Both contexts set the layers'
 forward through patched_forwards, which gives each layer back what it ran before: generating inside
 packed_training leaves the training kernels in place. WeightVersion is the one rule for "has this weight
