@@ -33,22 +33,21 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 import nanogpt.rewards as reward_registry
+from configurator import parse_args, report_overrides
+from data.tangshi.poems import ACROSTIC, held_out_keys, train_requests
 from nanogpt.batches import dataset_dir
 from nanogpt.checkpoint import (OutDirLock, load_checkpoint, model_args, model_from_checkpoint, save_checkpoint,
-                        set_rng_state)
-from configurator import parse_args, report_overrides
-from nanogpt.program import run_main
-from data.tangshi.poems import ACROSTIC, held_out_keys, train_requests
-from nanogpt.distributed import collective_device, gather_rng, mean_over_ranks
+                                set_rng_state)
+from nanogpt.distributed import collective_device, gather_rng, mean_over_ranks, setup_distributed, teardown
 from nanogpt.errors import UserError
 from nanogpt.generate import check_sampling, sample_seed
 from nanogpt.memory import check_fits, kv_cache_bytes, training_bytes
 from nanogpt.metrics import Metrics
 from nanogpt.policy_gradient import advantages, answer_batch, pg_loss, sample_answers, token_log_probs
+from nanogpt.program import run_main
 from nanogpt.source import tokenizer_meta
 from nanogpt.stopping import Interrupted, StopFlag
 from nanogpt.tokenizer import ChatTokenizer, tokenizer_from_meta
-
 
 @dataclass
 class RLConfig:
@@ -77,7 +76,7 @@ class RLConfig:
     eval_interval: int = 25  # also saves ckpt.pt
     eval_keys: int = 50  # held-out acrostic keys (data/tangshi/evaluate.py's draw); 0: no evaluation
     eval_temperature: float = 0.8
-    eval_top_k: int | None = 200
+    eval_top_k: int | None = None  # evaluate.py's sampled row: chat.py's defaults (0.8, every token kept)
     log_interval: int = 1
     seed: int = 1337
     device: str = "cpu"
@@ -207,7 +206,9 @@ class Run:
 
     def __init__(self, cfg, overrides, log, stop, lock):
         self.cfg, self.log, self.stop, self.lock = cfg, log, stop, lock
-        self.rank, self.world = setup_distributed(cfg)
+        self.rank, local_rank, self.world = setup_distributed(cfg.device)
+        if self.world > 1 and cfg.device.startswith("cuda"):
+            cfg.device = f"cuda:{local_rank}"
         self.master = self.rank == 0
         device = self.device = torch.device(cfg.device)
         if cfg.reward_file:
@@ -349,17 +350,6 @@ def loop(run):
             run.log(f"interrupted at iter {run.iter_num}, before this run completed an iteration: nothing saved")
 
 
-def setup_distributed(cfg):
-    """(rank, world): torchrun's environment, else a single process."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return 0, 1
-    dist.init_process_group(backend="nccl" if cfg.device.startswith("cuda") else "gloo")
-    if cfg.device.startswith("cuda"):
-        cfg.device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
-        torch.cuda.set_device(cfg.device)
-    return dist.get_rank(), dist.get_world_size()
-
-
 def all_mean(record, world):
     if world == 1:
         return record
@@ -388,8 +378,8 @@ def rl(cfg, overrides=None, log=print):
     finally:
         lock.release()
         stop.restore()
-        if world > 1 and dist.is_initialized():
-            dist.destroy_process_group()
+        if dist.is_initialized():
+            teardown(world)
 
 
 def main(argv):

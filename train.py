@@ -58,7 +58,7 @@ def train(cfg, overrides=None, log=print, t_start=None, config_files=()):
     lock = OutDirLock(cfg.out_dir)  # taken once the run is about to write
     world = 1
     try:
-        rank, local_rank, world = setup_distributed(cfg)
+        rank, local_rank, world = setup_distributed(cfg.device, cfg.backend)
         stop.abandon = world == 1  # DDP ranks stop together, at a log iteration
         log = log if rank == 0 else (lambda *a, **k: None)
         run = Run(cfg, overrides or {}, rank, local_rank, world, log, t_start, stop, lock, config_files)

@@ -16,13 +16,14 @@ from nanogpt.checkpoint import rng_state
 from nanogpt.errors import UserError
 
 
-def setup_distributed(cfg):
-    """(rank, local_rank, world_size) from torchrun's environment; (0, 0, 1) when run plainly."""
+def setup_distributed(device, backend="auto"):
+    """(rank, local_rank, world_size) from torchrun's environment; (0, 0, 1) when run plainly. Each process on
+    a GPU takes its local rank's; backend "auto" is NCCL there, gloo on CPUs."""
     if "RANK" not in os.environ:
         return 0, 0, 1
     rank, local_rank, world = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
-    use_cuda = cfg.device in ("auto", "cuda") and torch.cuda.is_available() or cfg.device.startswith("cuda")
-    backend = cfg.backend if cfg.backend != "auto" else ("nccl" if use_cuda else "gloo")
+    use_cuda = device in ("auto", "cuda") and torch.cuda.is_available() or device.startswith("cuda")
+    backend = backend if backend != "auto" else ("nccl" if use_cuda else "gloo")
     if use_cuda:
         torch.cuda.set_device(local_rank)
     dist.init_process_group(backend=backend)
