@@ -27,7 +27,6 @@ from nanogpt.tokenizer import ChatTokenizer
 
 @dataclass
 class ChatConfig(Source, Sampling):
-    out_dir: str = "out-tangshi-sft"  # where train.py wrote the fine-tuned checkpoint
     system: str = ""  # a system message that opens every conversation
     prompt: str = ""  # -p: answer this one message and exit
     max_new_tokens: int = 500  # an answer's length at most

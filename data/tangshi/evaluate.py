@@ -2,10 +2,12 @@
 
     python data/tangshi/evaluate.py --out_dir=out-tangshi-rl --out_dir=out-tangshi-sft --out_dir=out-tangshi \
         --base=out-tangshi [--keys=200] [--log=eval.jsonl]
+    python data/tangshi/evaluate.py --out_dir=http://127.0.0.1:8000/v1 --base=out-tangshi   # as served (serve.py)
 
 Keys are the first characters of the 句 of held-out poems (the prepared dataset's val split, which
 data/tangshi/conversations.py and rl.py never read): four characters each, from poems of a regular form. Each model
-answers every key greedily (temperature 0) and sampled (sample.py's temperature 0.8 and top_k 200).
+answers every key greedily (temperature 0) and sampled (sample.py's and chat.py's defaults: temperature
+0.8, every token kept).
 A chat model (fine-tuned, or improved by rl.py) is asked through its template; a base model is given
 the same request as plain text and a line break, and its poem ends at the first blank line.
 Each answer is checked as rl.py's rewards check it (nanogpt/rewards.py, nanogpt/verse.py: the 平水韻 dictionary): the share
@@ -16,35 +18,35 @@ character on the answers (a reward-hacked answer reads badly to it). The held-ou
 checked the same way (the human reference). Appends each row as a JSON line to --log.
 """
 import argparse
+import concurrent.futures
 import json
 import os
 import sys
 import time
+import urllib.error
+import urllib.request
 
 import torch
 from tqdm import tqdm
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
-from nanogpt.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
-from nanogpt.program import run_main  # noqa: E402
 from nanogpt.errors import UserError  # noqa: E402
+from nanogpt.program import run_main  # noqa: E402
 from data.tangshi.poems import ACROSTIC, form, held_out_poems, score_acrostic  # noqa: E402
-from nanogpt.generate import generate  # noqa: E402
+from nanogpt.generate import Sampling, generate  # noqa: E402
 from nanogpt.rewards import verse_report  # noqa: E402
-from nanogpt.tokenizer import ChatTokenizer, tokenizer_from_meta  # noqa: E402
+from nanogpt.source import Source, load_model  # noqa: E402
+from nanogpt.tokenizer import ChatTokenizer  # noqa: E402
 
-DECODINGS = {"greedy": dict(temperature=0.0), "sampled": dict(temperature=0.8, top_k=200)}
+# sampled: the defaults of sample.py, chat.py and the server (temperature 0.8, every token kept)
+DECODINGS = {"greedy": dict(temperature=0.0), "sampled": dict(temperature=Sampling.temperature, top_k=Sampling.top_k)}
 MAX_NEW_TOKENS = 80  # a 七言絕句 is 34 characters; a 律詩 of 8 is 68
 
 
 def load(out_dir, device):
-    path = os.path.join(out_dir, "ckpt.pt")
-    ckpt = load_checkpoint(path, map_location=device)
-    model = model_from_checkpoint(ckpt, path, dropout=0.0).to(device).eval()
-    if ckpt.get("tokenizer") is None:
-        raise UserError(f"{path} carries no tokenizer; evaluate a checkpoint trained on the Tang poems")
-    return model, tokenizer_from_meta(ckpt["tokenizer"])
+    """The model (eval mode) and tokenizer of out_dir's ckpt.pt, through the loader every program uses."""
+    return load_model(Source(out_dir=out_dir), device)
 
 
 def answers(model, tokenizer, keys, decoding, seed, batch):
@@ -100,12 +102,46 @@ def rates(keys, texts, requests=None):
             "repeated": sum(rep["repeated"] > 0 for rep in reports) / n}
 
 
-def evaluate(out_dir, keys, decoding, seed=1337, batch=50, device="cpu", base=None):
-    """The row of one model and decoding (rates' figures, "model", "chat", "decoding", "fluency") and the answers."""
-    model, tokenizer = load(out_dir, device)
-    with torch.no_grad():
-        texts = answers(model, tokenizer, keys, decoding, seed, batch)
-    row = {"model": out_dir, "chat": isinstance(tokenizer, ChatTokenizer), "decoding": decoding, **rates(keys, texts)}
+def api_answers(url, keys, decoding, seed, api_key=None, workers=8):
+    """(the served model's id, each key's answer) through an OpenAI chat API (serve.py's): the request a chat
+    model is asked in process, with the same settings and key i's seed (seed + i), several at a time."""
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
+
+    def call(path, body=None):
+        request = urllib.request.Request(url.rstrip("/") + path, headers=headers, method="POST" if body else "GET",
+                                         data=json.dumps(body).encode() if body else None)
+        try:
+            with urllib.request.urlopen(request, timeout=600) as response:
+                return json.load(response)
+        except urllib.error.HTTPError as e:
+            raise UserError(f"{url}{path} answered {e.code}: {e.read().decode(errors='replace')[:300]}") from None
+        except (urllib.error.URLError, OSError) as e:
+            raise UserError(f"cannot reach {url} ({getattr(e, 'reason', e)}); start the server first: python serve.py "
+                            f"--out_dir=out-tangshi-sft, then --api=http://127.0.0.1:8000/v1") from None
+    model = call("/models")["data"][0]["id"]
+    settings = {k: v for k, v in DECODINGS[decoding].items() if v is not None}
+
+    def answer(i):
+        body = {"model": model, "messages": [{"role": "user", "content": ACROSTIC + keys[i]}],
+                "max_tokens": MAX_NEW_TOKENS, "seed": seed + i, **settings}
+        return call("/chat/completions", body)["choices"][0]["message"]["content"]
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        texts = list(tqdm(pool.map(answer, range(len(keys))), total=len(keys), desc=decoding, unit="key", disable=None))
+    return model, texts
+
+
+def evaluate(out_dir, keys, decoding, seed=1337, batch=50, device="cpu", base=None, api_key=None):
+    """The row of one model and decoding (rates' figures, "model", "chat", "decoding", "fluency") and the answers;
+    out_dir may be an http(s) URL: a chat model served with OpenAI's API."""
+    if out_dir.startswith(("http://", "https://")):
+        name, texts = api_answers(out_dir, keys, decoding, seed, api_key)
+        row = {"model": f"{name} at {out_dir}", "chat": True, "decoding": decoding, **rates(keys, texts)}
+    else:
+        model, tokenizer = load(out_dir, device)
+        with torch.no_grad():
+            texts = answers(model, tokenizer, keys, decoding, seed, batch)
+        row = {"model": out_dir, "chat": isinstance(tokenizer, ChatTokenizer), "decoding": decoding,
+               **rates(keys, texts)}
     if base is not None:
         row["fluency"] = fluency_cost(*base, texts)
     return row, texts
@@ -123,7 +159,10 @@ def reference(poems, base=None):
 
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out_dir", action="append", required=True, help="a checkpoint's out_dir (repeatable)")
+    parser.add_argument("--out_dir", action="append", required=True,
+                        help="a checkpoint's out_dir, or the URL of a chat model served with OpenAI's API "
+                             "(http://127.0.0.1:8000/v1: serve.py's); repeatable")
+    parser.add_argument("--api_key", default=None, help="the key a served model asks for (serve.py --api_key)")
     parser.add_argument("--base", default=None, help="the pretrained model's out_dir, for the fluency cost")
     parser.add_argument("--dataset", default=HERE, help="the prepared Tang dataset whose val split gives the keys")
     parser.add_argument("--keys", type=int, default=200,
@@ -141,7 +180,7 @@ def main(argv):
     for out_dir in args.out_dir:
         for decoding in args.decoding or DECODINGS:
             t0 = time.time()
-            row, texts = evaluate(out_dir, keys, decoding, args.seed, base=base)
+            row, texts = evaluate(out_dir, keys, decoding, args.seed, base=base, api_key=args.api_key)
             row["seconds"] = round(time.time() - t0, 1)
             rows.append(row)
             for k, t in list(zip(keys, texts))[:args.show]:

@@ -1,0 +1,66 @@
+"""data/tangshi/evaluate.py: a chat model's answers to held-out acrostic keys, and so its figures, are the same in
+process and through serve.py's chat API (the request, the seed of each key, the sampling defaults)."""
+import random
+
+import pytest
+import torch
+
+from conftest import run_script
+from data.prepare import prepare
+from data.tangshi.evaluate import evaluate
+from data.tangshi.poems import held_out_poems
+from model import GPT, GPTConfig
+from nanogpt.checkpoint import model_args
+from nanogpt.tokenizer import chat_meta, read_meta
+
+CHARS = "秦川雄帝宅函谷壯皇居綺殿千尋起離宮百雉餘連甍遙接漢飛觀迥凌虛雲日隱層闕風煙出綺疏"
+
+
+def poems(n, seed=0):
+    """n regular poems (title, author, two lines of two 五言 句) with keys that differ: the corpus's layout."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        chunks = ["".join(rng.choice(CHARS) for _ in range(5)) for _ in range(4)]
+        out.append(f"藏頭詩：題{CHARS[i % len(CHARS)]}\n無名\n{chunks[0]}，{chunks[1]}。\n{chunks[2]}，{chunks[3]}。\n")
+    return "\n".join(out) + "\n"
+
+
+@pytest.fixture(scope="module")
+def tang_chat(tmp_path_factory):
+    """(dataset, out_dir): poems prepared as characters, and a chat model of random weights on their tokenizer."""
+    root = tmp_path_factory.mktemp("tang")
+    (root / "input.txt").write_text(poems(120), encoding="utf-8")
+    prepare(str(root / "input.txt"), "char", str(root / "data"), 0.1, log=lambda *a: None)
+    meta = chat_meta(read_meta(str(root / "data")))
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=128, vocab_size=meta["vocab_size"], n_layer=2, n_head=2, n_embd=32))
+    with torch.no_grad():  # every parameter random: the answers then depend on every weight
+        for p in model.parameters():
+            p.normal_(0, 0.5)
+    (root / "sft").mkdir()
+    torch.save({"model": model.state_dict(), "model_args": model_args(model.config), "iter_num": 0, "config": {},
+                "tokenizer": meta}, root / "sft" / "ckpt.pt")
+    return root / "data", root / "sft"
+
+
+@pytest.mark.parametrize("decoding", ["greedy", "sampled"])
+def test_a_served_chat_model_answers_the_evaluation_as_in_process(tang_chat, decoding):
+    from serve import ServeConfig, Service
+    from test_serve import running
+    dataset, out_dir = tang_chat
+    keys = [k for k, _ in held_out_poems(str(dataset), 6, 1337)]
+    row, texts = evaluate(str(out_dir), keys, decoding, seed=7)
+    service = Service.load(ServeConfig(out_dir=str(out_dir), device="cpu", max_batch=4, max_queue=8))
+    with running(service.app()) as url:
+        served, served_texts = evaluate(url + "/v1", keys, decoding, seed=7)
+    assert served_texts == texts and len(set(texts)) > 1  # the answers follow the keys, the same both ways
+    assert served["model"] == f"sft at {url}/v1" and {**served, "model": row["model"]} == row
+
+
+def test_evaluate_names_a_server_it_cannot_reach(tang_chat):
+    dataset, _ = tang_chat
+    result = run_script(["data/tangshi/evaluate.py", "--out_dir=http://127.0.0.1:9/v1", f"--dataset={dataset}",
+                         "--keys=2"])
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "cannot reach http://127.0.0.1:9/v1" in result.stderr and "python serve.py" in result.stderr
