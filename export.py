@@ -9,7 +9,7 @@ LlamaForCausalLM, with qk_norm as Qwen3ForCausalLM; any other option is refused 
 The directory holds the weights (model.safetensors, config.json), the tokenizer as Hugging Face's
 (tokenizer.json, tokenizer_config.json: AutoTokenizer encodes as ours, a chat model's role tokens and
 template included) and as ours (meta.json, a trained BPE's ranks), so `python sample.py --init_from=DIR`
-reads it back. --format=gguf writes one file for llama.cpp and Ollama (Llama and Qwen3 models). docs/export.md
+reads it back. --format=gguf writes one file for llama.cpp and Ollama (GPT-2, Llama and Qwen3 models). docs/export.md
 says how each goes to vLLM, llama.cpp, Ollama and the Hub.
 """
 from nanogpt import program

@@ -1,7 +1,10 @@
 """A model and its tokenizer as one GGUF file (llama.cpp's format, written by its own `gguf` package), for
-llama.cpp and Ollama. Llama and Qwen3 models; float32 weights (llama.cpp's tools quantize them).
+llama.cpp and Ollama. GPT-2, Llama and Qwen3 models; float32 weights (llama.cpp's tools quantize them).
 
-Two rules the tensor names do not show:
+Rules the tensor names do not show:
+- GPT-2's weights are ours as they are (out, in): llama.cpp's gpt2 reads q, k and v as one matrix (attn_qkv),
+  and a model without biases gets biases of zero. Its GELU is the tanh form, computed through a float16
+  table: a model trained with the exact (erf) GELU runs within about 1e-3 of ours, not exactly.
 - RoPE's pairing: llama.cpp's llama rotates pairs (2i, 2i+1), as model.py does: q and k as ours are.
   Its qwen3 rotates halves (i, i + head_dim/2), as Hugging Face's: q and k reordered (llama.to_halves).
 - The tokenizer is llama.cpp's byte-level BPE ("gpt2"): tokens spelled in GPT-2's byte alphabet, the merges
@@ -12,6 +15,7 @@ Two rules the tensor names do not show:
 import os
 
 import numpy as np
+import torch
 
 from nanogpt.errors import UserError
 from nanogpt.hf_tokenizer import bpe_merges, byte_chars, chat_template
@@ -72,8 +76,32 @@ def vocabulary(tokenizer, vocab_size):
     return tokens, types, [f"{a} {b}" for a, b in merges], pre
 
 
+def gpt2_tensors(model):
+    """(GGUF name, tensor) of each weight of a GPT-2-style model, for llama.cpp's gpt2: a bias of zeros where the
+    model has none."""
+    c, ours = model.config, {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
+
+    def bias(name, size):
+        return ours.get(name, torch.zeros(size))
+    out = {"token_embd.weight": ours["transformer.wte.weight"], "position_embd.weight": ours["transformer.wpe.weight"],
+           "output_norm.weight": ours["transformer.ln_f.weight"],
+           "output_norm.bias": bias("transformer.ln_f.bias", c.n_embd)}
+    if not c.tie_weights:
+        out["output.weight"] = ours["lm_head.weight"]
+    names = {"attn_norm": "ln_1", "attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj", "ffn_norm": "ln_2",
+             "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"}
+    for i in range(c.n_layer):
+        for theirs, mine in names.items():
+            weight = ours[f"transformer.h.{i}.{mine}.weight"]
+            out[f"blk.{i}.{theirs}.weight"] = weight
+            out[f"blk.{i}.{theirs}.bias"] = bias(f"transformer.h.{i}.{mine}.bias", weight.size(0))
+    return out
+
+
 def tensors(model, kind):
-    """(GGUF name, float32 array) of each weight of model, for llama.cpp's llama or qwen3."""
+    """(GGUF name, float32 array) of each weight of model, for llama.cpp's gpt2, llama or qwen3."""
+    if kind == "gpt2":
+        return {name: np.ascontiguousarray(t.numpy(), dtype=np.float32) for name, t in gpt2_tensors(model).items()}
     c, ours = model.config, {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
     q_dim, kv_dim = c.n_head * c.head_dim, c.kv_heads * c.head_dim
     out = {"token_embd.weight": ours["transformer.wte.weight"], "output_norm.weight": ours["transformer.ln_f.weight"]}
@@ -103,10 +131,10 @@ def write_gguf(model, tokenizer, kind, path, source):
     into place."""
     import gguf
     c = model.config
-    if kind not in ("llama", "qwen3"):
-        raise UserError(f"{source} is a GPT-2-style model: --format=gguf writes Llama and Qwen3 models (train with "
-                        f"--pos_emb=rope --norm=rmsnorm --activation=swiglu); export it with --format=hf")
-    if c.bias:
+    if kind == "gpt2" and c.activation not in ("gelu", "gelu_tanh"):
+        raise UserError(f"{source} has activation={c.activation}: llama.cpp's gpt2 computes GELU only; export it with "
+                        f"--format=hf, or train with --activation=gelu")
+    if kind != "gpt2" and c.bias:
         raise UserError(f"{source} has biases (bias=True): llama.cpp's llama has no MLP biases; train with "
                         f"--bias=False, or export with --format=hf")
     tokens, types, merges, pre = vocabulary(tokenizer, c.vocab_size)
@@ -119,11 +147,14 @@ def write_gguf(model, tokenizer, kind, path, source):
     writer.add_feed_forward_length(c.mlp_width)
     writer.add_head_count(c.n_head)
     writer.add_head_count_kv(c.kv_heads)
-    writer.add_key_length(c.head_dim)
-    writer.add_value_length(c.head_dim)
-    writer.add_rope_dimension_count(c.head_dim)
-    writer.add_rope_freq_base(c.rope_base)
-    writer.add_layer_norm_rms_eps(c.norm_eps)
+    if kind == "gpt2":
+        writer.add_layer_norm_eps(c.norm_eps)
+    else:
+        writer.add_key_length(c.head_dim)
+        writer.add_value_length(c.head_dim)
+        writer.add_rope_dimension_count(c.head_dim)
+        writer.add_rope_freq_base(c.rope_base)
+        writer.add_layer_norm_rms_eps(c.norm_eps)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     writer.add_vocab_size(c.vocab_size)
     writer.add_tokenizer_model("gpt2")

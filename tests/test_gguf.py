@@ -2,6 +2,7 @@
 llama-cpp-python (it builds llama.cpp from source: docs/export.md gives the time) and are skipped without it."""
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -93,10 +94,80 @@ def test_gguf_holds_the_tokenizer_and_chat_template(llama_sft, tmp_path):  # noq
     assert not [name for name in os.listdir(tmp_path) if name.endswith(".tmp")]
 
 
-@pytest.mark.parametrize("options, says", [(dict(), "a GPT-2-style model: --format=gguf writes Llama and Qwen3"),
-                                           (dict(MODERN, bias=True), "has biases (bias=True)")], ids=["gpt2", "biases"])
+@pytest.mark.parametrize("options, says", [(dict(activation="relu"), "llama.cpp's gpt2 computes GELU only"),
+                                           (dict(MODERN, bias=True), "has biases (bias=True)")], ids=["gpt2-relu", "biases"])
 def test_gguf_for_an_architecture_llama_cpp_lacks_is_refused(tmp_path, char_dataset, options, says):
     out, _ = trained_then_randomized(tmp_path, char_dataset, **options)
     result = run_script(["export.py", f"--out_dir={out}", "--format=gguf", f"--gguf_file={tmp_path / 'm.gguf'}"])
     assert result.returncode == 2 and says in result.stderr and "Traceback" not in result.stderr, result.stderr
     assert not os.path.exists(tmp_path / "m.gguf")
+
+
+def gpt2_logits_as_llama_cpp_reads_them(path, ids):
+    """Logits (T, V) of ids from a GGUF file alone, in float64, as llama.cpp's gpt2 graph computes them
+    (src/models/gpt2.cpp): token_embd + position_embd; per block, attn_norm, attn_qkv (q, k, v one after the
+    other), causal attention, attn_output, ffn_norm, ffn_up, GELU (tanh form), ffn_down; output_norm, then
+    output (or token_embd where there is none)."""
+    reader = gguf.GGUFReader(str(path))
+    field = lambda key: reader.fields[key].contents()  # noqa: E731
+    w = {t.name: np.array(t.data, dtype=np.float64).reshape([int(d) for d in reversed(t.shape)])
+         for t in reader.tensors}
+    n_head, eps, n_layer = field("gpt2.attention.head_count"), field("gpt2.attention.layer_norm_epsilon"), field(
+        "gpt2.block_count")
+
+    def norm(x, name):
+        mu, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+        return (x - mu) / np.sqrt(var + eps) * w[name + ".weight"] + w[name + ".bias"]
+
+    def linear(x, name):
+        return x @ w[name + ".weight"].T + w[name + ".bias"]
+    T = len(ids)
+    x = w["token_embd.weight"][ids] + w["position_embd.weight"][:T]
+    for i in range(n_layer):
+        q, k, v = np.split(linear(norm(x, f"blk.{i}.attn_norm"), f"blk.{i}.attn_qkv"), 3, axis=-1)
+        hs = q.shape[-1] // n_head
+        heads = []
+        for h in range(n_head):
+            qh, kh, vh = (m[:, h * hs:(h + 1) * hs] for m in (q, k, v))
+            scores = qh @ kh.T / np.sqrt(hs) + np.triu(np.full((T, T), -np.inf), 1)
+            p = np.exp(scores - scores.max(-1, keepdims=True))
+            heads.append((p / p.sum(-1, keepdims=True)) @ vh)
+        x = x + linear(np.concatenate(heads, -1), f"blk.{i}.attn_output")
+        h = linear(norm(x, f"blk.{i}.ffn_norm"), f"blk.{i}.ffn_up")
+        h = 0.5 * h * (1 + np.tanh(np.sqrt(2 / np.pi) * (h + 0.044715 * h ** 3)))
+        x = x + linear(h, f"blk.{i}.ffn_down")
+    head = w.get("output.weight", w["token_embd.weight"])
+    return norm(x, "output_norm") @ head.T
+
+
+@pytest.mark.parametrize("options", [dict(activation="gelu_tanh"), dict(activation="gelu_tanh", bias=False,
+                                                                          tie_weights=False)],
+                         ids=["gpt2", "gpt2-no-bias-untied"])
+def test_a_gpt2_style_model_as_gguf_computes_our_logits(tmp_path, options):
+    """llama.cpp's gpt2 graph, transcribed in numpy over the file's tensors, gives our logits: every weight in its
+    place, biases of zero where the model has none, the head tied or not."""
+    from model import GPT, GPTConfig
+    from nanogpt.gguf_file import write_gguf
+    from nanogpt.tokenizer import tokenizer_from_meta
+    tokenizer = tokenizer_from_meta(dataset(tmp_path, "char"))
+    torch.manual_seed(0)
+    config = GPTConfig(n_layer=2, n_head=4, n_embd=64, block_size=64, vocab_size=tokenizer.vocab_size, **options)
+    model = randomize(GPT(config), seed=3).eval()
+    write_gguf(model, tokenizer, "gpt2", str(tmp_path / "m.gguf"), "ckpt.pt")
+    ids = tokenizer.encode(CORPUS[:40])
+    with torch.no_grad():
+        ours = model(torch.tensor([ids]))[0][0].double().numpy()
+    np.testing.assert_allclose(gpt2_logits_as_llama_cpp_reads_them(tmp_path / "m.gguf", ids), ours, atol=1e-4)
+
+
+@needs_llama_cpp
+@pytest.mark.parametrize("activation", ["gelu_tanh", "gelu"])
+def test_llama_cpp_writes_our_greedy_tokens_for_a_gpt2_style_model(tmp_path, activation):
+    """The Tang and Shakespeare recipes' architecture (learned positions, LayerNorm, GELU, biases): llama.cpp's
+    gpt2 computes GELU's tanh form through a float16 table, close enough to both of ours for the same tokens."""
+    from nanogpt.gguf_file import write_gguf
+    from nanogpt.tokenizer import tokenizer_from_meta
+    tokenizer = tokenizer_from_meta(dataset(tmp_path, "char"))
+    model = random_model(tokenizer.vocab_size, pos_emb="learned", norm="layernorm", activation=activation, bias=True)
+    write_gguf(model, tokenizer, "gpt2", str(tmp_path / "m.gguf"), "ckpt.pt")
+    check_against_llama_cpp(model, tokenizer, tmp_path / "m.gguf", tokenizer.encode("Speak, speak."), CORPUS[:300])
