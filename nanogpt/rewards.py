@@ -8,14 +8,15 @@
         return float(any(w in answer.lower().split() for w in ("thou", "thee", "thy")))
 
 rl.py --reward=acrostic,form,rhyme:2,tone combines the named rewards as a weighted mean (weights after
-a colon, 1 by default); a *gate* (guard) multiplies the mean instead, so a hacked answer scores 0
-whatever else it meets. A reward returns None where it does not apply to the request (acrostic for a
+a colon, 1 by default); a *gate* (guard, or any reward named with :gate) multiplies the mean instead, so
+a hacked answer scores 0 whatever else it meets. A reward returns None where it does not apply to the request (acrostic for a
 request that is not one): it is left out of that answer's mean. rl.py --reward_file=my_rewards.py
 imports a file of @reward functions before the names are looked up.
 
 Built in, for the Tang requests of data/tangshi/poems.py (藏頭詩：春江花月, 七言絕句：登高): acrostic,
 form, rhyme, tone (verse.py: the 平水韻 dictionary) and guard.
 """
+import dataclasses
 import difflib
 import importlib.util
 import math
@@ -54,7 +55,8 @@ def load_reward_file(path):
 
 
 def parse_rewards(spec):
-    """[(Reward, weight)] of 'acrostic,rhyme:2,...'; an unknown name is a UserError naming the nearest."""
+    """[(Reward, weight)] of 'acrostic:gate,rhyme:2,...' (a weight, or gate: the reward multiplies the others'
+    mean, as guard always does); an unknown name is a UserError naming the nearest."""
     out = []
     for item in filter(None, (s.strip() for s in spec.split(","))):
         name, _, weight = item.partition(":")
@@ -62,10 +64,13 @@ def parse_rewards(spec):
             near = difflib.get_close_matches(name, REGISTRY, n=1, cutoff=0.0)
             raise UserError(f"unknown reward {name!r} (did you mean {near[0]!r}?); the rewards are "
                             f"{', '.join(sorted(REGISTRY))}")
+        if weight == "gate":  # any reward may gate: it then multiplies the mean of the others
+            out.append((dataclasses.replace(REGISTRY[name], gate=True), 1.0))
+            continue
         try:
             w = float(weight) if weight else 1.0
         except ValueError:
-            raise UserError(f"reward {item!r}: the weight after ':' must be a number, got {weight!r}") from None
+            raise UserError(f"reward {item!r}: after ':' give a weight (a number) or gate, got {weight!r}") from None
         if not (w > 0 and math.isfinite(w)):
             raise UserError(f"reward {item!r}: the weight must be a finite number above 0, got {weight}")
         out.append((REGISTRY[name], w))

@@ -89,6 +89,16 @@ def test_weights_make_a_weighted_mean():
     assert total == pytest.approx((2 * 2 / 3 + 1) / 3)
 
 
+def test_any_reward_can_gate_the_others():
+    """acrostic:gate multiplies the mean of the rest: a 句 that drops its key costs a quarter of everything."""
+    dropped = DENG.replace("欲窮", "遙窮")  # the third 句 no longer begins with 欲
+    gated, parts = score(parse_rewards("acrostic:gate,rhyme,tone"), "藏頭詩：白黃欲更", dropped)
+    assert parts == {"acrostic": 0.75, "rhyme": 1.0, "tone": parts["tone"]} and gated == pytest.approx(
+        0.75 * (1.0 + parts["tone"]) / 2)
+    mean, _ = score(parse_rewards("acrostic,rhyme,tone"), "藏頭詩：白黃欲更", dropped)
+    assert mean == pytest.approx((0.75 + 1.0 + parts["tone"]) / 3)
+
+
 def test_an_unknown_reward_names_the_nearest():
     with pytest.raises(UserError, match=r"unknown reward 'rhym' \(did you mean 'rhyme'\?\)"):
         parse_rewards("acrostic,rhym")
