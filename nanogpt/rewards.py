@@ -105,6 +105,7 @@ def score(rewards, request, answer):
 ACROSTIC = "藏頭詩："
 FORM_NAMES = {"五言絕句": (4, 5), "七言絕句": (4, 7), "五言律詩": (8, 5), "七言律詩": (8, 7)}
 CLAUSE = re.compile("[，。？！；\n]")
+EMPTY_CLAUSE = re.compile("^[，。？！；]|[，。？！；]\\s*[，。？！；]")
 MAX_REPEATS = 3  # a character more often than this in one answer reads as padding (the corpus: see docs/rl.md)
 
 
@@ -157,13 +158,14 @@ def tone(request, answer):
 
 @reward("guard", gate=True)
 def guard(request, answer):
-    """0 for an answer that games the others: a repeated 句, a character more than MAX_REPEATS times, or a rhyme
-    character used twice (重韻: the even 句 ending alike would rhyme for free)."""
+    """0 for an answer that games the others: a repeated 句, a character more than MAX_REPEATS times, a rhyme
+    character used twice (重韻: the even 句 ending alike would rhyme for free), or an empty 句 (two marks in a
+    row, or one first: punctuation as padding)."""
     parts = clauses(answer)
     chars = Counter(ch for p in parts for ch in p)
     rhymes = [p[-1] for p in parts[1::2]]
     return float(len(set(parts)) == len(parts) and max(chars.values(), default=0) <= MAX_REPEATS
-                 and len(set(rhymes)) == len(rhymes))
+                 and len(set(rhymes)) == len(rhymes) and not EMPTY_CLAUSE.search(answer.strip()))
 
 
 def verse_report(request, answer):

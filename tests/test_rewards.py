@@ -78,7 +78,8 @@ def test_the_guard_zeroes_a_hacked_answer():
     repeated = "白日依山盡，黃河入海流。\n白日依山盡，黃河入海流。"
     rhymed_alike = DENG.replace("樓", "流")
     padded = "白山山山盡，黃河入海流。\n欲山千里目，更上一層樓。"
-    for hacked in (repeated, rhymed_alike, padded):
+    marks = DENG + "。"  # an empty 句: rl.py's policy learned to end with 。。 at learning rate 1e-3
+    for hacked in (repeated, rhymed_alike, padded, marks, "，" + DENG):
         total, parts = score(ALL, "藏頭詩：白黃欲更", hacked)
         assert parts["guard"] == 0 and total == 0
 
