@@ -180,8 +180,9 @@ def step_prompts(cfg, it, rank, world, n):
 
 
 def generators(seed, it, rank, count):
-    """One generator per answer, seeded by the iteration, the process and the answer's place."""
-    return [torch.Generator().manual_seed(sample_seed(seed, ((it << 8) + rank << 16) + j)) for j in range(count)]
+    """One generator per answer, seeded by the iteration and the answer's place among all processes' (rank's answers
+    follow those of the ranks before it): 2 processes of batch_size b draw what 1 process of 2b draws."""
+    return [torch.Generator().manual_seed(sample_seed(seed, (it << 32) + rank * count + j)) for j in range(count)]
 
 
 def score_answers(rewards, tokenizer, requests, answers, k):
@@ -275,7 +276,9 @@ class Run:
         if self.reference is not None:
             with torch.no_grad():
                 ref = token_log_probs(self.reference, x, y, cfg.temperature, cfg.top_k, cfg.top_p)
-        loss = pg_loss(logp, y, adv, ref, cfg.kl)
+        # normalised by the sampled tokens of all processes: DDP's mean of the gradients is then one process's
+        tokens = (y >= 0).sum().float().to(collective_device() if self.world > 1 else self.device)
+        loss = pg_loss(logp, y, adv, ref, cfg.kl, tokens=all_sum(tokens, self.world).item() / self.world)
         loss.backward()
         with self.stop.finishing():  # from the optimizer step on, the iteration completes
             if cfg.grad_clip:
@@ -348,6 +351,12 @@ def loop(run):
                     f"python rl.py --init_from=resume --out_dir={shlex.quote(cfg.out_dir)}")
         else:
             run.log(f"interrupted at iter {run.iter_num}, before this run completed an iteration: nothing saved")
+
+
+def all_sum(tensor, world):
+    if world > 1:
+        dist.all_reduce(tensor)
+    return tensor
 
 
 def all_mean(record, world):

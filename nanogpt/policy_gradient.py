@@ -89,11 +89,12 @@ def advantages(rewards, k, how="mean"):
     return adv.reshape(-1)
 
 
-def pg_loss(logp, targets, adv, ref_logp=None, kl=0.0):
-    """-(advantage x log-prob) summed over the sampled tokens / their number; with kl > 0 plus kl times the
-    k3 estimate of KL(policy || reference) per sampled token (Schulman's: exp(d) - d - 1, d = ref - policy)."""
+def pg_loss(logp, targets, adv, ref_logp=None, kl=0.0, tokens=None):
+    """-(advantage x log-prob) summed over the sampled tokens / their number (or / tokens, given: the count a
+    process's share of a larger batch is normalised by); with kl > 0 plus kl times the k3 estimate of
+    KL(policy || reference) per sampled token (Schulman's: exp(d) - d - 1, d = ref - policy)."""
     mask = (targets >= 0).float()
-    n = mask.sum().clamp(min=1)
+    n = mask.sum().clamp(min=1) if tokens is None else max(tokens, 1.0)
     loss = -(logp * adv[:, None] * mask).sum() / n
     if kl > 0 and ref_logp is not None:
         d = (ref_logp - logp).masked_fill(mask == 0, 0.0)

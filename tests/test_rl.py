@@ -167,3 +167,26 @@ def test_bad_input_is_one_line(start):
         "error: unknown reward 'acrostc' (did you mean 'acrostic'?); the rewards are acrostic, form, guard, rhyme, tone")
     out = run_script(["rl.py", "--init_from=resume", f"--out_dir={start / 'nothing'}"])
     assert out.returncode == 2 and "not found" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_two_processes_under_torchrun_train_what_one_process_of_both_batches_does(start):
+    """Each rank samples its own prompts (batch_size each) with the seeds one process of twice the batch gives
+    them, and the loss is normalised by every rank's tokens: the weights after 3 iters are one process's."""
+    cfg = cfg_for(start, max_iters=3, batch_size=2, eval_interval=3)
+    args = [f"--{k}={v}" for k, v in vars(cfg).items() if k in QUICK or k in ("init_from", "prompts", "reward_file",
+                                                                                 "max_iters")]
+    ddp = run_script(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "rl.py", *args,
+                      f"--out_dir={start / 'ddp'}"], timeout=300)
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    assert "2 process(es) x 2 prompts x 4 samples per iter" in ddp.stdout
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as torchrun's workers: the same order of sums
+    try:
+        rl(cfg_for(start, max_iters=3, batch_size=4, eval_interval=3, out_dir=str(start / "one")), log=quiet)
+    finally:
+        torch.set_num_threads(threads)
+    one, two = (load_checkpoint(str(start / name / "ckpt.pt")) for name in ("one", "ddp"))
+    assert one["iter_num"] == two["iter_num"] == 3 and len(two["rl"]["rng"]) == 2
+    for key, value in one["model"].items():
+        torch.testing.assert_close(two["model"][key], value, atol=1e-6, rtol=0)
+    assert [r["reward"] for r in records(start / "one")] == pytest.approx([r["reward"] for r in records(start / "ddp")])
