@@ -40,7 +40,6 @@ from nanogpt.distributed import (all_ranks, barrier, gather_rng, local_gradients
 from nanogpt.errors import UserError
 from nanogpt.metrics import Clock, Metrics
 from nanogpt.optim import OptimizerSettings, configure_optimizers, lr_scale
-from nanogpt.program import run_main
 from nanogpt.sharding import first_non_finite, held_bytes
 from nanogpt.startup import cpu_time_of, start_run, startup_notes
 from nanogpt.stopping import Interrupted, StopFlag
@@ -290,4 +289,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    run_main(main)
+    program.run_main(main)
