@@ -16,11 +16,10 @@ from dataclasses import dataclass
 import torch
 
 from configurator import parse_args, report_overrides
-
-from nanogpt.program import run_main
-from nanogpt.errors import UserError
 from nanogpt.device import autocast, resolve_device, resolve_dtype
+from nanogpt.errors import UserError
 from nanogpt.generate import Continuation, Sampling, check_sampling, stream
+from nanogpt.program import run_main
 from nanogpt.source import Source, load_model
 from nanogpt.tokenizer import ChatTokenizer
 

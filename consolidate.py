@@ -15,9 +15,8 @@ import os
 from dataclasses import dataclass
 
 from configurator import parse_args
-
-from nanogpt.program import run_main
 from nanogpt.errors import UserError
+from nanogpt.program import run_main
 
 
 @dataclass

@@ -16,11 +16,10 @@ import sys
 from dataclasses import dataclass
 
 from configurator import parse_args, report_overrides
-
-from nanogpt.program import run_main
+from nanogpt.device import resolve_device
 from nanogpt.errors import UserError
 from nanogpt.files import write_text_atomically
-from nanogpt.device import resolve_device
+from nanogpt.program import run_main
 from nanogpt.source import Source
 
 
@@ -54,6 +53,7 @@ def read_caches_if_offline():
     the weights' cache at once itself)."""
     import datasets.config
     from huggingface_hub import constants
+
     from nanogpt.hf import hub_reachable
     if constants.is_offline_mode() or hub_reachable():
         return
@@ -106,6 +106,7 @@ def main(argv):
                         f"--output_path={os.path.join(output_path, 'eval_results.json')})")
     read_caches_if_offline()
     from lm_eval.utils import handle_non_serializable, make_table
+
     from nanogpt.harness import NanoGPT, quiet_logging, task_manager
     quiet_logging()
     # the model first: GPT-2's weights not found offline is said before lm-eval indexes its own tasks (seconds)

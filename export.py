@@ -24,7 +24,6 @@ import tempfile
 from dataclasses import dataclass
 
 from configurator import parse_args
-
 from nanogpt.errors import UserError
 from nanogpt.hf import hf_architecture
 from nanogpt.program import run_main

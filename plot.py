@@ -12,9 +12,9 @@ import argparse
 import os
 import sys
 
-from nanogpt.program import run_main
 from nanogpt.errors import UserError
 from nanogpt.metrics import read_log
+from nanogpt.program import run_main
 
 
 def last_run(path):

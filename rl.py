@@ -49,6 +49,7 @@ from nanogpt.source import tokenizer_meta
 from nanogpt.stopping import Interrupted, StopFlag
 from nanogpt.tokenizer import ChatTokenizer, tokenizer_from_meta
 
+
 @dataclass
 class RLConfig:
     init_from: str = "out-tangshi-sft"  # a chat model's out_dir (or checkpoint file), or "resume": continue out_dir

@@ -19,12 +19,11 @@ from dataclasses import dataclass, field
 import torch
 
 from configurator import parse_args, report_overrides
-
-from nanogpt.program import run_main
-from nanogpt.errors import UserError
 from nanogpt.device import autocast, resolve_device, resolve_dtype
-from nanogpt.memory import check_fits, kv_cache_bytes
+from nanogpt.errors import UserError
 from nanogpt.generate import Continuation, Sampling, check_sampling, check_stops, continue_rows, sample_seed, stream
+from nanogpt.memory import check_fits, kv_cache_bytes
+from nanogpt.program import run_main
 from nanogpt.source import Source, load_model
 
 SEPARATOR = "---------------"

@@ -51,16 +51,16 @@ from starlette.middleware import Middleware
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from nanogpt.engine import Engine, QueueFull, Sequence, Task
 from configurator import parse_args, report_overrides
-from nanogpt.program import run_main
-from nanogpt.errors import UserError
 from nanogpt.device import autocast, resolve_device, resolve_dtype
+from nanogpt.engine import Engine, QueueFull, Sequence, Task
+from nanogpt.errors import UserError
 from nanogpt.generate import sample_seed
 from nanogpt.memory import check_fits, kv_cache_bytes
 from nanogpt.openai_api import (CHAT, COMPLETION, BadRequest, Choice, chat_template, check_answer_size, check_names,
                                 collect, echo_logprobs, echoed_first, error_body, events, fitted_usage, floor, is_ids,
                                 json_object, parse_chat, parse_completion, parse_messages, typed)
+from nanogpt.program import run_main
 from nanogpt.source import Source, load_model
 from nanogpt.tokenizer import ChatTokenizer
 from nanogpt.tracing import Recorder

@@ -26,12 +26,11 @@ import torch
 import torch.nn.functional as F
 
 from configurator import parse_args, report_overrides
-
-from nanogpt.program import run_main
+from nanogpt.device import resolve_device
 from nanogpt.errors import UserError
 from nanogpt.files import open_to_write
-from nanogpt.device import resolve_device
 from nanogpt.generate import Sampling, generate
+from nanogpt.program import run_main
 from nanogpt.source import Source, load_model
 from nanogpt.tracing import Recorder
 

@@ -18,9 +18,9 @@ sys.path.insert(0, ROOT)
 from nanogpt import program  # noqa: E402
 
 program.exit_quietly_on_ctrl_c()  # before the slow imports (numpy): Ctrl-C during them exits quietly
-from nanogpt.dataset import (DEFAULT_BPE_VOCAB, prepare, recipe_for, torch_cuda_available,  # noqa: E402
-                             train_command, vocabulary_note)
+from nanogpt.dataset import DEFAULT_BPE_VOCAB, prepare, recipe_for, torch_cuda_available, train_command, vocabulary_note  # noqa: E402
 from nanogpt.program import run_main  # noqa: E402
+
 
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

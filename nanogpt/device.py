@@ -5,9 +5,8 @@ from dataclasses import dataclass
 
 import torch
 
-from nanogpt.errors import UserError
 from nanogpt.cpu.kernels import bfloat16_products_supported, onednn_available, packed_training
-
+from nanogpt.errors import UserError
 
 DEVICE_TYPES = ("cpu", "cuda", "mps")  # what the scripts run on; torch knows more (meta, xpu, ...)
 

@@ -13,11 +13,11 @@ from urllib.parse import urlparse
 
 import torch
 
+from model import GPT, GPTConfig
 from nanogpt.checkpoint import check_shapes
 from nanogpt.errors import UserError
 from nanogpt.files import check_regular, read_regular
 from nanogpt.llama import ARCHITECTURES, from_llama, model_type
-from model import GPT, GPTConfig
 
 # ours (nn.Linear, (out, in)) <-> Hugging Face's Conv1D ((in, out)): the same matrix, transposed
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")

@@ -15,9 +15,9 @@ import os
 
 import torch
 
+from model import GPT, GPTConfig
 from nanogpt.errors import UserError
 from nanogpt.files import check_regular, read_regular
-from model import GPT, GPTConfig
 
 # our parameter suffix (per block) -> Llama's; c_attn and c_fc split into several of theirs
 BLOCK = {"ln_1.weight": "input_layernorm.weight", "ln_2.weight": "post_attention_layernorm.weight",

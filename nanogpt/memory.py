@@ -9,8 +9,8 @@ from dataclasses import replace
 
 import torch
 
-from nanogpt.errors import UserError
 from model import GPT
+from nanogpt.errors import UserError
 
 # AdamW training in float32: weights, gradients and two moments, 4 bytes each
 TRAIN_BYTES_PER_PARAM = 16

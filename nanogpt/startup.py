@@ -13,14 +13,14 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-from model import GPT, GPTConfig
 from configurator import read_config_file  # a config file's device: is it a CPU recipe?
+from model import GPT, GPTConfig
 from nanogpt import REPOSITORY
 from nanogpt.batches import dataset_dir, make_batches
-from nanogpt.checkpoint import (RUNTIME_FIELDS, config_from_model_args, finetune_source, interrupted_save,
-                                latest_form, load_checkpoint, load_sharded, model_from_checkpoint, set_rng_state)
-from nanogpt.device import (autocast, batch_seconds, peak_flops_for, resolve_device, resolve_dtype,
-                            should_compile, training_kernels)
+from nanogpt.checkpoint import (RUNTIME_FIELDS, config_from_model_args, finetune_source, interrupted_save, latest_form,
+                                load_checkpoint, load_sharded, model_from_checkpoint, set_rng_state)
+from nanogpt.device import (autocast, batch_seconds, peak_flops_for, resolve_device, resolve_dtype, should_compile,
+                            training_kernels)
 from nanogpt.distributed import barrier, from_rank0, micro_batches
 from nanogpt.errors import UserError
 from nanogpt.files import check_regular

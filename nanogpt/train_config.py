@@ -5,9 +5,9 @@ without importing the training script.
 """
 from dataclasses import dataclass, fields, replace
 
+from model import GPTConfig
 from nanogpt.checkpoint import finetune_source, is_pretrained
 from nanogpt.generate import check_seed
-from model import GPTConfig
 
 
 @dataclass

@@ -28,9 +28,9 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
+from nanogpt.errors import UserError  # noqa: E402
 from nanogpt.files import open_to_write  # noqa: E402
 from nanogpt.program import run_main  # noqa: E402
-from nanogpt.errors import UserError  # noqa: E402
 from nanogpt.tokenizer import read_meta, tokenizer_from_meta  # noqa: E402
 
 DATA = os.path.join(HERE, "data")

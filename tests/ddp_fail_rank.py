@@ -3,8 +3,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from nanogpt import batches  # noqa: E402
 import train  # noqa: E402
+from nanogpt import batches  # noqa: E402
 
 if os.environ.get("RANK") == "1":
     original = batches.Batches.get

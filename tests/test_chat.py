@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from nanogpt.batches import ChatBatches
-from nanogpt.checkpoint import load_checkpoint
 from configurator import UserError, parse_args
 from conftest import run_script
-from reference import next_token_log_probs
+from nanogpt.batches import ChatBatches
 from nanogpt.chat_dataset import prepare_chat
+from nanogpt.checkpoint import load_checkpoint
 from nanogpt.tokenizer import CHAT_TOKENS, GPT2BPE, CharTokenizer, ChatTokenizer, read_meta, tokenizer_from_meta
+from reference import next_token_log_probs
 from train import TrainConfig, startup_notes, train
 
 BASE_TEXT = "say abcdefgh, then stop.\n" * 200
@@ -197,6 +197,7 @@ def test_chat_leaves_out_the_oldest_turns_and_keeps_the_newest_message(monkeypat
     """A conversation past the context (32 tokens, 8 kept for the answer): the oldest user message and its answer
     go, the system message and the newest turns stay, and the model is asked the newest message."""
     import io
+
     import chat
     from chat import ChatConfig, Session
     from model import GPT, GPTConfig
@@ -319,6 +320,7 @@ def test_chat_py_answers_a_request_it_was_taught(sft):
 def test_chat_py_answers_each_message_and_starts_over(sft):
     import subprocess
     import sys
+
     from conftest import ROOT
     result = subprocess.run([sys.executable, "chat.py", f"--out_dir={sft}", "--temperature=0"], cwd=ROOT, text=True,
                             input="say ab\n/reset\nsay he\n/quit\n", capture_output=True, timeout=300)
@@ -330,6 +332,7 @@ def test_chat_py_answers_each_message_and_starts_over(sft):
 
 def test_a_session_sends_the_whole_conversation_and_reset_forgets_it(sft):
     import io
+
     from chat import ChatConfig, Session, load_chat_model
     model, tokenizer = load_chat_model(ChatConfig(out_dir=str(sft)), torch.device("cpu"))
     session = Session(model, tokenizer, ChatConfig(temperature=0.0, max_new_tokens=6), torch.device("cpu"))
@@ -350,7 +353,7 @@ def test_a_session_sends_the_whole_conversation_and_reset_forgets_it(sft):
 @pytest.fixture(scope="module")
 def chat_server(sft):
     openai = pytest.importorskip("openai")
-    from serve import Service, ServeConfig, running
+    from serve import ServeConfig, Service, running
     service = Service.load(ServeConfig(out_dir=str(sft), device="cpu", max_batch=3, max_queue=8))
     with running(service.app()) as url:
         service.url = url
@@ -464,7 +467,7 @@ def test_chat_errors_are_openais(chat_server):
 
 def test_a_model_without_a_template_refuses_chat(tmp_path, base):
     openai = pytest.importorskip("openai")
-    from serve import Service, ServeConfig, running
+    from serve import ServeConfig, Service, running
     train(TrainConfig(**TINY, out_dir=str(tmp_path / "pre"), dataset=str(base), max_iters=1, lr_decay_iters=1,
                       eval_interval=1), log=quiet)
     service = Service.load(ServeConfig(out_dir=str(tmp_path / "pre"), device="cpu", max_batch=1, max_queue=1))
@@ -545,6 +548,7 @@ def test_your_own_conversations_recipe_runs_as_written(tmp_path, char_dataset, m
     repository's), on a tiny quick-start model: the dataset takes the checkpoint's context and dataset,
     config/chat_sft.py trains with no note of a warmup or of conversations left out, chat.py answers."""
     import shlex
+
     from conftest import ROOT
     base = replace(TrainConfig(**TINY), block_size=48, dataset=str(char_dataset), max_iters=2, lr_decay_iters=2,
                    out_dir=str(tmp_path / "out-shakespeare-char-cpu"))

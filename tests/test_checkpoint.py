@@ -12,11 +12,11 @@ import time
 import pytest
 import torch
 
+from configurator import UserError, parse_args
+from conftest import ROOT, optimizer_settings, run_script
+from model import GPT, GPTConfig
 from nanogpt import checkpoint
 from nanogpt.checkpoint import load_checkpoint, save_checkpoint
-from conftest import ROOT, optimizer_settings, run_script
-from configurator import UserError, parse_args
-from model import GPT, GPTConfig
 from nanogpt.optim import configure_optimizers
 from nanogpt.tokenizer import read_meta
 from train import TrainConfig, train
@@ -496,8 +496,10 @@ def test_a_sharded_checkpoint_asking_for_decompression_is_refused_before_any_rea
     (adversarial pass, #31). No save here writes such a shard, so a .metadata that asks for one is refused."""
     import pickle
     import warnings
+
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.filesystem import _StorageInfo
+
     from nanogpt.checkpoint import UserError, dcp_reader
     directory = tmp_path / "ckpt.dcp"
     with warnings.catch_warnings():

@@ -4,10 +4,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from nanogpt.generate import generate
-
-from model import GPT, CausalSelfAttention
 from conftest import optimizer_settings
+from model import GPT, CausalSelfAttention
+from nanogpt.generate import generate
 from nanogpt.optim import configure_optimizers
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

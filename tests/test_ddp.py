@@ -3,8 +3,8 @@ import json
 
 import torch
 
-from nanogpt.checkpoint import load_checkpoint
 from conftest import run_script
+from nanogpt.checkpoint import load_checkpoint
 from train import TrainConfig, train
 
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, batch_size=4, eval_iters=4, device="cpu",

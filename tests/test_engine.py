@@ -6,9 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nanogpt.generate import generate
-
 from nanogpt.engine import Engine, QueueFull, Sequence
+from nanogpt.generate import generate
 from test_generate import sharp
 from test_model_options import OPTIONS
 

@@ -21,8 +21,8 @@ TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """A char dataset, a second dataset with another vocabulary, and a trained checkpoint."""
-    from data.prepare import prepare
     from conftest import CORPUS
+    from data.prepare import prepare
     root = tmp_path_factory.mktemp("errors")
     (root / "in.txt").write_text(CORPUS)
     prepare(str(root / "in.txt"), "char", str(root / "data"), log=lambda *a: None)
@@ -298,6 +298,7 @@ def test_ctrl_c_while_a_script_imports_exits_130_without_a_traceback(tmp_path, s
     import subprocess
     import sys
     import time
+
     from conftest import ROOT
     for name in ("torch", "numpy"):
         (tmp_path / f"{name}.py").write_text(SLOW_IMPORT)

@@ -8,10 +8,10 @@ import torch
 from lm_eval.api.instance import Instance
 
 from conftest import CORPUS, run_script
-from reference import next_token_log_probs
 from nanogpt.generate import generate
 from nanogpt.harness import NanoGPT
 from nanogpt.source import Source, load_model
+from reference import next_token_log_probs
 
 TINY_TRAIN = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, batch_size=8, gradient_accumulation_steps=1,
                   eval_iters=1, eval_interval=30, log_interval=30, learning_rate=1e-2, warmup_iters=2, min_lr=1e-3,
@@ -241,8 +241,8 @@ def test_next_line_items_come_from_the_val_split_with_distractors_of_the_answers
 
 
 def test_ctrl_c_during_scoring_is_one_line_and_writes_no_results(trained, tmp_path, monkeypatch, capsys):
-    from nanogpt.program import run_main
     from eval import main as eval_main
+    from nanogpt.program import run_main
     out, model, tok = trained
     write_task(tmp_path / "tasks", "tiny_known", known_answer_docs(model, tok))
 
@@ -268,8 +268,8 @@ def test_unknown_task_names_the_nearest_or_says_ours_need_the_include_path():
 
 
 def test_a_next_line_task_without_its_data_says_how_to_build_it(tmp_path, monkeypatch):
-    from configurator import UserError
     import tasks.prepare
+    from configurator import UserError
     monkeypatch.setattr(tasks.prepare, "DATA", str(tmp_path))
     with pytest.raises(UserError, match="tangshi_next_line.jsonl not found; run python tasks/prepare.py"):
         tasks.prepare.load("tangshi_next_line", version=1.0)
@@ -307,11 +307,11 @@ def test_lm_eval_local_chat_completions_scores_the_acrostic_task(tmp_path):
     from lm_eval.tasks import TaskManager
 
     import serve
+    from conftest import ROOT
     from data.tangshi.poems import score_acrostic
     from model import GPTConfig
-    from test_generate import sharp
     from nanogpt.tokenizer import CharTokenizer, ChatTokenizer
-    from conftest import ROOT
+    from test_generate import sharp
     tasks = tmp_path / "tasks"
     (tasks / "data").mkdir(parents=True)
     for name in ("tangshi_acrostic.yaml", "prepare.py", "acrostic.py"):

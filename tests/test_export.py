@@ -92,9 +92,9 @@ REFUSED = {
 
 @pytest.mark.parametrize("options, reason", REFUSED.values(), ids=REFUSED.keys())
 def test_an_option_no_architecture_expresses_is_named_with_recipes_that_export(options, reason):
+    from model import GPTConfig
     from nanogpt.errors import UserError
     from nanogpt.hf import hf_architecture
-    from model import GPTConfig
     config = GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=64, block_size=16, **options)
     with pytest.raises(UserError) as e:
         hf_architecture(config, "ckpt.pt")
@@ -105,8 +105,8 @@ def test_an_option_no_architecture_expresses_is_named_with_recipes_that_export(o
 @pytest.mark.parametrize("options, kind", [(dict(), "gpt2"), (MODERN, "llama"), (dict(MODERN, qk_norm=True), "qwen3"),
                                            (dict(activation="relu", bias=False, tie_weights=False), "gpt2")])
 def test_each_recipe_exports_as_its_architecture(options, kind):
-    from nanogpt.hf import hf_architecture
     from model import GPTConfig
+    from nanogpt.hf import hf_architecture
     assert hf_architecture(GPTConfig(n_layer=1, n_head=2, n_embd=32, **options), "ckpt.pt") == kind
 
 
@@ -168,11 +168,12 @@ def test_a_checkpoint_without_its_tokenizer_is_refused(tmp_path, exported):
 def test_a_qwen3_directory_with_trained_qk_gains_is_refused_on_reading(tmp_path, char_dataset):
     """Ours has no gain in qk_norm: a Qwen3 whose gains are not ones is not ours to compute."""
     from safetensors.torch import load_file, save_file
+
+    import export
+    from model import GPT, GPTConfig
     from nanogpt.errors import UserError
     from nanogpt.hf import load_pretrained
-    from model import GPT, GPTConfig
     from nanogpt.tokenizer import read_meta, tokenizer_from_meta
-    import export
     meta = read_meta(str(char_dataset))
     model = randomize(GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=len(meta["chars"]),
                                     **dict(MODERN, qk_norm=True))))

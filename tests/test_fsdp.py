@@ -11,9 +11,9 @@ import sys
 import pytest
 import torch
 
-from nanogpt.checkpoint import OutDirLock, load_checkpoint, read_sharded
 from configurator import UserError
 from conftest import ROOT, run_script
+from nanogpt.checkpoint import OutDirLock, load_checkpoint, read_sharded
 from test_ddp import TINY
 from train import TrainConfig, train
 
@@ -381,8 +381,8 @@ def test_fsdp_py_keeps_every_optimizer_value_and_group_and_its_file_resumes_exac
 
 def test_sharded_sizes_claimed_beyond_the_shard_files_allocate_nothing(tmp_path, char_dataset, monkeypatch):
     """meta.pt's model_args and .metadata's sizes agree on a model 32 times wider than the shards hold."""
-    from nanogpt import memory
     from model import GPT, GPTConfig
+    from nanogpt import memory
     out = tmp_path / "o"
     one_process(tmp_path, "o", dataset=str(char_dataset), max_iters=2)
     meta = torch.load(out / "ckpt.dcp" / "meta.pt", weights_only=True)

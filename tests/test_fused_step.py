@@ -6,12 +6,12 @@ from dataclasses import replace
 import pytest
 import torch
 
+from model import GPTConfig
 from nanogpt import cpu
 from nanogpt.cpu import fused_step
 from nanogpt.cpu.fused_step import SUPPORTED, FusedStep
-from nanogpt.generate import KVCache, generate
 from nanogpt.cpu.kernels import onednn_available, packed_inference
-from model import GPTConfig
+from nanogpt.generate import KVCache, generate
 from test_generate import assert_attention_is_sharp, greedy_by_hand, sharp
 from test_model_options import OPTIONS
 

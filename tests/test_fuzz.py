@@ -11,14 +11,14 @@ import pytest
 import torch
 
 hypothesis = pytest.importorskip("hypothesis")
+from trace import TraceConfig  # noqa: E402
+
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from configurator import UserError, parse_args  # noqa: E402
 from sample import SampleConfig  # noqa: E402
-from trace import TraceConfig  # noqa: E402
 from train import TrainConfig  # noqa: E402
-
 
 
 def fuzz(examples):
@@ -154,8 +154,8 @@ def test_any_value_in_a_checkpoint_field(trained, tmp_path_factory, field, value
     path = str(out / "ckpt.pt")
 
     def sample_then_resume():
-        from sample import SampleConfig
         from nanogpt.source import load_model
+        from sample import SampleConfig
         model_from_checkpoint(load_checkpoint(path), path)
         load_model(SampleConfig(out_dir=str(out)), torch.device("cpu"))
         cfg, overrides = parse_args(TrainConfig, ["--init_from=resume", f"--out_dir={out}", "--max_iters=2",
@@ -175,6 +175,7 @@ def test_any_bytes_as_a_checkpoint_file_are_one_line_and_nothing_else(tmp_path_f
     """A random file as ckpt.pt: a one-line UserError, no warning, nothing else on stderr, and never torch's
     advice to load it with weights_only=False (the old-pickle route warns about its protocol)."""
     import warnings
+
     from nanogpt.checkpoint import read_tensors
     path = tmp_path_factory.mktemp("bytes") / "ckpt.pt"
     path.write_bytes(start + rest)

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from nanogpt import generate as generate_module
 import nanogpt.cpu
-from nanogpt.cpu import kernels
-from nanogpt.generate import filter_logits, generate, sample_next, stream
-from nanogpt.cpu.kernels import onednn_available, packed_inference
 from model import GPT
+from nanogpt import generate as generate_module
+from nanogpt.cpu import kernels
+from nanogpt.cpu.kernels import onednn_available, packed_inference
+from nanogpt.generate import filter_logits, generate, sample_next, stream
 from test_model_options import OPTIONS, perturbed
 
 

@@ -130,8 +130,8 @@ def llama_sft(tmp_path_factory):
     """test_chat's 'say xy' -> 'xyxy.' model, as a Llama (RoPE, RMSNorm, SwiGLU, one kv head) of 64 positions
     (a prompt and 50 tokens): its out_dir."""
     from configurator import parse_args
-    from nanogpt.chat_dataset import prepare_chat
     from data.prepare import prepare
+    from nanogpt.chat_dataset import prepare_chat
     from test_chat import BASE_TEXT, TINY, conversation, quiet, write_jsonl
     from train import TrainConfig, train
     root = tmp_path_factory.mktemp("llama-sft")

@@ -117,8 +117,9 @@ def test_exported_model_writes_the_same_greedy_text_as_sample_py(tmp_path, char_
 def test_an_exported_model_samples_with_the_tokenizer_it_was_trained_on(tmp_path, tokenizer):
     """export then sample.py --init_from=HF_DIR: the same text as sampling the checkpoint, without the dataset."""
     import shutil
-    from data.prepare import prepare
+
     from conftest import CORPUS
+    from data.prepare import prepare
     (tmp_path / "in.txt").write_text(CORPUS)
     prepare(str(tmp_path / "in.txt"), tokenizer, str(tmp_path / "data"), log=lambda *a: None, vocab_size=300)
     out, _ = trained_then_randomized(tmp_path, tmp_path / "data")
@@ -145,8 +146,8 @@ def test_export_refuses_other_architectures(tmp_path, char_dataset):
 
 
 def test_finetune_and_sample_from_pretrained_weights(tmp_path, hf_dir, gpt2_tiny_dir):
-    from data.prepare import prepare
     from conftest import CORPUS
+    from data.prepare import prepare
     (tmp_path / "in.txt").write_text(CORPUS)
     prepare(str(tmp_path / "in.txt"), "gpt2", str(tmp_path / "data"), log=lambda *a: None)
     args = ["train.py", "config/finetune_shakespeare.py", f"--init_from={gpt2_tiny_dir}",
@@ -231,9 +232,9 @@ def test_a_config_json_claiming_more_than_its_weights_is_refused_before_building
     import json
     import shutil
 
+    from configurator import UserError
     from nanogpt import hf
     from nanogpt.hf import load_pretrained
-    from configurator import UserError
     claimed = tmp_path / "claimed"
     shutil.copytree(hf_dir, claimed)
     config = json.loads((claimed / "config.json").read_text())

@@ -106,8 +106,8 @@ def loss_and_grads(model, idx):
 def test_generation_inside_packed_training_leaves_the_training_kernels(tiny_config, monkeypatch):
     """Sampling during training: generate's packed weights, patched within packed_training, give back the
     training kernels, and the training step and the tokens are those of each alone."""
-    from nanogpt.generate import generate
     from model import GPT
+    from nanogpt.generate import generate
     model, idx = GPT(tiny_config), torch.randint(0, tiny_config.vocab_size, (2, 8))
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
     tokens = generate(model, idx[:, :3], 6, temperature=0)
@@ -128,8 +128,8 @@ def test_generation_inside_packed_training_leaves_the_training_kernels(tiny_conf
 def test_packed_training_inside_packed_weights_leaves_the_packed_weights(tiny_config, monkeypatch):
     """A training step within generation's packed weights gives them back: inference then runs on them
     again, with the logits of packed weights alone."""
-    from nanogpt.cpu import decoding
     from model import GPT
+    from nanogpt.cpu import decoding
     model, idx = GPT(tiny_config), torch.randint(0, tiny_config.vocab_size, (2, 8))
     with packed_training(model):
         alone = loss_and_grads(model, idx)
@@ -151,8 +151,8 @@ def test_packed_training_inside_packed_weights_leaves_the_packed_weights(tiny_co
 def test_a_generator_closed_after_packed_training_leaves_no_patch(tiny_config):
     """stream() holds its packed weights until it is closed, which may be after the packed_training it
     started in has ended: neither patch outlives its own end."""
-    from nanogpt.generate import stream
     from model import GPT
+    from nanogpt.generate import stream
     model = GPT(tiny_config)
     with packed_training(model):
         steps = stream(model, torch.zeros(1, 2, dtype=torch.long), 5, temperature=0)

@@ -3,8 +3,8 @@ from dataclasses import replace
 
 import pytest
 
-from nanogpt.memory import param_count
 from model import GPT
+from nanogpt.memory import param_count
 
 OPTIONS = [dict(), dict(bias=False), dict(tie_weights=False), dict(n_kv_head=2), dict(n_kv_head=1, mlp_hidden=40),
            dict(activation="swiglu", norm="rmsnorm"), dict(pos_emb="rope", qk_norm=True),

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import reference
-from model import GPT, CausalSelfAttention, GPTConfig
 from conftest import optimizer_settings
+from model import GPT, CausalSelfAttention, GPTConfig
 from nanogpt.optim import configure_optimizers
 from test_model_options import spread
 

@@ -221,8 +221,8 @@ def test_option_validation_messages():
 def test_each_option_survives_a_checkpoint(tmp_path, tiny_config, option):
     """ckpt.pt with the option recorded in model_args loads back (sample.py's and resume's path) to the same
     logits; a weight of the wrong shape is refused in one line."""
-    from nanogpt.checkpoint import load_checkpoint, model_args, model_from_checkpoint, save_checkpoint
     from configurator import UserError
+    from nanogpt.checkpoint import load_checkpoint, model_args, model_from_checkpoint, save_checkpoint
     model = perturbed(replace(tiny_config, **{"n_layer": 4, **OPTIONS[option]}))
     path = str(tmp_path / "ckpt.pt")
     save_checkpoint({"model": model.state_dict(), "model_args": model_args(model.config)}, path)

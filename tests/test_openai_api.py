@@ -5,8 +5,7 @@ import re
 
 import pytest
 
-from nanogpt.openai_api import (CHAT, BadRequest, collect, error_body, events, json_object, parse_chat,
-                                parse_completion)
+from nanogpt.openai_api import CHAT, BadRequest, collect, error_body, events, json_object, parse_chat, parse_completion
 
 
 async def listed(pieces):
@@ -142,6 +141,7 @@ def test_a_content_part_whose_text_is_not_a_string_is_a_400(content):
 def test_the_chat_template_writes_what_parse_messages_reads():
     """lm-eval renders /tokenizer_info's template itself: the same roles and the same left-out turns."""
     import jinja2
+
     from nanogpt.openai_api import chat_template
     from nanogpt.tokenizer import CharTokenizer, ChatTokenizer
     tok = ChatTokenizer(CharTokenizer(list("abc .")))

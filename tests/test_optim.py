@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from model import GPT
 from conftest import optimizer_settings
+from model import GPT
 from nanogpt.optim import Muon, configure_optimizers, orthogonalize
 from nanogpt.tokenizer import read_meta
 
@@ -179,8 +179,8 @@ def test_bench_and_fsdp_py_build_the_optimizer_train_py_builds(tmp_path, char_da
     consolidate.py's file holds the optimizer state a one-process run's ckpt.pt holds, entry by entry."""
     import bench
     import consolidate
-    from nanogpt import optim
     import train
+    from nanogpt import optim
     built = {}
 
     def recording(caller, real):

@@ -118,8 +118,9 @@ def test_openwebtext_recipe_on_a_local_dataset(tmp_path):
 
 
 def test_vocabularies_over_65536_use_uint32_and_train_reads_them(tmp_path):
-    from nanogpt.batches import Batches
     import torch
+
+    from nanogpt.batches import Batches
     text = "".join(chr(0x10000 + i) for i in range(70_000)) * 2  # 70,000 symbols: too many for uint16
     (tmp_path / "in.txt").write_text(text, encoding="utf-8")
     counts = prep.prepare(str(tmp_path / "in.txt"), "char", str(tmp_path / "out"), 0.1, log=lambda *a: None)
@@ -195,6 +196,7 @@ def test_a_bpe_vocabulary_the_text_cannot_have_is_refused_and_writes_nothing(tmp
 
 def test_a_dataset_without_its_tokenizer_file_is_one_line(tmp_path, bpe_dataset):
     import shutil
+
     from conftest import run_script
     data, _ = bpe_dataset
     shutil.copytree(data, tmp_path / "data")
@@ -208,6 +210,7 @@ def test_a_dataset_without_its_tokenizer_file_is_one_line(tmp_path, bpe_dataset)
 
 def test_the_tokenizer_travels_with_the_checkpoint(tmp_path, bpe_dataset):
     import shutil
+
     from conftest import run_script
     from train import TrainConfig, train
     data, _ = bpe_dataset
@@ -353,6 +356,7 @@ def test_the_gpt2_suggestion_names_the_vocabulary_as_what_makes_it_slow_on_a_cpu
 def test_a_tokenizer_linked_within_the_dataset_is_read(tmp_path, bpe_dataset):
     """Only a link out of the dataset is refused: the file is copied into every checkpoint."""
     import shutil
+
     from nanogpt.tokenizer import read_meta, tokenizer_from_meta
     data, counts = bpe_dataset
     shutil.copytree(data, tmp_path / "data")
@@ -367,6 +371,7 @@ def test_a_tokenizer_linked_within_the_dataset_is_read(tmp_path, bpe_dataset):
 @pytest.mark.parametrize("name", ["meta.json", "meta.pkl"])
 def test_dataset_metadata_that_is_a_fifo_is_refused_not_waited_on(tmp_path, name):
     import signal
+
     from nanogpt.tokenizer import read_meta
 
     def hung(*_):

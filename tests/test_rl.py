@@ -6,16 +6,16 @@ import math
 import pytest
 import torch
 
-from nanogpt.checkpoint import load_checkpoint, model_args
 from conftest import run_script
+from model import GPT, GPTConfig
+from nanogpt.checkpoint import load_checkpoint, model_args
 from nanogpt.errors import UserError
 from nanogpt.generate import generate
-from model import GPT, GPTConfig
-from plot import draw_rewards, read_rewards
 from nanogpt.policy_gradient import advantages, answer_batch, pg_loss, sample_answers, token_log_probs
+from nanogpt.tokenizer import chat_meta, tokenizer_from_meta
+from plot import draw_rewards, read_rewards
 from reference import next_token_log_probs
 from rl import RLConfig, rl
-from nanogpt.tokenizer import chat_meta, tokenizer_from_meta
 
 CHARS = list("ab.\n sy")
 META = chat_meta({"tokenizer": "char", "chars": CHARS, "vocab_size": len(CHARS)})

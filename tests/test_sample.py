@@ -57,6 +57,7 @@ def test_stop_escapes_typed_in_a_shell_are_the_characters_they_name():
 
 def test_empty_stop_is_refused():
     import pytest
+
     from configurator import UserError, parse_args
     from sample import SampleConfig
     with pytest.raises(UserError, match="empty string"):
@@ -131,8 +132,9 @@ def test_a_long_stop_costs_no_more_per_token_than_a_short_one():
 def save_checkpoint_of(tmp_path, vocab_size, tokenizer_meta):
     """A tiny random model of vocab_size tokens whose checkpoint carries tokenizer_meta; its out_dir."""
     import torch
-    from nanogpt.checkpoint import model_args
+
     from model import GPT, GPTConfig
+    from nanogpt.checkpoint import model_args
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=16, vocab_size=vocab_size, n_layer=2, n_head=2, n_embd=32))
     out = tmp_path / f"out-{vocab_size}"
@@ -167,8 +169,9 @@ def test_serve_refuses_the_same_checkpoint_at_load(tmp_path):
 def test_gpt2_bpe_loads_with_the_model_padded_to_50304(tmp_path):
     """nanoGPT pads GPT-2's 50,257 tokens to 50,304: the padding ids decode to nothing."""
     import torch
-    from sample import SampleConfig
+
     from nanogpt.source import load_model
+    from sample import SampleConfig
     out = save_checkpoint_of(tmp_path, 50304, {"tokenizer": "gpt2"})
     model, tokenizer = load_model(SampleConfig(out_dir=str(out)), torch.device("cpu"))
     assert (model.config.vocab_size, tokenizer.vocab_size) == (50304, 50257)
@@ -180,6 +183,7 @@ def test_continue_rows_ends_each_row_and_keeps_the_tokens_a_stop_held_back():
     """Rows stop on their own; when the steps run out, a row's last tokens that began a stop (held back,
     undecoded, while the stop could still come) are its text after all."""
     import torch
+
     from nanogpt.generate import continue_rows
     steps = [torch.tensor(CHARS.encode(pair)) for pair in ("aa", "bb", "bc", "c ")]
     held = [CHARS.encode(" X")]  # token ids: " " is held until the next token says whether "X" follows

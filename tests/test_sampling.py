@@ -1,19 +1,20 @@
 """The sampling settings every program shares (generate.Sampling), OpenAI's penalties and logit bias, and
 the rule for text outside a vocabulary (tokenizer.CharTokenizer.fit) in sample.py and chat.py."""
+from trace import TraceConfig
+
 import numpy as np
 import pytest
 import torch
 
 from chat import ChatConfig
-from nanogpt.checkpoint import model_args
 from configurator import parse_args
-from nanogpt.generate import Penalties, Sampling, check_sampling, sample_next, stream
 from model import GPT, GPTConfig
+from nanogpt.checkpoint import model_args
+from nanogpt.generate import Penalties, Sampling, check_sampling, sample_next, stream
+from nanogpt.tokenizer import CHAT_TOKENS, CharTokenizer
+from nanogpt.train_config import TrainConfig
 from sample import SampleConfig
 from test_model_options import perturbed
-from nanogpt.tokenizer import CHAT_TOKENS, CharTokenizer
-from trace import TraceConfig
-from nanogpt.train_config import TrainConfig
 
 
 def penalized_by_hand(logits, generated, presence, frequency, bias):

@@ -11,11 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from nanogpt.generate import generate, sample_seed
-
-from nanogpt.checkpoint import model_args
 from conftest import CORPUS, run_script
 from model import GPTConfig
+from nanogpt.checkpoint import model_args
+from nanogpt.generate import generate, sample_seed
 from test_generate import attention_weights, sharp
 
 openai = pytest.importorskip("openai")
@@ -23,7 +22,7 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("uvicorn")
 pytest.importorskip("starlette")
 
-from serve import Service, ServeConfig, running  # noqa: E402  (needs starlette)
+from serve import ServeConfig, Service, running  # noqa: E402  (needs starlette)
 
 CHROMIUM = "/usr/bin/chromium"
 CHARS = sorted(set(CORPUS))
@@ -604,6 +603,7 @@ def test_a_server_on_all_interfaces_prints_a_url_that_works(out_dir):
     Host a client or a proxy sends for this machine is served; another name still gets 403."""
     import subprocess
     import sys
+
     from conftest import ROOT
     proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "serve.py"), f"--out_dir={out_dir}", "--host=0.0.0.0",
                              "--port=0", "--device=cpu"], stderr=subprocess.PIPE, text=True, cwd=ROOT)

@@ -11,10 +11,10 @@ import subprocess
 import pytest
 import torch
 
-from nanogpt.generate import generate
 from model import GPTConfig
-from test_generate import sharp
+from nanogpt.generate import generate
 from nanogpt.tokenizer import CharTokenizer, ChatTokenizer
+from test_generate import sharp
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("starlette")

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from conftest import CORPUS, run_script
-from reference import next_token_log_probs
 from nanogpt.tokenizer import GPT2BPE, CharTokenizer, ChatTokenizer
+from reference import next_token_log_probs
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")
@@ -195,8 +195,9 @@ def test_lm_eval_cli_scores_a_multiple_choice_and_a_generate_until_task(server, 
     (samples,) = tmp_path.glob("out/*/samples_tiny_gen_*.jsonl")
     assert [s["resps"] for s in map(json.loads, samples.read_text().splitlines())] == [[[t]] for t in texts]
     assert scores["tiny_gen"]["exact_match,none"] == 0.5 and all(0 < len(t) < 12 for t in texts)
-    from nanogpt.harness import NanoGPT
     from lm_eval.api.instance import Instance
+
+    from nanogpt.harness import NanoGPT
     requests = [Instance("loglikelihood", d, (d["context"], c), i) for d in MC_DOCS for i, c in enumerate(d["choices"])]
     harness = [ll for ll, _ in NanoGPT(model, tok).loglikelihood(requests)]
     np.testing.assert_allclose(harness, [g for i in range(len(MC_DOCS)) for g in got[i]], rtol=1e-5, atol=1e-4)
@@ -209,9 +210,10 @@ def test_lm_eval_scores_perplexity_as_eval_py_with_the_newline_as_prefix_token(s
     max_length=block_size+2 makes lm-eval's windows block_size tokens, as eval.py's (it windows at
     max_length - 2: one token for context, one for generation)."""
     import lm_eval
-    from nanogpt.harness import NanoGPT
     from lm_eval.api.instance import Instance
     from lm_eval.tasks import TaskManager
+
+    from nanogpt.harness import NanoGPT
     url, service = server
     assert service.tokenizer.stoi["\n"] == 0 and len(ROLL_DOCS[-1]["text"]) > 2 * service.model.config.block_size
     write_tasks(tmp_path / "tasks", [], "S")
@@ -230,6 +232,7 @@ def test_lm_eval_finds_the_remote_tokenizer_of_a_model_without_latin_letters():
     """lm-eval probes /tokenize with "test" and takes an error for "this server does not tokenize": a Tang char
     model answers that probe with no tokens; other text outside its vocabulary is still a 400."""
     from lm_eval.utils import check_remote_tokenizer_support
+
     from model import GPT, GPTConfig
     from serve import running
     chars = list("春江花月夜，。\n")
@@ -275,8 +278,9 @@ def test_lm_eval_local_chat_completions_runs_a_generate_until_task(tmp_path, mon
     few-shot example: it sends OpenAI chat messages, max_tokens, temperature, stop and its seed, and reads back
     the text the model samples after ChatTokenizer.render's prompt, cut at the stop."""
     import lm_eval
-    import serve
     from lm_eval.tasks import TaskManager
+
+    import serve
     from model import GPTConfig
     from test_generate import sharp
     tok = ChatTokenizer(CharTokenizer(CHARS))
@@ -347,6 +351,7 @@ def test_lm_eval_local_completions_with_the_chat_template_runs_on_a_chat_model(t
     import lm_eval
     from lm_eval.tasks import TaskManager
     from lm_eval.utils import RemoteTokenizer
+
     from model import GPTConfig
     from serve import running
     from test_generate import sharp

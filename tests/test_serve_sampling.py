@@ -3,11 +3,11 @@ penalties and logit_bias, and text outside the vocabulary answered, never refuse
 import pytest
 import torch
 
+from model import GPTConfig
 from nanogpt.checkpoint import model_args
 from nanogpt.generate import generate, sample_seed
-from model import GPTConfig
-from test_generate import sharp
 from nanogpt.tokenizer import CHAT_TOKENS
+from test_generate import sharp
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("starlette")

@@ -2,17 +2,16 @@
 import math
 from dataclasses import replace
 from html.parser import HTMLParser
+from trace import TraceConfig, build_trace, render_html
 
 import pytest
 import torch
 
-from nanogpt.generate import generate
-
 from conftest import run_script
 from model import GPT
-from test_model_options import OPTIONS, perturbed
+from nanogpt.generate import generate
 from nanogpt.tokenizer import GPT2BPE, CharTokenizer
-from trace import TraceConfig, build_trace, render_html
+from test_model_options import OPTIONS, perturbed
 
 CHARS = CharTokenizer(sorted(set("Cats sit on the mat. ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz,;:!?'\n-")))
 

@@ -1,17 +1,17 @@
 """train.py and sample.py end to end on a tiny char dataset: checkpoints, resume, logs, schedule."""
 import json
-from dataclasses import replace
 import math
 import os
 import re
 from contextlib import nullcontext
+from dataclasses import replace
 
 import pytest
 import torch
 
-from nanogpt.checkpoint import load_checkpoint
-from conftest import run_script
 from configurator import parse_args
+from conftest import run_script
+from nanogpt.checkpoint import load_checkpoint
 from nanogpt.optim import lr_scale
 from train import TrainConfig, train
 
@@ -169,6 +169,7 @@ def test_wandb_gets_the_same_metrics_as_the_json_log(tmp_path, char_dataset, mon
 
 def test_wandb_log_without_wandb_is_a_clear_error(tmp_path, char_dataset, monkeypatch):
     import sys
+
     from configurator import UserError
     monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb raises ImportError
     with pytest.raises(UserError, match="wandb_log=True needs wandb: pip install wandb"):
@@ -418,6 +419,7 @@ def test_target_loss_stops_at_the_first_evaluation_reaching_it(tmp_path, char_da
 def test_eval_windows_val_loss_is_the_mean_over_evenly_spread_fixed_windows(tmp_path, char_dataset):
     """5 windows (batches of 4 and 1): the logged val loss equals a loss worked independently from the checkpoint."""
     import numpy as np
+
     from nanogpt.checkpoint import model_from_checkpoint
     n, block = 5, TINY["block_size"]
     train(tiny_cfg(tmp_path, char_dataset, eval_windows=n, max_iters=3, eval_interval=3), log=quiet)
@@ -459,7 +461,9 @@ def test_val_bpb_counts_the_utf8_bytes_of_the_targets(tmp_path):
     bits per byte = T log2(V) / (UTF-8 bytes of the T targets), worked out from the windows by hand.
     The text is not periodic, so the inputs' bytes differ from the targets': counting the wrong ones shows."""
     import random
+
     import numpy as np
+
     from nanogpt.batches import Batches, estimate_loss
     from nanogpt.dataset import prepare
     from nanogpt.tokenizer import CharTokenizer, read_meta, token_byte_lengths
@@ -572,9 +576,9 @@ def test_a_new_run_interrupted_before_it_saved_keeps_the_earlier_runs_checkpoint
 def test_resume_checks_the_memory_of_its_batch_before_allocating(tmp_path, char_dataset, where, monkeypatch):
     """batch_size=10**7 on resume, given on the command line or saved in the checkpoint's config: refused at
     start-up as a scratch run is (about 10^7 x 16 tokens of activations), and the checkpoint is untouched."""
+    from configurator import UserError
     from nanogpt.batches import Batches
     from nanogpt.checkpoint import save_checkpoint
-    from configurator import UserError
     train(tiny_cfg(tmp_path, char_dataset, max_iters=1), log=quiet)
     path = tmp_path / "out" / "ckpt.pt"
     args = ["--init_from=resume", f"--out_dir={tmp_path / 'out'}", "--max_iters=2"]
@@ -597,6 +601,7 @@ def test_resume_checks_the_memory_of_its_batch_before_allocating(tmp_path, char_
 
 def test_eval_windows_beyond_the_val_splits_windows_are_refused_at_start_up(tmp_path, char_dataset, monkeypatch):
     import numpy as np
+
     from configurator import UserError
     distinct = len(np.memmap(char_dataset / "val.bin", dtype=np.uint16, mode="r")) - TINY["block_size"]
     linspace, sizes = np.linspace, []
@@ -614,6 +619,7 @@ def test_a_log_write_that_fails_leaves_no_torn_line_and_the_next_run_appends_who
     """The disk fills during the first log write (half of it lands): the run stops with the error naming
     log.jsonl, the half is cut back, and the next run's log reads whole."""
     import errno
+
     from nanogpt import metrics
     real = os.write
 
@@ -644,8 +650,8 @@ def test_a_run_appending_to_a_log_cut_mid_line_starts_on_a_line_of_its_own(tmp_p
 
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_optimizer_state_of_the_wrong_shape_is_refused_at_load(tmp_path, char_dataset, optimizer):
-    from nanogpt.checkpoint import save_checkpoint
     from configurator import UserError
+    from nanogpt.checkpoint import save_checkpoint
     train(tiny_cfg(tmp_path, char_dataset, max_iters=1, optimizer=optimizer), log=quiet)
     path = tmp_path / "out" / "ckpt.pt"
     ckpt = load_checkpoint(str(path))

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from nanogpt.checkpoint import load_checkpoint
 from configurator import UserError, parse_args
 from conftest import ROOT, run_script
+from nanogpt.checkpoint import load_checkpoint
 from nanogpt.harness import NanoGPT
 from nanogpt.source import Source, load_model
 from test_eval import reference_loglikelihood, write_task

@@ -61,6 +61,7 @@ def fresh_copy(sharded, name):
 
 def eval_task(root):
     from pathlib import Path
+
     from test_eval import write_task
     write_task(Path(root / "tasks"), "tiny_known", [{"context": "First", "label": 0, "choices": [" C", "ll"]},
                                                    {"context": "All:", "label": 1, "choices": ["e", "\n"]}])

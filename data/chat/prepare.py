@@ -28,6 +28,7 @@ program.exit_quietly_on_ctrl_c()  # before the slow imports (numpy, torch): Ctrl
 from nanogpt.chat_dataset import model_defaults, prepare_chat  # noqa: E402
 from nanogpt.program import run_main  # noqa: E402
 
+
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--input", required=True, help="conversations in OpenAI's fine-tuning JSONL")

@@ -20,8 +20,8 @@ program.exit_quietly_on_ctrl_c()  # before the slow imports (numpy): Ctrl-C duri
 import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from nanogpt.program import run_main  # noqa: E402
 from nanogpt.errors import UserError  # noqa: E402
+from nanogpt.program import run_main  # noqa: E402
 from nanogpt.tokenizer import BPE_ENCODING, write_meta  # noqa: E402
 
 _encoding = None

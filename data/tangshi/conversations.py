@@ -19,10 +19,10 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+from data.tangshi.poems import conversations, parse_poems, split_text  # noqa: E402
+from nanogpt.chat_dataset import prepare_chat  # noqa: E402
 from nanogpt.files import open_to_write  # noqa: E402
 from nanogpt.program import run_main  # noqa: E402
-from nanogpt.chat_dataset import prepare_chat  # noqa: E402
-from data.tangshi.poems import conversations, parse_poems, split_text  # noqa: E402
 
 BLOCK_SIZE = 128  # config/tangshi_sft.py's context: a 七言律詩 and its request fit
 

@@ -31,10 +31,10 @@ from tqdm import tqdm
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
-from nanogpt.errors import UserError  # noqa: E402
-from nanogpt.program import run_main  # noqa: E402
 from data.tangshi.poems import ACROSTIC, form, held_out_poems, score_acrostic  # noqa: E402
+from nanogpt.errors import UserError  # noqa: E402
 from nanogpt.generate import Sampling, generate  # noqa: E402
+from nanogpt.program import run_main  # noqa: E402
 from nanogpt.rewards import verse_report  # noqa: E402
 from nanogpt.source import Source, load_model  # noqa: E402
 from nanogpt.tokenizer import ChatTokenizer  # noqa: E402

@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules import module as nn_module
 
-from nanogpt.cpu.kernels import WeightVersion, packed_product, packed_product_add
 from model import apply_rope, value_embedded
+from nanogpt.cpu.kernels import WeightVersion, packed_product, packed_product_add
 
 # every GPTConfig field and what this step supports of it (None: any value); a field added to
 # GPTConfig and not here turns the step off until it is written here (tests/test_fused_step.py checks)

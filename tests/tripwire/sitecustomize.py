@@ -34,8 +34,8 @@ def allowed():
 
 
 def install():
-    import pickle
     import _pickle
+    import pickle
 
     def guarded_class(base):
         class Unpickler(base):
