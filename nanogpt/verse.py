@@ -101,17 +101,27 @@ def tone_score(parts):
     return max(sum(line_fits(p, k) for p, k in zip(parts, chain)) for chain in chains(len(parts))) / len(parts)
 
 
-def rhyme_score(parts):
-    """The share of the rhyme's conditions met (each even 句 ends in the rhyme group that most of them share, and
-    the first 句 ends in it or in an oblique tone); 0 for an irregular form."""
+def rhyme_group(parts):
+    """The level-tone rhyme group most of the even 句 end in (the first in the dictionary's order on a tie), or
+    None for an irregular form or no level-tone ending."""
     if not regular(parts):
-        return 0.0
+        return None
     _, _, groups = dictionary()
     ends = [p[-1] for p in parts[1::2]]
     candidates = set().union(*(groups.get(ch, ()) for ch in ends))
     if not candidates:
+        return None
+    return max(sorted(candidates), key=lambda g: sum(g in groups.get(ch, ()) for ch in ends))
+
+
+def rhyme_score(parts):
+    """The share of the rhyme's conditions met (each even 句 ends in the rhyme group that most of them share, and
+    the first 句 ends in it or in an oblique tone); 0 for an irregular form."""
+    best = rhyme_group(parts)
+    if best is None:
         return 0.0
-    best = max(sorted(candidates), key=lambda g: sum(g in groups.get(ch, ()) for ch in ends))
+    _, _, groups = dictionary()
+    ends = [p[-1] for p in parts[1::2]]
     hits = sum(best in groups.get(ch, ()) for ch in ends)
     first = parts[0][-1]
     first_ok = best in groups.get(first, ()) or can_be(first, OBLIQUE)

@@ -143,3 +143,5 @@ def test_the_evaluations_rates_on_real_poems():
     # the doubled poem is a 律詩 of the asked 4 句 no more, rhyming and in tone (the guard, not rhyme, sees 重韻)
     assert r["form"] == pytest.approx(2 / 3) and r["rhyme"] == pytest.approx(2 / 3) and r["tone"] == 1
     assert r["all"] == pytest.approx(1 / 3) and r["repeated"] == pytest.approx(1 / 3) and r["distinct"] == 20
+    assert r["groups"] == 1  # 流 and 樓 (下平十一尤), twice: one group between the two rhyming answers
+    assert rates(["白黃欲更", "兩一窗門"], [DENG, JUEJU])["groups"] == 2  # 尤, and 先 (天, 船)

@@ -13,7 +13,8 @@ the same request as plain text and a line break, and its poem ends at the first 
 Each answer is checked as rl.py's rewards check it (nanogpt/rewards.py, nanogpt/verse.py: the 平水韻 dictionary): the share
 of 句 that begin with their key character; the shares of answers of the asked form (4 句 of one length 5 or
 7), whose even 句 rhyme, whose 平仄 follow a pattern, and that pass all four; distinct characters per
-answer; the share with a repeated 句; and with --base, the fluency cost: the pretrained model's loss per
+answer; the share with a repeated 句; how many 平水韻 groups the rhyming answers use between them (a policy
+that answers every key in one rhyme shows here); and with --base, the fluency cost: the pretrained model's loss per
 character on the answers (a reward-hacked answer reads badly to it). The held-out poems themselves are
 checked the same way (the human reference). Appends each row as a JSON line to --log.
 """
@@ -35,9 +36,10 @@ from data.tangshi.poems import ACROSTIC, form, held_out_poems, score_acrostic  #
 from nanogpt.errors import UserError  # noqa: E402
 from nanogpt.generate import Sampling, generate  # noqa: E402
 from nanogpt.program import run_main  # noqa: E402
-from nanogpt.rewards import verse_report  # noqa: E402
+from nanogpt.rewards import clauses, verse_report  # noqa: E402
 from nanogpt.source import Source, load_model  # noqa: E402
 from nanogpt.tokenizer import ChatTokenizer  # noqa: E402
+from nanogpt.verse import rhyme_group  # noqa: E402
 
 # sampled: the defaults of sample.py, chat.py and the server (temperature 0.8, every token kept)
 DECODINGS = {"greedy": dict(temperature=0.0), "sampled": dict(temperature=Sampling.temperature, top_k=Sampling.top_k)}
@@ -99,7 +101,8 @@ def rates(keys, texts, requests=None):
             "all": sum(score_acrostic(k, t)["hits"] == len(k) and all(p.values())
                        for k, t, p in zip(keys, texts, passed)) / n,
             "distinct": sum(rep["distinct"] for rep in reports) / n,
-            "repeated": sum(rep["repeated"] > 0 for rep in reports) / n}
+            "repeated": sum(rep["repeated"] > 0 for rep in reports) / n,
+            "groups": len({rhyme_group(clauses(t)) for t, p in zip(texts, passed) if p["rhyme"]})}
 
 
 def api_answers(url, keys, decoding, seed, api_key=None, workers=8):
@@ -190,13 +193,13 @@ def main(argv):
             f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
     print(f"\n{args.keys} acrostic keys from held-out poems\n")
     print("| model | decoding | 句 begin with the key | form | rhyme | tone | all four | distinct chars | "
-          "repeated 句 | fluency cost |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "repeated 句 | rhyme groups | fluency cost |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         kind = "" if r["model"] == "held-out poems" else " (chat)" if r["chat"] else " (base)"
         fluency = f"{r['fluency']:.3f}" if "fluency" in r else "-"
         print(f"| {r['model']}{kind} | {r['decoding']} | {r['starts']:.1%} | {r['form']:.1%} | {r['rhyme']:.1%} | "
-              f"{r['tone']:.1%} | {r['all']:.1%} | {r['distinct']:.1f} | {r['repeated']:.1%} | {fluency} |")
+              f"{r['tone']:.1%} | {r['all']:.1%} | {r['distinct']:.1f} | {r['repeated']:.1%} | {r['groups']} | {fluency} |")
 
 
 if __name__ == "__main__":
