@@ -5,6 +5,11 @@ import tempfile
 
 import pytest
 
+# pytest-xdist runs one worker per core (pytest.ini): each worker's torch, and every program it starts, then
+# computes on one thread, as torchrun's workers do; two threads each on shared cores wait for each other
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # a suite started in the background by a shell without job control inherits SIGINT ignored, and so would every
 # program it starts: the Ctrl-C tests need the signal delivered, as it is in a terminal

@@ -16,4 +16,4 @@ if os.environ.get("RANK") == "1":
     batches.Batches.get = failing
 
 if __name__ == "__main__":
-    train.run_main(train.main)
+    train.program.run_main(train.main)
