@@ -52,19 +52,19 @@ class CharTokenizer:
         return [self.stoi[c] for c in text]
 
     def fit(self, text, start=True):
-        """text written in this vocabulary's characters, as a Fitted. Where the vocabulary writes Chinese in
-        one script (script), a character is first written as that script writes it, where the vocabulary has
-        that form (OpenCC, in the text's context: the simplified 头 as the Tang poems' 頭). A character still
-        outside becomes the first of its variants whose characters are inside (its Unicode compatibility form:
+        """text written in this vocabulary's characters, as a Fitted. A character the vocabulary has stays as it
+        is (the Tang poems write both 征 and 徵). One it lacks is first written as the vocabulary's script writes
+        it, where the vocabulary has that form (OpenCC, in the text's context: the simplified 头 as the Tang
+        poems' 頭), else as the first of its variants whose characters are inside (its Unicode compatibility form:
         a full-width ！ as !; its letters without their accents: é as e), else it is left out. With start, a text
         of which nothing is left becomes a line break where the vocabulary has one (sample.py's start)."""
-        script = self.script
-        if set(text) <= self.stoi.keys() and script is None:
+        if set(text) <= self.stoi.keys():
             return Fitted(text)
+        script = self.script
         written = chinese_variants(text, script) if script is not None else text
         out, fitted = [], Fitted(text)
         for c, w in zip(text, written):
-            forms = ([w] if w != c else []) + [c, unicodedata.normalize("NFKC", c), unaccented(c)]
+            forms = [c] + ([w] if w != c else []) + [unicodedata.normalize("NFKC", c), unaccented(c)]
             form = next((f for f in forms if f and all(ch in self.stoi for ch in f)), None)
             if form is None:
                 fitted.dropped.append(c)

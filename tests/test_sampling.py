@@ -154,7 +154,10 @@ def test_simplified_chinese_is_written_in_a_traditional_vocabularys_characters()
     fitted = tang.fit("藏头诗：春江花月 ok")
     assert fitted.text == "藏頭詩：春江花月"
     assert fitted.converted == [("头", "頭"), ("诗", "詩")] and fitted.dropped == [" ", "o", "k"]
-    assert tang.fit("床").text == "牀"  # the traditional form where the vocabulary has it: the poems' own spelling
+    assert tang.fit("床").text == "床"  # in the vocabulary: itself, though OpenCC would write 牀
+    assert CharTokenizer("藏頭詩：春江花月牀").fit("床").text == "牀"  # outside: the form the vocabulary has
+    both = CharTokenizer("藏頭詩征徵峰峯回迴却卻")  # the Tang poems write each pair; OpenCC turns the first of each
+    assert both.fit("征峰回却").text == "征峰回却" and both.fit("征峰回却").note() == ""
     assert CharTokenizer("床").fit("床").text == "床"  # no script to write in: the character itself
     simplified = CharTokenizer("藏头诗春江花月")
     assert simplified.script == "t2s" and simplified.fit("藏頭詩").text == "藏头诗"
