@@ -25,6 +25,7 @@ import os
 import random
 import shlex
 import time
+import typing
 from dataclasses import asdict, dataclass
 
 import torch
@@ -38,7 +39,7 @@ from data.tangshi.poems import ACROSTIC, held_out_keys, train_requests
 from nanogpt.batches import dataset_dir
 from nanogpt.checkpoint import (OutDirLock, load_checkpoint, model_args, model_from_checkpoint, save_checkpoint,
                                 set_rng_state)
-from nanogpt.distributed import collective_device, gather_rng, mean_over_ranks, setup_distributed, teardown
+from nanogpt.distributed import collective_device, gather_rng, launcher, mean_over_ranks, setup_distributed, teardown
 from nanogpt.errors import UserError
 from nanogpt.generate import check_sampling, sample_seed
 from nanogpt.memory import check_fits, kv_cache_bytes, training_bytes
@@ -48,6 +49,7 @@ from nanogpt.program import run_main
 from nanogpt.source import tokenizer_meta
 from nanogpt.stopping import Interrupted, StopFlag
 from nanogpt.tokenizer import ChatTokenizer, tokenizer_from_meta
+from nanogpt.values import convert
 
 
 @dataclass
@@ -114,6 +116,19 @@ def load_start(cfg, device):
     if cfg.init_from == "resume" and "rl" not in ckpt:
         raise UserError(f"{path} was not written by rl.py; start from it with --init_from={source} and a new --out_dir")
     return ckpt, path
+
+
+def resume_config(cfg, overrides, ckpt, path):
+    """(the run's config, this one's): a resumed run's config is the checkpoint's, with the keys this command line
+    sets on top (overrides) and init_from, out_dir and device as given."""
+    hints = typing.get_type_hints(RLConfig)
+    saved = {k: convert(v, hints[k], k, f"{path}: config") for k, v in (ckpt.get("config") or {}).items()
+             if k in hints}
+    local = {"init_from": cfg.init_from, "out_dir": cfg.out_dir, "device": cfg.device}
+    try:
+        return RLConfig(**{**saved, **local}), RLConfig(**{**saved, **overrides, **local})
+    except ValueError as e:
+        raise UserError(f"{path}: its saved config does not fit: {e}") from None
 
 
 def chat_tokenizer(ckpt, path, vocab_size):
@@ -213,10 +228,14 @@ class Run:
             cfg.device = f"cuda:{local_rank}"
         self.master = self.rank == 0
         device = self.device = torch.device(cfg.device)
+        ckpt, path = load_start(cfg, device)
+        base = RLConfig()
+        if cfg.init_from == "resume":  # the run's own settings, with what this command line gives on top
+            base, cfg = resume_config(cfg, overrides, ckpt, path)
+            self.cfg = cfg
         if cfg.reward_file:
             reward_registry.load_reward_file(cfg.reward_file)
         self.rewards = reward_registry.parse_rewards(cfg.reward)
-        ckpt, path = load_start(cfg, device)
         self.model = model_from_checkpoint(ckpt, path, dropout=0.0).to(device)
         self.tokenizer = chat_tokenizer(ckpt, path, self.model.config.vocab_size)
         self.tokenizer_meta = ckpt.get("tokenizer") or tokenizer_meta(ckpt, path)
@@ -240,7 +259,7 @@ class Run:
         self.start_iter = self.iter_num
         self.ddp = DDP(self.model) if self.world > 1 else self.model
         self.metrics = Metrics(os.path.join(cfg.out_dir, "log.jsonl"), cfg, log, record=self.master, iter=self.iter_num)
-        report_overrides(overrides, RLConfig(), log=log)
+        report_overrides(overrides, base, log=log)
         log(f"{len(self.requests):,} train prompts, {len(self.eval_prompts)} held-out eval keys; "
             f"{self.world} process(es) x {cfg.batch_size} prompts x {cfg.samples} samples per iter; from {path}")
         self.bar = tqdm(total=cfg.max_iters, initial=self.iter_num, desc="rl", disable=not self.master or None)
@@ -349,7 +368,7 @@ def loop(run):
         if run.iter_num > run.start_iter:
             run.save()
             run.log(f"interrupted: saved {os.path.join(cfg.out_dir, 'ckpt.pt')} at iter {run.iter_num}; continue with "
-                    f"python rl.py --init_from=resume --out_dir={shlex.quote(cfg.out_dir)}")
+                    f"{launcher(run.world)} rl.py --init_from=resume --out_dir={shlex.quote(cfg.out_dir)}")
         else:
             run.log(f"interrupted at iter {run.iter_num}, before this run completed an iteration: nothing saved")
 

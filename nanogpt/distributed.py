@@ -30,6 +30,12 @@ def setup_distributed(device, backend="auto"):
     return rank, local_rank, world
 
 
+def launcher(world):
+    """How to start a program again as it runs now: python for one process, torchrun for several on this machine
+    (a run over several machines restarts as it was started there)."""
+    return "python" if world == 1 else f"torchrun --standalone --nproc_per_node={world}"
+
+
 def teardown(world):
     if world > 1:
         dist.destroy_process_group()

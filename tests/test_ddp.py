@@ -75,3 +75,34 @@ def test_one_rank_failing_ends_the_run_with_its_error(tmp_path, char_dataset):
                       "--gradient_accumulation_steps=2", "--max_iters=1000", timeout=90)
     assert result.returncode != 0
     assert "rank 1 failed on purpose" in result.stderr + result.stdout
+
+
+def test_ctrl_c_under_torchrun_saves_and_prints_the_torchrun_command_to_resume(tmp_path, char_dataset):
+    """A terminal's Ctrl-C reaches torchrun and every worker (one process group): the workers save the last
+    completed iteration together, and the command printed to resume is torchrun's, not a single process's."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from conftest import ROOT
+    args = [f"--{k}={v}" for k, v in {**TINY, "max_iters": 100000, "lr_decay_iters": 100000}.items()]
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             "train.py", *args, f"--dataset={char_dataset}", f"--out_dir={tmp_path / 'out'}",
+                             "--gradient_accumulation_steps=2"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not (tmp_path / "out" / "log.jsonl").exists():
+            time.sleep(0.2)
+        time.sleep(2)  # a few iterations
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    resume = (f"continue with torchrun --standalone --nproc_per_node=2 train.py --init_from=resume "
+              f"--out_dir={tmp_path / 'out'}")
+    assert resume in out, (out[-2000:], err[-2000:])
+    assert load_checkpoint(str(tmp_path / "out" / "ckpt.pt"))["iter_num"] > 0

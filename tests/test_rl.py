@@ -116,12 +116,27 @@ def test_a_few_steps_learn_the_reward(start):
 def test_resume_equals_the_uninterrupted_run(start):
     rl(cfg_for(start, max_iters=4, out_dir=str(start / "whole")), log=quiet)
     rl(cfg_for(start, max_iters=2, out_dir=str(start / "half")), log=quiet)
-    rl(cfg_for(start, max_iters=4, out_dir=str(start / "half"), init_from="resume"), log=quiet)
+    rl(cfg_for(start, max_iters=4, out_dir=str(start / "half"), init_from="resume"), {"max_iters": 4}, log=quiet)
     whole, half = load_checkpoint(str(start / "whole" / "ckpt.pt")), load_checkpoint(str(start / "half" / "ckpt.pt"))
     assert whole["iter_num"] == half["iter_num"] == 4
     for key, value in whole["model"].items():
         assert torch.equal(value, half["model"][key]), key
     assert [r["reward"] for r in records(start / "whole")][2:] == [r["reward"] for r in records(start / "half")][2:]
+
+
+def test_the_printed_resume_command_continues_the_run_with_its_own_settings(start):
+    """python rl.py --init_from=resume --out_dir=DIR (what Ctrl-C prints) resumes with the run's batch, samples,
+    learning rate and reward file, not rl.py's defaults; a key given on that command line still applies."""
+    from configurator import parse_args
+    rl(cfg_for(start, max_iters=4, out_dir=str(start / "whole")), log=quiet)
+    rl(cfg_for(start, max_iters=2, out_dir=str(start / "half")), log=quiet)
+    lines = []
+    rl(*parse_args(RLConfig, ["--init_from=resume", f"--out_dir={start / 'half'}", "--max_iters=4"]), log=lines.append)
+    assert "override: max_iters = 4 (was 2)" in lines and any("1 process(es) x 4 prompts x 4 samples" in line for line in lines)
+    whole, half = load_checkpoint(str(start / "whole" / "ckpt.pt")), load_checkpoint(str(start / "half" / "ckpt.pt"))
+    assert half["config"]["learning_rate"] == QUICK["learning_rate"] and half["config"]["init_from"] == "resume"
+    for key, value in whole["model"].items():
+        assert torch.equal(value, half["model"][key]), key
 
 
 def test_the_checkpoint_serves_as_a_chat_model(start):
