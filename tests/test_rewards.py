@@ -145,3 +145,6 @@ def test_the_evaluations_rates_on_real_poems():
     assert r["all"] == pytest.approx(1 / 3) and r["repeated"] == pytest.approx(1 / 3) and r["distinct"] == 20
     assert r["groups"] == 1  # 流 and 樓 (下平十一尤), twice: one group between the two rhyming answers
     assert rates(["白黃欲更", "兩一窗門"], [DENG, JUEJU])["groups"] == 2  # 尤, and 先 (天, 船)
+    assert r["alike"] == 0  # DENG and broken differ in their last character, which is not a key
+    template = ["白日依山盡，黃河入海流。\n欲窮千里目，更上一層樓。", "春日依山盡，江河入海流。\n花窮千里目，月上一層樓。"]
+    assert rates(["白黃欲更", "春江花月", "兩一窗門"], template + [JUEJU])["alike"] == pytest.approx(2 / 3)

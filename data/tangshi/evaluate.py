@@ -13,12 +13,14 @@ the same request as plain text and a line break, and its poem ends at the first 
 Each answer is checked as rl.py's rewards check it (nanogpt/rewards.py, nanogpt/verse.py: the 平水韻 dictionary): the share
 of 句 that begin with their key character; the shares of answers of the asked form (4 句 of one length 5 or
 7), whose even 句 rhyme, whose 平仄 follow a pattern, and that pass all four; distinct characters per
-answer; the share with a repeated 句; how many 平水韻 groups the rhyming answers use between them (a policy
-that answers every key in one rhyme shows here); and with --base, the fluency cost: the pretrained model's loss per
+answer; the share with a repeated 句; how many 平水韻 groups the rhyming answers use between them, and the share
+of answers that are another answer but for their key characters (a policy that answers every key with one
+template shows in both); and with --base, the fluency cost: the pretrained model's loss per
 character on the answers (a reward-hacked answer reads badly to it). The held-out poems themselves are
 checked the same way (the human reference). Appends each row as a JSON line to --log.
 """
 import argparse
+import collections
 import concurrent.futures
 import json
 import os
@@ -102,7 +104,16 @@ def rates(keys, texts, requests=None):
                        for k, t, p in zip(keys, texts, passed)) / n,
             "distinct": sum(rep["distinct"] for rep in reports) / n,
             "repeated": sum(rep["repeated"] > 0 for rep in reports) / n,
-            "groups": len({rhyme_group(clauses(t)) for t, p in zip(texts, passed) if p["rhyme"]})}
+            "groups": len({rhyme_group(clauses(t)) for t, p in zip(texts, passed) if p["rhyme"]}),
+            "alike": alike(texts)}
+
+
+def alike(texts):
+    """The share of answers that, but for the first character of each 句 (an acrostic's key), are another answer
+    word for word: one template for every key."""
+    frames = ["".join(c[1:] for c in clauses(t)) for t in texts]
+    counts = collections.Counter(frames)
+    return sum(counts[f] > 1 for f in frames) / max(len(texts), 1)
 
 
 def api_answers(url, keys, decoding, seed, api_key=None, workers=8):
@@ -193,13 +204,13 @@ def main(argv):
             f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
     print(f"\n{args.keys} acrostic keys from held-out poems\n")
     print("| model | decoding | 句 begin with the key | form | rhyme | tone | all four | distinct chars | "
-          "repeated 句 | rhyme groups | fluency cost |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "repeated 句 | rhyme groups | alike | fluency cost |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         kind = "" if r["model"] == "held-out poems" else " (chat)" if r["chat"] else " (base)"
         fluency = f"{r['fluency']:.3f}" if "fluency" in r else "-"
         print(f"| {r['model']}{kind} | {r['decoding']} | {r['starts']:.1%} | {r['form']:.1%} | {r['rhyme']:.1%} | "
-              f"{r['tone']:.1%} | {r['all']:.1%} | {r['distinct']:.1f} | {r['repeated']:.1%} | {r['groups']} | {fluency} |")
+              f"{r['tone']:.1%} | {r['all']:.1%} | {r['distinct']:.1f} | {r['repeated']:.1%} | {r['groups']} | {r['alike']:.1%} | {fluency} |")
 
 
 if __name__ == "__main__":
