@@ -21,6 +21,7 @@ program.exit_quietly_on_ctrl_c()  # before the slow imports (torch): Ctrl-C duri
 
 # ruff: noqa: E402
 import copy
+import math
 import os
 import random
 import shlex
@@ -70,6 +71,7 @@ class RLConfig:
     top_p: float | None = None
     learning_rate: float = 1e-4
     warmup_iters: int = 0
+    min_lr: float | None = None  # None: learning_rate throughout (after warmup); else a cosine decay to min_lr at max_iters
     weight_decay: float = 0.0
     beta1: float = 0.9
     beta2: float = 0.95
@@ -100,8 +102,19 @@ class RLConfig:
             raise ValueError(f"samples must be at least 2 (the baseline is their mean), got {self.samples}")
         if self.advantage not in ("mean", "zscore"):
             raise ValueError(f"advantage must be mean or zscore, got {self.advantage!r}")
+        if self.min_lr is not None and not 0 <= self.min_lr <= self.learning_rate:
+            raise ValueError(f"min_lr must be between 0 and learning_rate ({self.learning_rate}), got {self.min_lr}")
         if not (self.kl >= 0 and self.learning_rate > 0):
             raise ValueError(f"kl must be >= 0 and learning_rate > 0, got {self.kl} and {self.learning_rate}")
+
+
+def learning_rate(cfg, it):
+    """The rate of iteration it: a linear warmup over warmup_iters, then learning_rate, or with min_lr a cosine
+    from learning_rate to min_lr at max_iters."""
+    if it < cfg.warmup_iters or cfg.min_lr is None:
+        return cfg.learning_rate * min(1.0, (it + 1) / (cfg.warmup_iters + 1))
+    ratio = min(1.0, (it - cfg.warmup_iters) / max(1, cfg.max_iters - cfg.warmup_iters))
+    return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (cfg.learning_rate - cfg.min_lr)
 
 
 def load_start(cfg, device):
@@ -257,6 +270,7 @@ class Run:
         if cfg.init_from == "resume":
             self.restore(ckpt, path)
         self.start_iter = self.iter_num
+        self.held_out = None  # the last evaluation's rates on the held-out keys
         self.ddp = DDP(self.model) if self.world > 1 else self.model
         self.metrics = Metrics(os.path.join(cfg.out_dir, "log.jsonl"), cfg, log, record=self.master, iter=self.iter_num)
         report_overrides(overrides, base, log=log)
@@ -274,9 +288,6 @@ class Run:
             self.reference.load_state_dict(state["reference"])
         if len(state["rng"]) == self.world:
             set_rng_state(state["rng"][self.rank])
-
-    def lr(self, it):
-        return self.cfg.learning_rate * min(1.0, (it + 1) / (self.cfg.warmup_iters + 1))
 
     def step(self):
         """One iteration: sample, score, step. Returns the record of it."""
@@ -304,7 +315,7 @@ class Run:
             if cfg.grad_clip:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
             for group in self.optimizer.param_groups:
-                group["lr"] = self.lr(self.iter_num)
+                group["lr"] = learning_rate(cfg, self.iter_num)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             self.iter_num += 1
@@ -345,7 +356,7 @@ def loop(run):
         while True:
             last = run.iter_num >= cfg.max_iters
             if run.eval_prompts and (last or run.iter_num % cfg.eval_interval == 0):
-                rates = run.evaluate()
+                rates = run.held_out = run.evaluate()
                 run.metrics.write(f"iter {run.iter_num}: held-out " + ", ".join(f"{k} {v:.1%}" for k, v in rates.items()
                                                                               if k.endswith("_pass")),
                                   kind="rl_eval", iter=run.iter_num, **rates)
@@ -393,6 +404,7 @@ def rl(cfg, overrides=None, log=print):
     lock = OutDirLock(cfg.out_dir, program="rl.py", instead="run RL into another --out_dir")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     stop.abandon = world == 1  # DDP ranks stop together, at a log iteration
+    t0 = time.time()
     try:
         torch.manual_seed(cfg.seed)
         run = Run(cfg, overrides or {}, log if int(os.environ.get("RANK", "0")) == 0 else (lambda *a, **k: None),
@@ -400,7 +412,8 @@ def rl(cfg, overrides=None, log=print):
         if run.master:
             lock.acquire()
         loop(run)
-        return {"iters": run.iter_num, "interrupted": stop.set}
+        return {"iters": run.iter_num, "ran": run.iter_num - run.start_iter, "seconds": time.time() - t0,
+                "held_out": run.held_out, "interrupted": stop.set}
     except Interrupted:
         log("interrupted during start-up: nothing saved")
         return {"iters": None, "interrupted": True}
@@ -415,8 +428,12 @@ def main(argv):
     cfg, overrides = parse_args(RLConfig, argv)
     summary = rl(cfg, overrides)
     if summary["iters"] is not None and not summary["interrupted"] and int(os.environ.get("RANK", "0")) == 0:
-        print(f"done: {summary['iters']} iters; checkpoint {os.path.join(cfg.out_dir, 'ckpt.pt')}; talk to it: "
-              f"python chat.py --out_dir={shlex.quote(cfg.out_dir)}")
+        total = f" ({summary['iters']} in all)" if summary["ran"] != summary["iters"] else ""
+        rates = summary["held_out"]
+        held_out = ("; held-out keys: " + ", ".join(f"{k.removesuffix('_pass')} {v:.1%}" for k, v in rates.items()
+                                                    if k.endswith("_pass"))) if rates else ""
+        print(f"done: {summary['ran']} iters in {summary['seconds']:.1f} s{total}{held_out}; checkpoint "
+              f"{os.path.join(cfg.out_dir, 'ckpt.pt')}; talk to it: python chat.py --out_dir={shlex.quote(cfg.out_dir)}")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 engine's samples against generate.py's, learning a reward in a few steps, exact resume, and bad input."""
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from nanogpt.policy_gradient import advantages, answer_batch, pg_loss, sample_an
 from nanogpt.tokenizer import chat_meta, tokenizer_from_meta
 from plot import draw_rewards, read_rewards
 from reference import next_token_log_probs
-from rl import RLConfig, rl
+from rl import RLConfig, learning_rate, rl
 
 CHARS = list("ab.\n sy")
 META = chat_meta({"tokenizer": "char", "chars": CHARS, "vocab_size": len(CHARS)})
@@ -102,6 +103,17 @@ def test_advantages_and_the_token_level_loss_by_hand():
     assert pg_loss(logp, y, torch.zeros(2), ref, kl=2.0).item() == pytest.approx(2 * (math.exp(0.1) - 1.1), rel=1e-5)
 
 
+def test_the_learning_rate_warms_up_then_stays_or_follows_a_cosine_to_min_lr():
+    cfg = RLConfig(learning_rate=1e-3, warmup_iters=4, max_iters=14)
+    assert [learning_rate(cfg, it) for it in (0, 3, 4, 13)] == pytest.approx([2e-4, 8e-4, 1e-3, 1e-3])
+    cfg = RLConfig(learning_rate=1e-3, warmup_iters=4, max_iters=14, min_lr=1e-4)
+    # 10 decaying iters: half way (it 9) is the mean of the two rates; it 14 and past it is min_lr
+    got = [learning_rate(cfg, it) for it in (3, 4, 9, 14, 20)]
+    assert got == pytest.approx([8e-4, 1e-3, 5.5e-4, 1e-4, 1e-4])
+    with pytest.raises(ValueError, match="min_lr"):
+        RLConfig(learning_rate=1e-3, min_lr=2e-3)
+
+
 def test_a_few_steps_learn_the_reward(start):
     summary = rl(cfg_for(start, max_iters=12, learning_rate=1e-2), log=quiet)
     assert summary["iters"] == 12
@@ -137,6 +149,18 @@ def test_the_printed_resume_command_continues_the_run_with_its_own_settings(star
     assert half["config"]["learning_rate"] == QUICK["learning_rate"] and half["config"]["init_from"] == "resume"
     for key, value in whole["model"].items():
         assert torch.equal(value, half["model"][key]), key
+
+
+def test_the_summary_counts_this_runs_iterations_and_its_time(start, capsys):
+    import rl as program
+    args = [f"--{k}={v}" for k, v in QUICK.items()] + [
+        f"--init_from={start / 'sft'}", f"--out_dir={start / 'rl'}", f"--prompts=FILE:{start / 'prompts.txt'}",
+        f"--reward_file={start / 'many_a.py'}"]
+    program.main(args + ["--max_iters=2"])
+    assert capsys.readouterr().out.splitlines()[-1].startswith("done: 2 iters in ")
+    program.main(["--init_from=resume", f"--out_dir={start / 'rl'}", "--max_iters=5"])
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert re.match(r"done: 3 iters in \d+\.\d s \(5 in all\); checkpoint ", last), last
 
 
 def test_the_checkpoint_serves_as_a_chat_model(start):
