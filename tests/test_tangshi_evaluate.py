@@ -1,5 +1,6 @@
 """data/tangshi/evaluate.py: a chat model's answers to held-out acrostic keys, and so its figures, are the same in
 process and through serve.py's chat API (the request, the seed of each key, the sampling defaults)."""
+import json
 import random
 
 import pytest
@@ -64,3 +65,34 @@ def test_evaluate_names_a_server_it_cannot_reach(tang_chat):
                          "--keys=2"])
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "cannot reach http://127.0.0.1:9/v1" in result.stderr and "python serve.py" in result.stderr
+
+
+def test_rl_scores_the_held_out_keys_as_sampled_and_checked_here(tang_chat, tmp_path):
+    """rl.py's curve (its evaluation at iter 0: the starting model) equals the rewards of answers sampled here with
+    generate() at evaluate.py's sampled settings and rl.py's per-key seeds: the same keys, texts and scores."""
+    from data.tangshi.evaluate import DECODINGS, load
+    from data.tangshi.poems import held_out_keys
+    from nanogpt.generate import generate, sample_seed
+    from nanogpt.rewards import ACROSTIC, REGISTRY
+    from rl import RLConfig, rl
+    dataset, sft = tang_chat
+    cfg = RLConfig(init_from=str(sft), out_dir=str(tmp_path / "rl"), dataset=str(dataset), eval_keys=6,
+                   max_iters=1, batch_size=2, samples=2, max_new_tokens=40, eval_interval=50)
+    rl(cfg, log=lambda *a, **k: None)
+    logged = [json.loads(line) for line in (tmp_path / "rl" / "log.jsonl").read_text().splitlines()]
+    first = next(r for r in logged if r["kind"] == "rl_eval" and r["iter"] == 0)
+
+    model, tokenizer = load(str(sft), "cpu")
+    keys = held_out_keys(str(dataset), 6, cfg.seed)
+    texts = []
+    for j, key in enumerate(keys):
+        x = torch.tensor([tokenizer.render([{"role": "user", "content": ACROSTIC + key}])[0]])
+        gen = torch.Generator().manual_seed(sample_seed(cfg.seed, j))
+        with torch.no_grad():
+            y = generate(model, x, 40, stop=tokenizer.answer_stops, generator=gen, **DECODINGS["sampled"])
+        texts.append(tokenizer.decode([t for t in y[0, x.size(1):].tolist() if t >= 0]))
+    assert len(set(texts)) > 1
+    for name in ("acrostic", "form", "rhyme", "tone", "guard"):
+        scores = [REGISTRY[name].fn(ACROSTIC + k, t) for k, t in zip(keys, texts)]
+        assert first[name] == pytest.approx(sum(scores) / len(scores)), name
+        assert first[f"{name}_pass"] == pytest.approx(sum(s == 1 for s in scores) / len(scores)), name
