@@ -1,7 +1,7 @@
 # Reinforcement learning for the Tang chat model: config/tangshi_sft.py's checkpoint learns rhyme and 平仄 from
 # rewards checked against the 平水韻 dictionary (nanogpt/rewards.py, nanogpt/verse.py), on acrostic requests of train poems.
 # python rl.py config/tangshi_rl.py && python data/tangshi/evaluate.py --out_dir=out-tangshi-rl --base=out-tangshi
-# two processes train the same (about 13 min on 2 cores, docs/rl.md):
+# two processes train the same (about 15 min on 2 cores, docs/rl.md):
 # torchrun --standalone --nproc_per_node=2 rl.py config/tangshi_rl.py --batch_size=2
 out_dir = "out-tangshi-rl"
 init_from = "out-tangshi-sft"
@@ -17,6 +17,7 @@ max_new_tokens = 80  # a 七言 quatrain and <|end|> is 33 tokens; a runaway ans
 temperature = 1.0  # on-policy: the log-probabilities stepped on are those sampled from
 
 learning_rate = 3e-4  # 1e-3 collapsed half the answers into one template within 200 iters (docs/rl.md)
+min_lr = 3e-5  # decays by a cosine to a tenth at max_iters; at a constant rate tone ended lower (docs/rl.md)
 warmup_iters = 10
 grad_clip = 1.0
 advantage = "mean"  # reward minus the prompt's mean (nanochat's); "zscore" is GRPO's
