@@ -21,13 +21,13 @@ program.exit_quietly_on_ctrl_c()  # before the slow imports (torch): Ctrl-C duri
 
 # ruff: noqa: E402
 import copy
-import math
 import os
 import random
 import shlex
 import time
 import typing
 from dataclasses import asdict, dataclass
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
@@ -45,6 +45,7 @@ from nanogpt.errors import UserError
 from nanogpt.generate import check_sampling, sample_seed
 from nanogpt.memory import check_fits, kv_cache_bytes, training_bytes
 from nanogpt.metrics import Metrics
+from nanogpt.optim import lr_scale
 from nanogpt.policy_gradient import advantages, answer_batch, pg_loss, sample_answers, token_log_probs
 from nanogpt.program import run_main
 from nanogpt.source import tokenizer_meta
@@ -109,12 +110,12 @@ class RLConfig:
 
 
 def learning_rate(cfg, it):
-    """The rate of iteration it: a linear warmup over warmup_iters, then learning_rate, or with min_lr a cosine
-    from learning_rate to min_lr at max_iters."""
-    if it < cfg.warmup_iters or cfg.min_lr is None:
-        return cfg.learning_rate * min(1.0, (it + 1) / (cfg.warmup_iters + 1))
-    ratio = min(1.0, (it - cfg.warmup_iters) / max(1, cfg.max_iters - cfg.warmup_iters))
-    return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (cfg.learning_rate - cfg.min_lr)
+    """The rate of iteration it: train.py's schedule (optim.lr_scale), a linear warmup over warmup_iters, then
+    learning_rate, or with min_lr a cosine from learning_rate to min_lr at max_iters."""
+    floor = cfg.learning_rate if cfg.min_lr is None else cfg.min_lr
+    schedule = SimpleNamespace(decay_lr=True, lr_schedule="cosine", learning_rate=cfg.learning_rate, min_lr=floor,
+                               warmup_iters=cfg.warmup_iters, lr_decay_iters=cfg.max_iters, cooldown_iters=0)
+    return cfg.learning_rate * lr_scale(it, schedule)
 
 
 def load_start(cfg, device):
