@@ -351,6 +351,11 @@ class Run:
                 save_checkpoint(state, os.path.join(self.cfg.out_dir, "ckpt.pt"))
 
 
+def pass_rates(rates):
+    """'acrostic_pass 90.0%, ...': an evaluation's shares of held-out answers that pass each reward."""
+    return ", ".join(f"{k} {v:.1%}" for k, v in rates.items() if k.endswith("_pass"))
+
+
 def loop(run):
     cfg, stop = run.cfg, run.stop
     try:
@@ -358,9 +363,8 @@ def loop(run):
             last = run.iter_num >= cfg.max_iters
             if run.eval_prompts and (last or run.iter_num % cfg.eval_interval == 0):
                 rates = run.held_out = run.evaluate()
-                run.metrics.write(f"iter {run.iter_num}: held-out " + ", ".join(f"{k} {v:.1%}" for k, v in rates.items()
-                                                                              if k.endswith("_pass")),
-                                  kind="rl_eval", iter=run.iter_num, **rates)
+                run.metrics.write(f"iter {run.iter_num}: held-out {pass_rates(rates)}", kind="rl_eval",
+                                  iter=run.iter_num, **rates)
             if run.iter_num > run.start_iter and (last or run.iter_num % cfg.eval_interval == 0):
                 run.save()
             if last or stop.agreed(run.world, run.iter_num, cfg.log_interval):
@@ -431,8 +435,7 @@ def main(argv):
     if summary["iters"] is not None and not summary["interrupted"] and int(os.environ.get("RANK", "0")) == 0:
         total = f" ({summary['iters']} in all)" if summary["ran"] != summary["iters"] else ""
         rates = summary["held_out"]
-        held_out = ("; held-out keys: " + ", ".join(f"{k.removesuffix('_pass')} {v:.1%}" for k, v in rates.items()
-                                                    if k.endswith("_pass"))) if rates else ""
+        held_out = f"; held-out {pass_rates(rates)}" if rates else ""
         print(f"done: {summary['ran']} iters in {summary['seconds']:.1f} s{total}{held_out}; checkpoint "
               f"{os.path.join(cfg.out_dir, 'ckpt.pt')}; talk to it: python chat.py --out_dir={shlex.quote(cfg.out_dir)}")
 

@@ -77,10 +77,13 @@ def test_rl_scores_the_held_out_keys_as_sampled_and_checked_here(tang_chat, tmp_
     from rl import RLConfig, rl
     dataset, sft = tang_chat
     cfg = RLConfig(init_from=str(sft), out_dir=str(tmp_path / "rl"), dataset=str(dataset), eval_keys=6,
-                   max_iters=1, batch_size=2, samples=2, max_new_tokens=40, eval_interval=50)
-    rl(cfg, log=lambda *a, **k: None)
+                   max_iters=1, batch_size=2, samples=2, max_new_tokens=40, eval_interval=50, learning_rate=0.05)
+    summary = rl(cfg, log=lambda *a, **k: None)
     logged = [json.loads(line) for line in (tmp_path / "rl" / "log.jsonl").read_text().splitlines()]
     first = next(r for r in logged if r["kind"] == "rl_eval" and r["iter"] == 0)
+    last = next(r for r in logged if r["kind"] == "rl_eval" and r["iter"] == 1)
+    rates = [{k: v for k, v in r.items() if k not in ("kind", "iter")} for r in (first, last)]
+    assert rates[1] != rates[0] and summary["held_out"] == rates[1]  # the step's effect is what main() prints
 
     model, tokenizer = load(str(sft), "cpu")
     keys = held_out_keys(str(dataset), 6, cfg.seed)
