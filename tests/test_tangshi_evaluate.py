@@ -99,3 +99,13 @@ def test_rl_scores_the_held_out_keys_as_sampled_and_checked_here(tang_chat, tmp_
         scores = [REGISTRY[name].fn(ACROSTIC + k, t) for k, t in zip(keys, texts)]
         assert first[name] == pytest.approx(sum(scores) / len(scores)), name
         assert first[f"{name}_pass"] == pytest.approx(sum(s == 1 for s in scores) / len(scores)), name
+
+
+def test_misses_are_counted_by_how_often_the_key_character_occurs_in_train():
+    import collections
+    from data.tangshi.evaluate import missed_by_count
+    counts = collections.Counter({"春": 1200, "江": 5, "花": 60, "月": 300, "風": 10, "雨": 9})
+    keys = ["春江花月", "春風", "粔"]  # 粔: in no train text (count 0)
+    texts = ["春水，江流。\n草色，月明。", "夏雨", "粔雨，"]  # 花 missed; 春 missed and 風 has no 句
+    assert missed_by_count(keys, texts, counts) == {"under 10": [0, 2], "10-49": [1, 1], "50-199": [1, 1],
+                                                    "200-999": [0, 1], "1,000+": [1, 2]}

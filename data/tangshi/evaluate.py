@@ -15,9 +15,12 @@ of 句 that begin with their key character; the shares of answers of the asked f
 7), whose even 句 rhyme, whose 平仄 follow a pattern, and that pass all four; distinct characters per
 answer; the share with a repeated 句; how many 平水韻 groups the rhyming answers use between them, and the share
 of answers that are another answer but for their key characters (a policy that answers every key with one
-template shows in both); and with --base, the fluency cost: the pretrained model's loss per
+template shows in both); the share with a stock 句, one that 5% of the answers have but for its first character
+(a policy narrowing to a few lines shows here first); and with --base, the fluency cost: the pretrained model's loss per
 character on the answers (a reward-hacked answer reads badly to it). The held-out poems themselves are
-checked the same way (the human reference). Appends each row as a JSON line to --log.
+checked the same way (the human reference). A second table counts the 句 that miss their key by how often
+the key character occurs in the train split: a character the model seldom saw is the hardest to copy.
+Appends each row as a JSON line to --log.
 """
 import argparse
 import collections
@@ -34,7 +37,7 @@ from tqdm import tqdm
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
-from data.tangshi.poems import ACROSTIC, form, held_out_poems, score_acrostic  # noqa: E402
+from data.tangshi.poems import ACROSTIC, form, held_out_poems, score_acrostic, split_text  # noqa: E402
 from nanogpt.errors import UserError  # noqa: E402
 from nanogpt.generate import Sampling, generate  # noqa: E402
 from nanogpt.program import run_main  # noqa: E402
@@ -46,6 +49,8 @@ from nanogpt.verse import rhyme_group  # noqa: E402
 # sampled: the defaults of sample.py, chat.py and the server (temperature 0.8, every token kept)
 DECODINGS = {"greedy": dict(temperature=0.0), "sampled": dict(temperature=Sampling.temperature, top_k=Sampling.top_k)}
 MAX_NEW_TOKENS = 80  # a 七言絕句 is 34 characters; a 律詩 of 8 is 68
+COUNT_BINS = ((0, 10, "under 10"), (10, 50, "10-49"), (50, 200, "50-199"), (200, 1000, "200-999"),
+              (1000, float("inf"), "1,000+"))  # a key character's count in the train split
 
 
 def load(out_dir, device):
@@ -105,7 +110,29 @@ def rates(keys, texts, requests=None):
             "distinct": sum(rep["distinct"] for rep in reports) / n,
             "repeated": sum(rep["repeated"] > 0 for rep in reports) / n,
             "groups": len({rhyme_group(clauses(t)) for t, p in zip(texts, passed) if p["rhyme"]}),
-            "alike": alike(texts)}
+            "alike": alike(texts), "stock": stock(texts)}
+
+
+def stock(texts, share=0.05):
+    """The share of answers with a stock 句: one that, but for its first character (a key), is in at least
+    share of the answers (and in 2 or more). A policy that narrows to a few lines it knows score shows here
+    before whole answers are alike."""
+    frames = [{c[1:] for c in clauses(t)} for t in texts]
+    counts = collections.Counter(f for answer in frames for f in answer)
+    floor = max(2, share * len(texts))
+    return sum(any(counts[f] >= floor for f in answer) for answer in frames) / max(len(texts), 1)
+
+
+def missed_by_count(keys, texts, counts):
+    """{bin's name: [句 that miss their key character, 句 asked]} by the key character's count (COUNT_BINS)."""
+    out = {name: [0, 0] for _, _, name in COUNT_BINS}
+    for key, text in zip(keys, texts):
+        parts = clauses(text)
+        for i, ch in enumerate(key):
+            name = next(name for low, high, name in COUNT_BINS if low <= counts[ch] < high)
+            out[name][0] += not (i < len(parts) and parts[i].startswith(ch))
+            out[name][1] += 1
+    return out
 
 
 def alike(texts):
@@ -190,12 +217,14 @@ def main(argv):
     poems = held_out_poems(args.dataset, args.keys, args.seed)
     keys = [k for k, _ in poems]
     base = load(args.base, "cpu") if args.base else None
+    counts = collections.Counter(split_text(args.dataset, "train"))
     rows = [reference(poems, base)]
     for out_dir in args.out_dir:
         for decoding in args.decoding or DECODINGS:
             t0 = time.time()
             row, texts = evaluate(out_dir, keys, decoding, args.seed, base=base, api_key=args.api_key)
             row["seconds"] = round(time.time() - t0, 1)
+            row["missed_by_count"] = missed_by_count(keys, texts, counts)
             rows.append(row)
             for k, t in list(zip(keys, texts))[:args.show]:
                 print(f"{ACROSTIC}{k} -> {t!r}")
@@ -204,13 +233,20 @@ def main(argv):
             f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
     print(f"\n{args.keys} acrostic keys from held-out poems\n")
     print("| model | decoding | 句 begin with the key | form | rhyme | tone | all four | distinct chars | "
-          "repeated 句 | rhyme groups | alike | fluency cost |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "repeated 句 | rhyme groups | alike | stock 句 | fluency cost |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         kind = "" if r["model"] == "held-out poems" else " (chat)" if r["chat"] else " (base)"
         fluency = f"{r['fluency']:.3f}" if "fluency" in r else "-"
         print(f"| {r['model']}{kind} | {r['decoding']} | {r['starts']:.1%} | {r['form']:.1%} | {r['rhyme']:.1%} | "
-              f"{r['tone']:.1%} | {r['all']:.1%} | {r['distinct']:.1f} | {r['repeated']:.1%} | {r['groups']} | {r['alike']:.1%} | {fluency} |")
+              f"{r['tone']:.1%} | {r['all']:.1%} | {r['distinct']:.1f} | {r['repeated']:.1%} | {r['groups']} | {r['alike']:.1%} | "
+              f"{r['stock']:.1%} | {fluency} |")
+    print("\n句 that miss their key, by how often the key character occurs in the train split\n")
+    print("| model | decoding | " + " | ".join(f"{name} times" for _, _, name in COUNT_BINS) + " |")
+    print("|---|---|" + "---|" * len(COUNT_BINS))
+    for r in rows[1:]:
+        missed = " | ".join(f"{m} of {n}" for m, n in r["missed_by_count"].values())
+        print(f"| {r['model']} | {r['decoding']} | {missed} |")
 
 
 if __name__ == "__main__":
