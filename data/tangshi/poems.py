@@ -5,6 +5,8 @@ A poem is a title line, an author line and its lines; a blank line ends it. A �
 between the marks ，。？！； and line ends: the corpus writes two per line. A 絕句 has four 句, a 律詩 eight,
 each of five (五言) or seven (七言) characters.
 """
+import collections
+import itertools
 import os
 import random
 import re
@@ -53,6 +55,32 @@ def conversations(poems):
         for part in ([lines] + ([lines[:len(lines) // 2], lines[len(lines) // 2:]] if len(lines) == 4 else [])):
             body = "\n".join(part)
             out.append(chat(ACROSTIC + "".join(c[0] for c in clauses(body)), body))
+    return out
+
+
+CLAUSE_START = re.compile(f"(^|[{CLAUSE_MARKS}\n])[^{CLAUSE_MARKS}\n]")  # a 句's first character, and what precedes it
+
+
+def drawn_acrostics(poems, text, n, seed):
+    """n acrostics whose keys are drawn characters: a regular poem of poems with the first character of each 句
+    replaced by a character drawn from text, the rarer ones more often (weight count ** -0.5), the key those
+    characters in order. The model's head is its embedding: a character it seldom saw has a row it barely
+    learned to copy into, and keys of real poems seldom ask for one (docs/chat.md measures it).
+    Only text's characters are drawn, from the CJK Unified Ideographs block (not □, the lost-character mark,
+    nor punctuation)."""
+    counts = collections.Counter(c for c in text if "\u4e00" <= c <= "\u9fff")
+    chars = sorted(counts)
+    cum_weights = list(itertools.accumulate(counts[c] ** -0.5 for c in chars))
+    regular = [lines for _title, _author, lines in poems if form(lines)]
+    if n and not (chars and regular):
+        raise UserError(f"no poem of a regular form or no Chinese character to draw {n:,} acrostics from; "
+                        f"give --drawn=0 or more poems")
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        body = "\n".join(rng.choice(regular))
+        key = "".join(rng.choices(chars, cum_weights=cum_weights, k=len(clauses(body))))
+        out.append(chat(ACROSTIC + key, CLAUSE_START.sub(lambda m, drawn=iter(key): m.group(1) + next(drawn), body)))
     return out
 
 
