@@ -309,8 +309,13 @@ def check_shapes(config, state, path, claims="model_args"):
     if len(layers) != config.n_layer or max(layers, default=-1) != config.n_layer - 1:  # layers is range(n_layer)
         raise UserError(f"{path}: {claims} claims n_layer={config.n_layer} but the weights hold "
                         f"{len(layers)} blocks; the file is damaged or its {claims} were edited")
-    with torch.device("meta"):
-        expected = {name: tuple(t.shape) for name, t in GPT(config).state_dict().items()}
+    try:
+        with torch.device("meta"):
+            expected = {name: tuple(t.shape) for name, t in GPT(config).state_dict().items()}
+    except (RuntimeError, TypeError, ValueError, OverflowError) as e:  # sizes past what a tensor can hold
+        reason = str(e).split("\n")[0][:160]
+        raise UserError(f"{path}: {claims} describe a model no tensor can hold ({type(e).__name__}: {reason}); the "
+                        f"file is damaged or its {claims} were edited") from None
     missing = [k for k in expected if k not in state]
     extra = [k for k in state if k not in expected]
     wrong = [k for k in expected if k in state and tuple(state[k].shape) != expected[k]]

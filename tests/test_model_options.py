@@ -238,6 +238,18 @@ def test_each_option_survives_a_checkpoint(tmp_path, tiny_config, option):
         model_from_checkpoint(load_checkpoint(path), path)
 
 
+@pytest.mark.parametrize("n_embd", [759_250_126, 2**63])  # hidden 4 x n_embd overflows a size; past int64
+def test_model_args_too_large_for_any_tensor_are_one_line(tmp_path, n_embd):
+    """Found by tests/test_fuzz.py: the meta-device model check_shapes builds raised torch's own error."""
+    from configurator import UserError
+    from nanogpt.checkpoint import load_checkpoint, model_args, model_from_checkpoint, save_checkpoint
+    model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=8, vocab_size=16))
+    path = str(tmp_path / "ckpt.pt")
+    save_checkpoint({"model": model.state_dict(), "model_args": {**model_args(model.config), "n_embd": n_embd}}, path)
+    with pytest.raises(UserError, match=r"model_args describe a model no tensor can hold \((RuntimeError|TypeError)"):
+        model_from_checkpoint(load_checkpoint(path), path)
+
+
 def test_model_args_keep_nanogpt_keys_and_record_options():
     from nanogpt.checkpoint import config_from_model_args, model_args
     plain = model_args(GPTConfig(n_layer=2))
