@@ -1,7 +1,7 @@
 # Reinforcement learning for the Tang chat model: config/tangshi_sft.py's checkpoint learns rhyme and 平仄 from
 # rewards checked against the 平水韻 dictionary (nanogpt/rewards.py, nanogpt/verse.py), on acrostic requests of train poems.
 # python rl.py config/tangshi_rl.py && python data/tangshi/evaluate.py --out_dir=out-tangshi-rl --base=out-tangshi
-# two processes train the same (about 13 min on 2 cores, docs/rl.md):
+# two processes train the same (10-13 min on 2 cores, docs/rl.md):
 # torchrun --standalone --nproc_per_node=2 rl.py config/tangshi_rl.py --batch_size=2
 out_dir = "out-tangshi-rl"
 init_from = "out-tangshi-sft"
