@@ -153,8 +153,9 @@ def test_the_evaluations_rates_on_real_poems():
 
 def test_a_stock_line_is_one_a_share_of_the_answers_have_but_for_its_first_character():
     from data.tangshi.evaluate import stock
-    answers = [f"{k}日依山盡，{k}河入海流。" for k in "春江花"] + ["白雲千載空，月照一孤舟。"] * 2 + [
-        "風急天高嘯，渚清沙白飛。"] * 15 + [f"{k}{i}一二三，{k}四五六{i}。" for i, k in enumerate("甲乙丙丁戊己庚辛壬癸")]
+    answers = ([f"{k}日依山盡，{k}河入海流。" for k in "春江花"] + ["白雲千載空，月照一孤舟。"] * 2
+               + ["風急天高嘯，渚清沙白飛。"] * 15
+               + [f"{k}{i}一二三，{k}四五六{i}。" for i, k in enumerate("甲乙丙丁戊己庚辛壬癸")])
     # 30 answers: 5% is 1.5, so a 句 shared by 2 answers is stock; 日依山盡 and 河入海流 by 3, 雲千載空 by 2
     # (the same answer twice), 急天高嘯 by 15; the last 10 share none (each 句 holds its own digit)
     assert stock(answers) == pytest.approx(20 / 30)

@@ -239,8 +239,8 @@ def main(argv):
         kind = "" if r["model"] == "held-out poems" else " (chat)" if r["chat"] else " (base)"
         fluency = f"{r['fluency']:.3f}" if "fluency" in r else "-"
         print(f"| {r['model']}{kind} | {r['decoding']} | {r['starts']:.1%} | {r['form']:.1%} | {r['rhyme']:.1%} | "
-              f"{r['tone']:.1%} | {r['all']:.1%} | {r['distinct']:.1f} | {r['repeated']:.1%} | {r['groups']} | {r['alike']:.1%} | "
-              f"{r['stock']:.1%} | {fluency} |")
+              f"{r['tone']:.1%} | {r['all']:.1%} | {r['distinct']:.1f} | {r['repeated']:.1%} | {r['groups']} | "
+              f"{r['alike']:.1%} | {r['stock']:.1%} | {fluency} |")
     print("\n句 that miss their key, by how often the key character occurs in the train split\n")
     print("| model | decoding | " + " | ".join(f"{name} times" for _, _, name in COUNT_BINS) + " |")
     print("|---|---|" + "---|" * len(COUNT_BINS))
