@@ -127,10 +127,9 @@ def missed_by_count(keys, texts, counts):
     """{bin's name: [句 that miss their key character, 句 asked]} by the key character's count (COUNT_BINS)."""
     out = {name: [0, 0] for _, _, name in COUNT_BINS}
     for key, text in zip(keys, texts):
-        parts = clauses(text)
-        for i, ch in enumerate(key):
+        for ch, begins in zip(key, score_acrostic(key, text)["begins"]):
             name = next(name for low, high, name in COUNT_BINS if low <= counts[ch] < high)
-            out[name][0] += not (i < len(parts) and parts[i].startswith(ch))
+            out[name][0] += not begins
             out[name][1] += 1
     return out
 

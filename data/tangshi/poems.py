@@ -89,12 +89,14 @@ def chat(user, assistant):
 
 
 def score_acrostic(key, answer):
-    """How an answer meets an acrostic: hits (句 that begin with their requested character, of len(key)),
-    one_length (every 句 of one length, 5 or 7) and whole (as many 句 as characters requested)."""
+    """How an answer meets an acrostic: begins (for each key character, whether the 句 of its place begins
+    with it), hits (how many do, of len(key)), one_length (every 句 of one length, 5 or 7) and whole (as many
+    句 as characters requested)."""
     parts = clauses(answer)
     lengths = {len(c) for c in parts}
-    return {"hits": sum(1 for i, ch in enumerate(key) if i < len(parts) and parts[i].startswith(ch)),
-            "one_length": len(lengths) == 1 and lengths <= {5, 7}, "whole": len(parts) == len(key)}
+    begins = [i < len(parts) and parts[i].startswith(ch) for i, ch in enumerate(key)]
+    return {"begins": begins, "hits": sum(begins), "one_length": len(lengths) == 1 and lengths <= {5, 7},
+            "whole": len(parts) == len(key)}
 
 
 def split_text(dataset, split):
