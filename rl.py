@@ -25,7 +25,6 @@ import os
 import random
 import shlex
 import time
-import typing
 from dataclasses import asdict, dataclass
 from types import SimpleNamespace
 
@@ -40,7 +39,7 @@ from data.tangshi.poems import ACROSTIC, held_out_keys, train_requests
 from nanogpt.batches import dataset_dir
 from nanogpt.checkpoint import (OutDirLock, load_checkpoint, model_args, model_from_checkpoint, save_checkpoint,
                                 set_rng_state)
-from nanogpt.distributed import collective_device, gather_rng, launcher, mean_over_ranks, setup_distributed, teardown
+from nanogpt.distributed import collective_device, gather_rng, mean_over_ranks, setup_distributed, teardown
 from nanogpt.errors import UserError
 from nanogpt.generate import check_sampling, sample_seed
 from nanogpt.memory import check_fits, kv_cache_bytes, training_bytes
@@ -48,10 +47,11 @@ from nanogpt.metrics import Metrics
 from nanogpt.optim import lr_scale
 from nanogpt.policy_gradient import advantages, answer_batch, pg_loss, sample_answers, token_log_probs
 from nanogpt.program import run_main
+from nanogpt.resume import names_code, resume_command, saved_settings
 from nanogpt.source import tokenizer_meta
 from nanogpt.stopping import Interrupted, StopFlag
 from nanogpt.tokenizer import ChatTokenizer, tokenizer_from_meta
-from nanogpt.values import convert
+from nanogpt.train_config import check_settings
 
 
 @dataclass
@@ -62,7 +62,7 @@ class RLConfig:
     dataset: str = "tangshi"  # with prompts="tangshi": the prepared poems (train split: prompts; val: eval keys)
     requests: str = "acrostic"  # with prompts="tangshi": acrostic, form, or acrostic,form
     reward: str = "acrostic,form,rhyme,tone,guard"  # names in nanogpt/rewards.py, weights after a colon: rhyme:2
-    reward_file: str | None = None  # a Python file of @reward functions, imported first
+    reward_file: str | None = names_code()  # a Python file of @reward functions, imported first; never taken from a checkpoint
     max_iters: int = 200
     batch_size: int = 8  # prompts per iteration, per process
     samples: int = 8  # answers sampled per prompt (k): the baseline is their mean reward
@@ -91,6 +91,7 @@ class RLConfig:
     wandb_run_name: str = "rl"
 
     def __post_init__(self):
+        check_settings(self)  # the keys train.py has too, by its rules
         check_sampling(self.max_new_tokens, self.temperature, self.top_k, self.top_p)
         check_sampling(0, self.eval_temperature, self.eval_top_k, None)
         if self.temperature == 0:
@@ -132,12 +133,10 @@ def load_start(cfg, device):
     return ckpt, path
 
 
-def resume_config(cfg, overrides, ckpt, path):
-    """(the run's config, this one's): a resumed run's config is the checkpoint's, with the keys this command line
-    sets on top (overrides) and init_from, out_dir and device as given."""
-    hints = typing.get_type_hints(RLConfig)
-    saved = {k: convert(v, hints[k], k, f"{path}: config") for k, v in (ckpt.get("config") or {}).items()
-             if k in hints}
+def resume_config(cfg, overrides, ckpt, path, log=print):
+    """(the run's config, this one's): a resumed run's config is the checkpoint's (as data: no key that leads to
+    code), with the keys this command line sets on top (overrides) and init_from, out_dir and device as given."""
+    saved = saved_settings(ckpt, RLConfig, path, overrides, log)
     local = {"init_from": cfg.init_from, "out_dir": cfg.out_dir, "device": cfg.device}
     try:
         return RLConfig(**{**saved, **local}), RLConfig(**{**saved, **overrides, **local})
@@ -245,7 +244,7 @@ class Run:
         ckpt, path = load_start(cfg, device)
         base = RLConfig()
         if cfg.init_from == "resume":  # the run's own settings, with what this command line gives on top
-            base, cfg = resume_config(cfg, overrides, ckpt, path)
+            base, cfg = resume_config(cfg, overrides, ckpt, path, log)
             self.cfg = cfg
         if cfg.reward_file:
             reward_registry.load_reward_file(cfg.reward_file)
@@ -384,7 +383,7 @@ def loop(run):
         if run.iter_num > run.start_iter:
             run.save()
             run.log(f"interrupted: saved {os.path.join(cfg.out_dir, 'ckpt.pt')} at iter {run.iter_num}; continue with "
-                    f"{launcher(run.world)} rl.py --init_from=resume --out_dir={shlex.quote(cfg.out_dir)}")
+                    f"{resume_command('rl.py', cfg, run.world)}")
         else:
             run.log(f"interrupted at iter {run.iter_num}, before this run completed an iteration: nothing saved")
 

@@ -25,7 +25,6 @@ program.exit_quietly_on_ctrl_c()  # before the slow imports (torch): Ctrl-C duri
 # ruff: noqa: E402
 import math
 import os
-import shlex
 from dataclasses import asdict
 
 import torch
@@ -35,11 +34,12 @@ from tqdm import tqdm
 from configurator import parse_args
 from nanogpt.batches import TRAINING, estimate_loss
 from nanogpt.checkpoint import OutDirLock, latest_form, model_args, rng_state, save_training
-from nanogpt.distributed import (all_ranks, barrier, gather_rng, launcher, local_gradients, mean_over_ranks,
+from nanogpt.distributed import (all_ranks, barrier, gather_rng, local_gradients, mean_over_ranks,
                                  micro_batches, setup_distributed, teardown)
 from nanogpt.errors import UserError
 from nanogpt.metrics import Clock, Metrics
 from nanogpt.optim import OptimizerSettings, configure_optimizers, lr_scale
+from nanogpt.resume import resume_command
 from nanogpt.sharding import first_non_finite, held_bytes
 from nanogpt.startup import cpu_time_of, start_run, startup_notes
 from nanogpt.stopping import Interrupted, StopFlag
@@ -267,7 +267,7 @@ class Run:
             elif self.iter_num > self.start_iter:
                 self.save("ckpt.pt", rng=self.rng_at_iter)
                 log(f"interrupted: saved {latest_form(self.ckpt_path)} at iter {self.iter_num}; continue with "
-                    f"{launcher(self.world)} train.py --init_from=resume --out_dir={shlex.quote(cfg.out_dir)}")
+                    f"{resume_command('train.py', cfg, self.world)}")
             else:
                 log(f"interrupted at iter {self.iter_num}, before this run completed an iteration: nothing saved")
         summary = {"iters": self.iter_num, "val_loss": self.last_val, "best_val_loss": self.best_val_loss,

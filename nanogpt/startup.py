@@ -27,11 +27,12 @@ from nanogpt.files import check_regular
 from nanogpt.hf import load_pretrained
 from nanogpt.memory import check_fits, param_count, training_bytes
 from nanogpt.optim import lr_scale
+from nanogpt.resume import saved_settings
 from nanogpt.sharding import checkpoint_activations, first_non_finite, load_optimizer_state, shard
 from nanogpt.tokenizer import base_meta, read_meta, token_byte_lengths, tokenizer_from_meta, tokenizer_kind
 from nanogpt.train_config import TrainConfig
 from nanogpt.train_tasks import task_scores
-from nanogpt.values import convert, report_overrides
+from nanogpt.values import report_overrides
 
 # the model's fields that fix what its weights mean: a resumed run keeps the checkpoint's
 SHAPE_FIELDS = tuple(f.name for f in fields(GPTConfig) if f.name not in RUNTIME_FIELDS)
@@ -121,7 +122,7 @@ def start_run(cfg, overrides, rank, local_rank, world, log, lock):
         if rank == 0 and not cfg.eval_only and interrupted_save(ckpt_path):
             lock.acquire()  # now, not once about to write: it puts back the checkpoint a save moved aside
         barrier(world)  # every rank reads out_dir as rank 0 left it
-    cfg, base, ckpt = run_config(cfg, overrides, ckpt_path, world)
+    cfg, base, ckpt = run_config(cfg, overrides, ckpt_path, world, log)
     report_overrides(overrides, base, log)
     device = resolve_device(cfg.device, local_rank)
     dtype = resolve_dtype(cfg.dtype, device)
@@ -234,25 +235,24 @@ def parallelize(model, cfg, device, dtype, compile, world, log):
     return True
 
 
-def run_config(cfg, overrides, ckpt_path, world):
+def run_config(cfg, overrides, ckpt_path, world, log=print):
     """(cfg, base, ckpt): the config this run trains with (a resume's is the checkpoint's, with the overrides),
     what the overrides are reported against, and the checkpoint to resume (None for a new run)."""
     if cfg.init_from != "resume":
         micro_batches(cfg.gradient_accumulation_steps, world)
         return cfg, TrainConfig(), None
     ckpt = load_checkpoint(ckpt_path, weights=False)  # a sharded one's weights load once sharded (restore)
-    base, resumed = resume_config(ckpt, overrides, ckpt_path)
+    base, resumed = resume_config(ckpt, overrides, ckpt_path, log)
     cfg = replace(resumed, **{k: getattr(cfg, k) for k in LOCAL_FIELDS})  # this invocation's, as given
     given = "gradient_accumulation_steps" in overrides
     micro_batches(cfg.gradient_accumulation_steps, world, "" if given else f", {ckpt.get('sharded', ckpt_path)}'s")
     return cfg, base, ckpt
 
 
-def resume_config(ckpt, overrides, path):
-    """The checkpoint's config, with the user's overrides unless they would change the model."""
-    hints = typing.get_type_hints(TrainConfig)
-    saved = {k: convert(v, hints[k], k, f"{path}: config") for k, v in (ckpt.get("config") or {}).items()
-             if k in hints and k not in LOCAL_FIELDS}
+def resume_config(ckpt, overrides, path, log=print):
+    """The checkpoint's config (as data: no key that leads to code), with the user's overrides unless they
+    would change the model."""
+    saved = saved_settings(ckpt, TrainConfig, path, overrides, log, skip=LOCAL_FIELDS)
     model_args = ckpt["model_args"]
     default = GPTConfig()
     for key in SHAPE_FIELDS:  # model_args is the truth about the weights

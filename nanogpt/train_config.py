@@ -8,6 +8,32 @@ from dataclasses import dataclass, fields, replace
 from model import GPTConfig
 from nanogpt.checkpoint import finetune_source, is_pretrained
 from nanogpt.generate import check_seed
+from nanogpt.resume import names_code
+
+
+# The rules of the settings train.py shares with the other programs that train (rl.py), kept in one place so
+# that a value one refuses, every one refuses. A key a program lacks, or leaves None, is not checked.
+AT_LEAST_ONE = ("batch_size", "gradient_accumulation_steps", "eval_interval", "log_interval", "eval_iters")
+NON_NEGATIVE = ("max_iters", "warmup_iters", "lr_decay_iters", "learning_rate", "min_lr", "embedding_lr", "grad_clip",
+                "cooldown_iters", "eval_windows", "muon_lr", "weight_decay", "muon_weight_decay")
+FRACTIONS = ("beta1", "beta2", "muon_momentum")  # in [0, 1): decays of a running average
+
+
+def check_settings(cfg):
+    """A ValueError naming the first of cfg's shared settings that breaks its rule, with its value."""
+    def present(names):
+        return [(name, getattr(cfg, name)) for name in names if getattr(cfg, name, None) is not None]
+    for name, value in present(AT_LEAST_ONE):
+        if value < 1:
+            raise ValueError(f"{name} must be at least 1, got {value}")
+    for name, value in present(NON_NEGATIVE):
+        if value < 0:
+            raise ValueError(f"{name} must be >= 0, got {value}")
+    for name, value in present(FRACTIONS):
+        if not 0 <= value < 1:
+            raise ValueError(f"{name} must be in [0, 1), got {value}")
+    if hasattr(cfg, "seed"):
+        check_seed(cfg.seed)
 
 
 @dataclass
@@ -68,7 +94,7 @@ class TrainConfig(GPTConfig):
     # lm-eval tasks scored at each evaluation (train_tasks.py, docs/eval.md)
     eval_tasks: str = ""  # lm-eval task names, comma-separated: tangshi_next_line; "" for none
     eval_tasks_limit: int = 100  # the first this many items of each task, the same ones at every evaluation
-    eval_tasks_include_path: str = "tasks"  # a folder of task YAMLs besides lm-eval's own (ours: tasks)
+    eval_tasks_include_path: str = names_code("tasks")  # a folder of task YAMLs besides lm-eval's own (ours: tasks); never taken from a checkpoint: its tasks may import Python files
 
 
     def __post_init__(self):
@@ -88,19 +114,7 @@ class TrainConfig(GPTConfig):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
         if self.matmul_dtype not in ("float32", "bfloat16", "auto"):
             raise ValueError(f"matmul_dtype must be float32, bfloat16 or auto, got {self.matmul_dtype!r}")
-        for name in ("batch_size", "gradient_accumulation_steps", "eval_interval", "log_interval", "eval_iters"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("max_iters", "warmup_iters", "lr_decay_iters", "learning_rate", "min_lr", "grad_clip",
-                     "cooldown_iters", "eval_windows", "muon_lr", "weight_decay", "muon_weight_decay"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("beta1", "beta2", "muon_momentum"):
-            if not 0 <= getattr(self, name) < 1:
-                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
-        check_seed(self.seed)
-        if self.embedding_lr is not None and self.embedding_lr < 0:
-            raise ValueError(f"embedding_lr must be >= 0 (or None), got {self.embedding_lr}")
+        check_settings(self)
         if self.eval_tasks_limit < 1:
             raise ValueError(f"eval_tasks_limit must be at least 1, got {self.eval_tasks_limit}")
         if self.peak_flops is not None and self.peak_flops <= 0:

@@ -137,13 +137,19 @@ def test_resume_equals_the_uninterrupted_run(start):
 
 
 def test_the_printed_resume_command_continues_the_run_with_its_own_settings(start):
-    """python rl.py --init_from=resume --out_dir=DIR (what Ctrl-C prints) resumes with the run's batch, samples,
-    learning rate and reward file, not rl.py's defaults; a key given on that command line still applies."""
+    """The command Ctrl-C prints (python rl.py --init_from=resume --out_dir=DIR --reward_file=FILE: a resume takes
+    no file of code from the checkpoint) resumes with the run's batch, samples, learning rate and reward file,
+    not rl.py's defaults; a key given on that command line still applies."""
+    import shlex
+
     from configurator import parse_args
+    from nanogpt.resume import resume_command
     rl(cfg_for(start, max_iters=4, out_dir=str(start / "whole")), log=quiet)
     rl(cfg_for(start, max_iters=2, out_dir=str(start / "half")), log=quiet)
+    printed = shlex.split(resume_command("rl.py", cfg_for(start, out_dir=str(start / "half")), 1))
+    assert printed[:2] == ["python", "rl.py"] and f"--reward_file={start / 'many_a.py'}" in printed
     lines = []
-    rl(*parse_args(RLConfig, ["--init_from=resume", f"--out_dir={start / 'half'}", "--max_iters=4"]), log=lines.append)
+    rl(*parse_args(RLConfig, printed[2:] + ["--max_iters=4"]), log=lines.append)
     assert "override: max_iters = 4 (was 2)" in lines and any("1 process(es) x 4 prompts x 4 samples" in line for line in lines)
     whole, half = load_checkpoint(str(start / "whole" / "ckpt.pt")), load_checkpoint(str(start / "half" / "ckpt.pt"))
     assert half["config"]["learning_rate"] == QUICK["learning_rate"] and half["config"]["init_from"] == "resume"
@@ -229,3 +235,24 @@ def test_two_processes_under_torchrun_train_what_one_process_of_both_batches_doe
     for key, value in one["model"].items():
         torch.testing.assert_close(two["model"][key], value, atol=1e-6, rtol=0)
     assert [r["reward"] for r in records(start / "one")] == pytest.approx([r["reward"] for r in records(start / "ddp")])
+
+
+def test_every_value_train_py_refuses_for_a_shared_key_rl_py_refuses_too():
+    """One rule per setting: rl.py's grad_clip=-1 once stepped away from the reward (torch's clip with a negative
+    norm flips the gradient), beta1=2 was a traceback and seed=-1 was taken, where train.py refuses each."""
+    from dataclasses import fields
+
+    from nanogpt.train_config import TrainConfig
+    shared = {f.name for f in fields(RLConfig)} & {f.name for f in fields(TrainConfig)}
+    numeric = sorted(k for k in shared if isinstance(getattr(RLConfig(), k), (int, float)) and k != "wandb_log")
+    assert {"grad_clip", "beta1", "beta2", "seed", "learning_rate", "weight_decay", "batch_size"} <= set(numeric)
+    refused = 0
+    for key in numeric:
+        for value in (-1, -0.5, 0, 1, 1.5, 2, 2 ** 64):
+            try:
+                TrainConfig(**{key: value})
+            except ValueError:
+                with pytest.raises(ValueError, match=key):
+                    RLConfig(**{key: value})
+                refused += 1
+    assert refused >= 15

@@ -215,3 +215,92 @@ def test_a_crafted_sharded_checkpoint_runs_no_code_and_is_one_line(sharded, atta
     assert ("declares model.transformer.wte.weight as a BytesStorageMetadata, not a tensor" in errors[0]
             if attack == "weight declared as bytes" else "it is not plain data" in errors[0]), errors[0]
     assert sorted(os.listdir(out)) == before
+
+
+# --- code named by a checkpoint: a resume imports none of it --------------------------------------------------
+
+MARKER_CODE = "import pathlib\npathlib.Path({marker!r}).write_text('ran')\n"
+
+
+def test_the_tripwire_ends_code_from_a_file_the_command_line_does_not_name(tmp_path):
+    """The audit hook itself: importing a file by its path ends the process (97) unless the command line names it;
+    the repository's own modules import as always."""
+    (tmp_path / "user.py").write_text(MARKER_CODE.format(marker=str(tmp_path / "ran")))
+    (tmp_path / "elsewhere").mkdir()
+    code = ("import importlib.util, sys\nimport nanogpt.checkpoint\n"
+            "spec = importlib.util.spec_from_file_location('user', sys.argv[-1].partition('=')[2])\n"
+            "spec.loader.exec_module(importlib.util.module_from_spec(spec))\n")
+    log = tmp_path / "unnamed.log"
+    result = run_script(["-c", code, f"--x={tmp_path / 'elsewhere' / '..' / 'user.py'}"], env=tripwire_env(log))
+    assert result.returncode == 0 and (tmp_path / "ran").exists(), result.stderr  # named (the same file): it runs
+    (tmp_path / "ran").unlink()
+    result = run_script(["-c", code.replace("sys.argv[-1].partition('=')[2]", repr(str(tmp_path / "user.py")))],
+                        env=tripwire_env(log))
+    assert result.returncode == 97 and "user.py, a file the command line does not name" in log.read_text()
+    assert not (tmp_path / "ran").exists()
+
+
+def test_rl_resume_takes_no_reward_file_from_the_checkpoint(tmp_path):
+    """A checkpoint's config naming a reward file (code that writes a marker) is read as data: the resume says so
+    in a note and runs without it, under the tripwire; the same file passed on the command line is imported."""
+    from rl import rl
+    from test_rl import cfg_for, quiet
+    root = make_rl_start(tmp_path)
+    rl(cfg_for(root, max_iters=2), log=quiet)
+    marker, hostile = root / "ran", root / "hostile.py"
+    hostile.write_text(MARKER_CODE.format(marker=str(marker)) + (root / "many_a.py").read_text())
+    ckpt = torch.load(root / "rl" / "ckpt.pt", weights_only=True)
+    ckpt["config"]["reward_file"] = str(hostile)
+    torch.save(ckpt, root / "rl" / "ckpt.pt")
+    resume = ["rl.py", "--init_from=resume", f"--out_dir={root / 'rl'}", "--max_iters=3"]
+    result = guarded(root, resume)
+    assert not marker.exists()
+    assert result.returncode == 2 and "error: unknown reward 'many_a'" in result.stderr, result.stderr[-3000:]
+    assert f"names reward_file={hostile} in its config" in result.stdout + result.stderr
+    result = guarded(root, resume + [f"--reward_file={root / 'many_a.py'}"])
+    assert result.returncode == 0 and torch.load(root / "rl" / "ckpt.pt", weights_only=True)["iter_num"] == 3, (
+        result.stderr[-3000:])
+
+
+def make_rl_start(tmp_path):
+    from nanogpt.checkpoint import model_args
+    from test_rl import META, REWARD_FILE, tiny_model
+    model = tiny_model()
+    (tmp_path / "sft").mkdir()
+    torch.save({"model": model.state_dict(), "model_args": model_args(model.config), "iter_num": 0,
+                "config": {}, "tokenizer": META}, tmp_path / "sft" / "ckpt.pt")
+    (tmp_path / "prompts.txt").write_text("say ab\nsay ba\nsay aa\nsay bb\nsay a\nsay b\n")
+    (tmp_path / "many_a.py").write_text(REWARD_FILE)
+    return tmp_path
+
+
+def test_train_resume_takes_no_task_folder_from_the_checkpoint(sharded, tmp_path):
+    """A checkpoint's config naming a folder whose task imports a Python file (lm-eval's !function) is read as
+    data: the resume names it in a note and looks for the task where the user's own settings say (not found:
+    one line), importing nothing, under the tripwire."""
+    pytest.importorskip("lm_eval")
+    out = tmp_path / "run"
+    result = guarded(sharded, ["train.py", *[f"--{k}={v}" for k, v in TINY.items()], f"--dataset={sharded / 'data'}",
+                               f"--out_dir={out}", "--max_iters=2"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    tasks, marker = tmp_path / "tasks", tmp_path / "ran"
+    write_task_with_function(tasks, "hostile_task", marker)
+    ckpt = torch.load(out / "ckpt.pt", weights_only=True)
+    ckpt["config"].update(eval_tasks="hostile_task", eval_tasks_include_path=str(tasks))
+    torch.save(ckpt, out / "ckpt.pt")
+    result = guarded(sharded, ["train.py", "--init_from=resume", f"--out_dir={out}", "--max_iters=3"])
+    assert not marker.exists()
+    assert f"names eval_tasks_include_path={tasks} in its config" in result.stdout + result.stderr
+    assert result.returncode == 2 and "hostile_task" in result.stderr.strip().splitlines()[-1], result.stderr[-3000:]
+
+
+def write_task_with_function(directory, name, marker):
+    """A task whose results go through a Python file beside it (lm-eval's !function); importing it writes marker."""
+    from pathlib import Path
+
+    from test_eval import write_task
+    write_task(Path(directory), name, [{"context": "First", "label": 0, "choices": [" C", "ll"]}])
+    (directory / "hostile.py").write_text(MARKER_CODE.format(marker=str(marker))
+                                          + "def process_results(doc, results):\n    return {'acc': 1.0}\n")
+    yaml = directory / f"{name}.yaml"
+    yaml.write_text(yaml.read_text() + "process_results: !function hostile.process_results\n")

@@ -6,6 +6,12 @@ end the process at once (exit code 97), whatever catches exceptions on the way.
 Two callers are let through, both unpickling what the job's other processes sent over torch.distributed,
 never a file's bytes (dcp_load reads with no_dist): the object collectives (distributed_c10d) and
 torchrun's rendezvous (elastic/rendezvous/dynamic_rendezvous).
+
+Code from a file the user did not name ends the process the same way: an audit hook sees every code object
+compiled or executed (imports, exec, lm-eval's `!function`), and a file's code may run only from Python's
+own installation, the repository's source folders, or a file the command line names (an argument, a
+--key=value, or a string in a config file it names). A checkpoint, a dataset or an out_dir is never a
+place code comes from. (Extension modules, .so files, are not seen: no route here loads one from a path.)
 """
 import os
 import sys
@@ -58,6 +64,67 @@ def install():
     pickle.Unpickler = guarded_class(_pickle.Unpickler)
     pickle._Unpickler = guarded_class(pickle._Unpickler)
     sys.meta_path.insert(0, TorchLoadFinder())
+    sys.addaudithook(code_hook)
+
+
+# the repository's own source: everything else in a checkout (an out_dir, a dataset) is data
+SOURCE = ("nanogpt", "data", "tasks", "tests", "config")
+decided = {}  # file -> whether its code may run
+places = []  # [trusted roots, named files], found on the first file's code
+busy = []  # the hook's own imports raise events too: those run unchecked (they are Python's own modules)
+
+
+def code_hook(event, args):
+    if event == "exec":
+        filename = getattr(args[0], "co_filename", None)
+    elif event == "compile":
+        filename = args[1] if len(args) > 1 else None
+    else:
+        return
+    if busy or not isinstance(filename, str) or not filename or filename.startswith("<"):  # made in memory
+        return
+    if filename not in decided:
+        busy.append(1)
+        try:
+            decided[filename] = may_run(filename)
+        finally:
+            busy.pop()
+    if not decided[filename]:
+        trip(f"code from {filename}, a file the command line does not name,")
+
+
+def may_run(filename):
+    if not places:
+        places.extend([trusted_roots(), named_files()])
+    roots, named = places
+    path = os.path.realpath(filename)
+    return path in named or any(path == root or path.startswith(root + os.sep) for root in roots)
+
+
+def trusted_roots():
+    """Python's installation, the repository's source folders and its programs."""
+    import site
+    import sysconfig
+    repo = os.path.realpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, site.getusersitepackages(), *site.getsitepackages(),
+             *sysconfig.get_paths().values(), *(os.path.join(repo, name) for name in SOURCE),
+             *(os.path.join(repo, f) for f in os.listdir(repo) if f.endswith(".py"))}
+    return {os.path.realpath(r).rstrip(os.sep) for r in roots if r}
+
+
+def named_files():
+    """Every path the command line names: its arguments, the values of its --key=value items, and the strings
+    in the config files among them."""
+    import ast
+    names = set()
+    for item in sys.argv[1:]:
+        value = item.partition("=")[2] if item.startswith("--") else item
+        names.add(value)
+        if value.endswith(".py") and os.path.isfile(value):
+            with open(value, encoding="utf-8-sig") as f:
+                tree = ast.parse(f.read())
+            names.update(n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str))
+    return {os.path.realpath(n) for n in names if n and "\x00" not in n}
 
 
 class TorchLoadFinder:
