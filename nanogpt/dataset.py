@@ -11,10 +11,10 @@ import urllib.request
 import numpy as np
 from tqdm import tqdm
 
-from configurator import read_config_file  # a recipe's assignments: what train.py would run
 from nanogpt import REPOSITORY
 from nanogpt.errors import UserError
 from nanogpt.files import open_to_write
+from nanogpt.settings import read_config_file  # a recipe's assignments: what train.py would run
 from nanogpt.tokenizer import GPT2BPE, CharTokenizer, TrainedBPE, ranks_text, write_meta
 
 CHUNK_BYTES = 1 << 22  # 4 MiB of text per read

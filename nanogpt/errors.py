@@ -1,4 +1,4 @@
-"""The one exception a user can fix: scripts print it as one line and exit with code 2 (configurator.run_main)."""
+"""The one exception a user can fix: scripts print it as one line and exit with code 2 (program.run_main)."""
 
 
 class UserError(Exception):

@@ -13,7 +13,6 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-from configurator import read_config_file  # a config file's device: is it a CPU recipe?
 from model import GPT, GPTConfig
 from nanogpt import REPOSITORY
 from nanogpt.batches import dataset_dir, make_batches
@@ -28,6 +27,7 @@ from nanogpt.hf import load_pretrained
 from nanogpt.memory import check_fits, param_count, training_bytes
 from nanogpt.optim import lr_scale
 from nanogpt.resume import saved_settings
+from nanogpt.settings import read_config_file  # a config file's device: is it a CPU recipe?
 from nanogpt.sharding import checkpoint_activations, first_non_finite, load_optimizer_state, shard
 from nanogpt.tokenizer import base_meta, read_meta, token_byte_lengths, tokenizer_from_meta, tokenizer_kind
 from nanogpt.train_config import TrainConfig

@@ -104,15 +104,22 @@ def test_no_module_imports_a_program():
     assert found == [], found
 
 
+def test_the_library_imports_no_root_file_but_the_course_model():
+    """The package stands under the top: of the root's files it imports only model.py (the course's model it
+    serves); configurator.py is an entrance to nanogpt.settings, which the library reads a recipe with."""
+    found = sorted(f"{m} imports {s}" for m in MODULES if m.startswith(PACKAGE)
+                   for s in imports_of(m) if "." not in s and s not in (PACKAGE, "model"))
+    assert found == [], found
+    assert "nanogpt.settings" in imports_of("configurator") and "nanogpt.settings" in imports_of("nanogpt.startup")
+
+
 def test_no_library_parses_a_command_line():
     """The package parses no argv: how a program starts and ends is nanogpt.program's, and the most a library
-    takes from the config parser is a recipe's assignments (read_config_file), to say what train.py would run."""
+    takes from the settings is a recipe's assignments (read_config_file), to say what train.py would run."""
     found = []
     for m in MODULES:
-        if m.startswith(PACKAGE):
+        if m.startswith(PACKAGE) and m != "nanogpt.settings":
             for node in ast.walk(parse(m)):
-                if isinstance(node, ast.Import) and any(a.name == "configurator" for a in node.names):
-                    found.append(f"{m}: import configurator")
-                elif isinstance(node, ast.ImportFrom) and node.module == "configurator":
+                if isinstance(node, ast.ImportFrom) and node.module == "nanogpt.settings":
                     found += [f"{m}: {a.name}" for a in node.names if a.name != "read_config_file"]
     assert found == [], found
