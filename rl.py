@@ -26,7 +26,6 @@ import random
 import shlex
 import time
 from dataclasses import asdict, dataclass
-from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
@@ -39,12 +38,13 @@ from data.tangshi.poems import ACROSTIC, held_out_keys, train_requests
 from nanogpt.batches import dataset_dir
 from nanogpt.checkpoint import (OutDirLock, load_checkpoint, model_args, model_from_checkpoint, save_checkpoint,
                                 set_rng_state)
-from nanogpt.distributed import collective_device, gather_rng, mean_over_ranks, setup_distributed, teardown
+from nanogpt.distributed import (collective_device, gather_rng, record_mean_over_ranks, setup_distributed,
+                                 sum_over_ranks, teardown)
 from nanogpt.errors import UserError
 from nanogpt.generate import check_sampling, sample_seed
 from nanogpt.memory import check_fits, kv_cache_bytes, training_bytes
 from nanogpt.metrics import Metrics
-from nanogpt.optim import lr_scale
+from nanogpt.optim import OptimizerSettings, Schedule, configure_optimizers, lr_scale, restore_optimizer
 from nanogpt.policy_gradient import advantages, answer_batch, pg_loss, sample_answers, token_log_probs
 from nanogpt.program import run_main
 from nanogpt.resume import names_code, resume_command, saved_settings
@@ -62,7 +62,7 @@ class RLConfig:
     dataset: str = "tangshi"  # with prompts="tangshi": the prepared poems (train split: prompts; val: eval keys)
     requests: str = "acrostic"  # with prompts="tangshi": acrostic, form, or acrostic,form
     reward: str = "acrostic,form,rhyme,tone,guard"  # names in nanogpt/rewards.py, weights after a colon: rhyme:2
-    reward_file: str | None = names_code()  # a Python file of @reward functions, imported first; never taken from a checkpoint
+    reward_file: str | None = names_code()  # a Python file of @reward functions, imported; never from a checkpoint
     max_iters: int = 200
     batch_size: int = 8  # prompts per iteration, per process
     samples: int = 8  # answers sampled per prompt (k): the baseline is their mean reward
@@ -110,13 +110,16 @@ class RLConfig:
             raise ValueError(f"kl must be >= 0 and learning_rate > 0, got {self.kl} and {self.learning_rate}")
 
 
-def learning_rate(cfg, it):
-    """The rate of iteration it: train.py's schedule (optim.lr_scale), a linear warmup over warmup_iters, then
-    learning_rate, or with min_lr a cosine from learning_rate to min_lr at max_iters."""
+def schedule(cfg):
+    """train.py's schedule (optim.lr_scale): a linear warmup over warmup_iters, then learning_rate, or with min_lr
+    a cosine from learning_rate to min_lr at max_iters."""
     floor = cfg.learning_rate if cfg.min_lr is None else cfg.min_lr
-    schedule = SimpleNamespace(decay_lr=True, lr_schedule="cosine", learning_rate=cfg.learning_rate, min_lr=floor,
-                               warmup_iters=cfg.warmup_iters, lr_decay_iters=cfg.max_iters, cooldown_iters=0)
-    return cfg.learning_rate * lr_scale(it, schedule)
+    return Schedule(cfg.learning_rate, floor, cfg.warmup_iters, lr_decay_iters=cfg.max_iters)
+
+
+def learning_rate(cfg, it):
+    """The rate of iteration it."""
+    return cfg.learning_rate * lr_scale(it, schedule(cfg))
 
 
 def load_start(cfg, device):
@@ -264,8 +267,9 @@ class Run:
         self.eval_prompts = encode_requests(self.tokenizer, self.eval_requests, config.block_size, cfg.max_new_tokens,
                                             "eval prompt") if self.keys else []
         self.reference = copy.deepcopy(self.model).eval().requires_grad_(False) if cfg.kl > 0 else None
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2),
-                                           weight_decay=cfg.weight_decay)
+        self.optimizer = configure_optimizers(self.model, OptimizerSettings.adamw(cfg.learning_rate, cfg.weight_decay,
+                                                                                  cfg.beta1, cfg.beta2))
+        self.schedule = schedule(cfg)
         self.iter_num = 0
         if cfg.init_from == "resume":
             self.restore(ckpt, path)
@@ -281,7 +285,8 @@ class Run:
     def restore(self, ckpt, path):
         state = ckpt["rl"]
         self.iter_num = int(ckpt["iter_num"])
-        self.optimizer.load_state_dict(ckpt["optimizer"])
+        restore_optimizer(self.model, self.optimizer, one_group_state_regrouped(self.model, self.optimizer,
+                                                                                ckpt["optimizer"]), path, "rl.py's AdamW")
         if self.reference is not None:
             if state.get("reference") is None:
                 raise UserError(f"{path} has no reference model: its run had kl=0; resume with --kl=0")
@@ -309,13 +314,13 @@ class Run:
                 ref = token_log_probs(self.reference, x, y, cfg.temperature, cfg.top_k, cfg.top_p)
         # normalised by the sampled tokens of all processes: DDP's mean of the gradients is then one process's
         tokens = (y >= 0).sum().float().to(collective_device() if self.world > 1 else self.device)
-        loss = pg_loss(logp, y, adv, ref, cfg.kl, tokens=all_sum(tokens, self.world).item() / self.world)
+        loss = pg_loss(logp, y, adv, ref, cfg.kl, tokens=sum_over_ranks(tokens, self.world).item() / self.world)
         loss.backward()
         with self.stop.finishing():  # from the optimizer step on, the iteration completes
             if cfg.grad_clip:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
-            for group in self.optimizer.param_groups:
-                group["lr"] = learning_rate(cfg, self.iter_num)
+            for group in self.optimizer.param_groups:  # every group follows the schedule from its own peak
+                group["lr"] = group["initial_lr"] * lr_scale(self.iter_num, self.schedule)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             self.iter_num += 1
@@ -324,7 +329,7 @@ class Run:
                   "tokens": int(mask.sum()) / len(answers), "seconds": time.time() - t0}
         if ref is not None:
             record["kl"] = ((logp - ref).detach() * mask).sum().item() / mask.sum().item()
-        return all_mean(record, self.world)
+        return record_mean_over_ranks(record, self.world)
 
     def evaluate(self):
         """The rewards' rates on the held-out keys, sampled at eval_temperature (one seed per key)."""
@@ -348,6 +353,23 @@ class Run:
                 raise self.lock.lost()
             with self.stop.finishing():
                 save_checkpoint(state, os.path.join(self.cfg.out_dir, "ckpt.pt"))
+
+
+def one_group_state_regrouped(model, optimizer, state):
+    """An optimizer state saved with every parameter in one AdamW group (rl.py's own before it built its optimizer
+    as train.py does: matrices decayed, gains and biases not) in optimizer's groups; any other state as it is."""
+    groups = state.get("param_groups") if isinstance(state, dict) else None
+    if not isinstance(groups, list) or len(groups) != 1 or len(optimizer.param_groups) == 1:
+        return state
+    whole = torch.optim.AdamW(model.parameters())
+    try:
+        whole.load_state_dict(state)
+    except (ValueError, KeyError, TypeError, IndexError, RuntimeError):
+        return state  # damaged: restore_optimizer says so
+    index = {id(p): i for i, p in enumerate(p for group in optimizer.param_groups for p in group["params"])}
+    return {"state": {index[id(p)]: s for p, s in whole.state.items()},
+            "param_groups": [{**groups[0], **{k: group[k] for k in ("weight_decay", "initial_lr") if k in group},
+                              "params": [index[id(p)] for p in group["params"]]} for group in optimizer.param_groups]}
 
 
 def pass_rates(rates):
@@ -386,20 +408,6 @@ def loop(run):
                     f"{resume_command('rl.py', cfg, run.world)}")
         else:
             run.log(f"interrupted at iter {run.iter_num}, before this run completed an iteration: nothing saved")
-
-
-def all_sum(tensor, world):
-    if world > 1:
-        dist.all_reduce(tensor)
-    return tensor
-
-
-def all_mean(record, world):
-    if world == 1:
-        return record
-    keys = sorted(record)
-    values = torch.tensor([float(record[k]) for k in keys], dtype=torch.float64, device=collective_device())
-    return dict(zip(keys, mean_over_ranks(values, world).tolist()))
 
 
 def rl(cfg, overrides=None, log=print):

@@ -73,6 +73,22 @@ def mean_over_ranks(tensor, world):
     return tensor
 
 
+def sum_over_ranks(tensor, world):
+    """tensor summed over the processes, in place (on collective_device() where world > 1)."""
+    if world > 1:
+        dist.all_reduce(tensor)
+    return tensor
+
+
+def record_mean_over_ranks(record, world):
+    """A log record's numbers averaged over the processes (every rank holds the same keys)."""
+    if world == 1:
+        return record
+    keys = sorted(record)
+    values = torch.tensor([float(record[k]) for k in keys], dtype=torch.float64, device=collective_device())
+    return dict(zip(keys, mean_over_ranks(values, world).tolist()))
+
+
 def from_rank0(value, world):
     """Rank 0's value of a picklable object, on every process."""
     if world == 1:

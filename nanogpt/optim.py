@@ -20,6 +20,8 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from nanogpt.errors import UserError
+
 
 @dataclass(frozen=True)
 class OptimizerSettings:
@@ -35,6 +37,12 @@ class OptimizerSettings:
     muon_weight_decay: float
     embedding_lr: float | None = None
     ns_dtype: torch.dtype | None = None
+
+    @classmethod
+    def adamw(cls, learning_rate, weight_decay, beta1, beta2):
+        """AdamW's settings alone (Muon's fields unused), for a program without train.py's optimizer keys."""
+        return cls("adamw", learning_rate, weight_decay, beta1, beta2, muon_lr=0.0, muon_momentum=0.0,
+                   muon_weight_decay=0.0)
 
     @classmethod
     def of(cls, config, ns_dtype=None):
@@ -85,9 +93,21 @@ def configure_optimizers(model, settings):
     return opt
 
 
+@dataclass(frozen=True)
+class Schedule:
+    """What lr_scale reads, for a program without train.py's schedule keys (a TrainConfig has each of them)."""
+    learning_rate: float
+    min_lr: float
+    warmup_iters: int
+    lr_decay_iters: int
+    decay_lr: bool = True
+    lr_schedule: str = "cosine"
+    cooldown_iters: int = 0
+
+
 def lr_scale(it, cfg):
     """The schedule at iteration it, as a multiplier of each group's initial rate:
-    group["lr"] = group["initial_lr"] * lr_scale(it, cfg).
+    group["lr"] = group["initial_lr"] * lr_scale(it, cfg). cfg: a TrainConfig, or a Schedule.
 
     Linear warmup for warmup_iters; then cosine decay to min_lr / learning_rate at lr_decay_iters,
     or (wsd) 1 until cooldown_iters before lr_decay_iters and a linear decay to the floor there;
@@ -107,6 +127,34 @@ def lr_scale(it, cfg):
         return floor + (1.0 - floor) * left / cfg.cooldown_iters
     ratio = (it - cfg.warmup_iters) / (cfg.lr_decay_iters - cfg.warmup_iters)  # > 0: it < lr_decay_iters
     return floor + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (1.0 - floor)
+
+
+def restore_optimizer(model, optimizer, state, path, what):
+    """A checkpoint's optimizer state loaded into optimizer, checked against the model's shapes, or a UserError
+    naming what (the optimizer this run builds). The rates stay this run's (initial_lr: the schedule's peaks)."""
+    peaks = [group.get("initial_lr") for group in optimizer.param_groups]
+    try:
+        optimizer.load_state_dict(state)
+    except (ValueError, KeyError, TypeError, IndexError, RuntimeError, AttributeError, OverflowError) as e:  # damaged
+        raise UserError(f"{path}: its optimizer state does not fit {what} ({e})") from None
+    check_optimizer_state(model, optimizer, path)
+    for group, peak in zip(optimizer.param_groups, peaks):
+        group["initial_lr"] = peak
+
+
+def check_optimizer_state(model, optimizer, path):
+    """Each parameter's state (AdamW's exp_avg and exp_avg_sq, Muon's momentum_buffer) has the parameter's
+    shape: loading does not check it, and a wrong one would fail only in the first step."""
+    names = {p: name for name, p in model.named_parameters()}
+    state = optimizer.state
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            for key, value in state.get(p, {}).items():
+                if isinstance(value, torch.Tensor) and value.dim() and value.shape != p.shape:
+                    raise UserError(f"{path}: its optimizer state does not fit the model: {key} of {names.get(p)} "
+                                    f"has shape {tuple(value.shape)}, the parameter {tuple(p.shape)}; the file is "
+                                    f"damaged: resume from another checkpoint (best.pt?) or train anew")
+
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 

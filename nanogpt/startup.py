@@ -25,7 +25,7 @@ from nanogpt.errors import UserError
 from nanogpt.files import check_regular
 from nanogpt.hf import load_pretrained
 from nanogpt.memory import check_fits, param_count, training_bytes
-from nanogpt.optim import lr_scale
+from nanogpt.optim import check_optimizer_state, lr_scale, restore_optimizer
 from nanogpt.resume import saved_settings
 from nanogpt.settings import read_config_file  # a config file's device: is it a CPU recipe?
 from nanogpt.sharding import checkpoint_activations, first_non_finite, load_optimizer_state, shard
@@ -82,7 +82,7 @@ class Start:
             elif self.sharded:
                 load_optimizer_state(self.model, optimizer, ckpt["optimizer"])
             else:
-                optimizer.load_state_dict(ckpt["optimizer"])
+                restore_optimizer(self.model, optimizer, ckpt["optimizer"], path, f"optimizer={self.cfg.optimizer}")
         except DAMAGED as e:
             raise UserError(f"{path}: its optimizer state does not fit optimizer={self.cfg.optimizer} ({e})") from None
         check_optimizer_state(self.model, optimizer, path)
@@ -318,20 +318,6 @@ def trained_before(ckpt, path):
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds < math.inf:
         raise UserError(f"{path}: train_time is {seconds!r}, expected seconds >= 0; the file is damaged")
     return float(seconds)
-
-
-def check_optimizer_state(model, optimizer, path):
-    """Each parameter's state (AdamW's exp_avg and exp_avg_sq, Muon's momentum_buffer) has the parameter's
-    shape: loading does not check it, and a wrong one would fail only in the first step."""
-    names = {p: name for name, p in model.named_parameters()}
-    state = optimizer.state
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            for key, value in state.get(p, {}).items():
-                if isinstance(value, torch.Tensor) and value.dim() and value.shape != p.shape:
-                    raise UserError(f"{path}: its optimizer state does not fit the model: {key} of {names.get(p)} "
-                                    f"has shape {tuple(value.shape)}, the parameter {tuple(p.shape)}; the file is "
-                                    f"damaged: resume from another checkpoint (best.pt?) or train anew")
 
 
 def tensor_bytes(obj):

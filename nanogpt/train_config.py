@@ -94,7 +94,7 @@ class TrainConfig(GPTConfig):
     # lm-eval tasks scored at each evaluation (train_tasks.py, docs/eval.md)
     eval_tasks: str = ""  # lm-eval task names, comma-separated: tangshi_next_line; "" for none
     eval_tasks_limit: int = 100  # the first this many items of each task, the same ones at every evaluation
-    eval_tasks_include_path: str = names_code("tasks")  # a folder of task YAMLs besides lm-eval's own (ours: tasks); never taken from a checkpoint: its tasks may import Python files
+    eval_tasks_include_path: str = names_code("tasks")  # task YAMLs beside lm-eval's (ours: tasks); never from a ckpt
 
 
     def __post_init__(self):

@@ -256,3 +256,29 @@ def test_every_value_train_py_refuses_for_a_shared_key_rl_py_refuses_too():
                     RLConfig(**{key: value})
                 refused += 1
     assert refused >= 15
+
+
+def test_a_checkpoint_whose_optimizer_is_one_group_resumes_as_the_uninterrupted_run(start):
+    """rl.py builds its AdamW as train.py does (matrices decayed, gains and biases not: two groups); a run saved
+    with every parameter in one group, as rl.py once wrote it, resumes to the same weights: each parameter's
+    moments reach it whatever group held them."""
+    rl(cfg_for(start, max_iters=4, out_dir=str(start / "whole")), log=quiet)
+    rl(cfg_for(start, max_iters=2, out_dir=str(start / "half")), log=quiet)
+    path = start / "half" / "ckpt.pt"
+    ckpt = torch.load(path, weights_only=True)
+    model = tiny_model()
+    model.load_state_dict(ckpt["model"])
+    groups = ckpt["optimizer"]["param_groups"]
+    assert len(groups) == 2 and sorted(g["weight_decay"] for g in groups) == [0.0, QUICK.get("weight_decay", 0.0)]
+    in_groups = [p for g in groups for p in g["params"]]  # each index: its parameter in the two groups' order
+    two = dict(zip(in_groups, [p for p in model.parameters() if p.dim() >= 2] + [p for p in model.parameters()
+                                                                                 if p.dim() < 2]))
+    order = {id(p): i for i, p in enumerate(model.parameters())}
+    moments = {order[id(two[i])]: s for i, s in ckpt["optimizer"]["state"].items()}
+    ckpt["optimizer"] = {"state": dict(sorted(moments.items())),  # in the parameters' order, as AdamW saved it
+                         "param_groups": [{**groups[0], "params": sorted(order.values())}]}
+    torch.save(ckpt, path)
+    rl(cfg_for(start, max_iters=4, out_dir=str(start / "half"), init_from="resume"), {"max_iters": 4}, log=quiet)
+    whole, half = load_checkpoint(str(start / "whole" / "ckpt.pt")), load_checkpoint(str(path))
+    for key, value in whole["model"].items():
+        assert torch.equal(value, half["model"][key]), key
