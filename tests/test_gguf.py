@@ -94,6 +94,40 @@ def test_gguf_holds_the_tokenizer_and_chat_template(llama_sft, tmp_path):  # noq
     assert not [name for name in os.listdir(tmp_path) if name.endswith(".tmp")]
 
 
+def base_tokenizer(tmp_path, kind):
+    from nanogpt.tokenizer import GPT2BPE, tokenizer_from_meta
+    return GPT2BPE() if kind == "gpt2" else tokenizer_from_meta(dataset(tmp_path, kind))
+
+
+@pytest.mark.parametrize("kind, chat", [("char", False), ("bpe", False), ("gpt2", False), ("char", True),
+                                        ("bpe", True)],
+                         ids=["char", "bpe", "gpt2", "chat-char", "chat-bpe"])
+def test_gguf_role_and_special_tokens_are_control_tokens(tmp_path, kind, chat):
+    """llama.cpp reads a CONTROL token's text as that one token only where told to (parse_special: the prompt a
+    chat template renders) and never spells it out in what it decodes; a NORMAL token's text is split like any
+    text (<|user|> into characters: a wrong prompt). USER_DEFINED would be read out of a user's message too (a
+    forged turn, which ChatTokenizer forbids). So role tokens and <|endoftext|> are CONTROL, named as ours; every
+    other token text encodes to is NORMAL (llama.cpp's byte-level BPE decodes no BYTE token); padding UNUSED."""
+    from model import GPT, GPTConfig
+    from nanogpt.gguf_file import write_gguf
+    from nanogpt.tokenizer import ChatTokenizer
+    base = base_tokenizer(tmp_path, kind)
+    tokenizer = ChatTokenizer(base) if chat else base
+    vocab_size = tokenizer.vocab_size + 3  # padding ids, as a vocabulary rounded up to a multiple of 64 has
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=vocab_size, **MODERN)).eval()
+    write_gguf(model, tokenizer, "llama", str(tmp_path / "m.gguf"), "ckpt.pt")
+    fields = gguf.GGUFReader(str(tmp_path / "m.gguf")).fields
+    tokens, types = fields["tokenizer.ggml.tokens"].contents(), fields["tokenizer.ggml.token_type"].contents()
+    special = {**({"<|endoftext|>": base.eot} if base.eot is not None else {}), **getattr(tokenizer, "ids", {})}
+    assert len(types) == vocab_size
+    expected = [gguf.TokenType.NORMAL] * base.vocab_size + [gguf.TokenType.UNUSED] * (vocab_size - base.vocab_size)
+    for name, i in special.items():
+        expected[i] = gguf.TokenType.CONTROL
+        assert tokens[i] == name
+    assert [gguf.TokenType(t) for t in types] == expected
+
+
 @pytest.mark.parametrize("options, says", [(dict(activation="relu"), "llama.cpp's gpt2 computes GELU only"),
                                            (dict(MODERN, bias=True), "has biases (bias=True)")], ids=["gpt2-relu", "biases"])
 def test_gguf_for_an_architecture_llama_cpp_lacks_is_refused(tmp_path, char_dataset, options, says):
