@@ -130,6 +130,20 @@ def test_gguf_role_and_special_tokens_are_control_tokens(tmp_path, kind, chat):
     assert [gguf.TokenType(t) for t in types] == expected
 
 
+def test_gguf_of_two_tokens_spelled_alike_is_refused():
+    """A BPE whose ranks hold <|end|> (a damaged or crafted ranks file: the split patterns keep punctuation from
+    letters) under a chat's <|end|>: llama.cpp would abort loading the file, so export refuses it in one line."""
+    from nanogpt.errors import UserError
+    from nanogpt.gguf_file import GPT4_PATTERN, vocabulary
+    from nanogpt.tokenizer import ChatTokenizer, TrainedBPE
+    ranks = {bytes([b]): b for b in range(256)}
+    for n in range(2, len(b"<|end|>") + 1):
+        ranks[b"<|end|>"[:n]] = len(ranks)
+    tokenizer = ChatTokenizer(TrainedBPE(GPT4_PATTERN, ranks, {"<|endoftext|>": len(ranks)}))
+    with pytest.raises(UserError, match=rf"tokens {len(ranks) - 1} and {tokenizer.end} are both '<\|end\|>'"):
+        vocabulary(tokenizer, tokenizer.vocab_size)
+
+
 @pytest.mark.parametrize("options, says", [(dict(activation="relu"), "llama.cpp's gpt2 computes GELU only"),
                                            (dict(MODERN, bias=True), "has biases (bias=True)")], ids=["gpt2-relu", "biases"])
 def test_gguf_for_an_architecture_llama_cpp_lacks_is_refused(tmp_path, char_dataset, options, says):
