@@ -648,6 +648,21 @@ def test_a_run_appending_to_a_log_cut_mid_line_starts_on_a_line_of_its_own(tmp_p
     assert all(json.loads(line) for line in lines[2:])
 
 
+@pytest.mark.parametrize("link", ["hard", "symbolic"])
+def test_a_log_linked_to_a_file_elsewhere_is_refused_and_the_file_untouched(tmp_path, char_dataset, link):
+    """out_dir/log.jsonl as a second name (hard link) or a symbolic link of a user's file: the run stops at its
+    first record with one line naming the log, and appends nothing to the user's file."""
+    from nanogpt.errors import UserError
+    out, mine = tmp_path / "out", tmp_path / "mine.txt"
+    out.mkdir()
+    mine.write_text("precious\n")
+    (os.link if link == "hard" else os.symlink)(mine, out / "log.jsonl")
+    kind = "a hard link" if link == "hard" else "a symbolic link"
+    with pytest.raises(UserError, match=f"refusing to write {re.escape(str(out / 'log.jsonl'))}: .*{kind}"):
+        train(tiny_cfg(tmp_path, char_dataset, max_iters=1), log=quiet)
+    assert mine.read_text() == "precious\n" and os.stat(mine).st_nlink == (2 if link == "hard" else 1)
+
+
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_optimizer_state_of_the_wrong_shape_is_refused_at_load(tmp_path, char_dataset, optimizer):
     from configurator import UserError
