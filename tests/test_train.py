@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from configurator import parse_args
-from conftest import run_script
+from conftest import CORPUS, run_script
 from nanogpt.checkpoint import load_checkpoint
 from nanogpt.optim import lr_scale
 from train import TrainConfig, train
@@ -488,6 +488,39 @@ def test_val_bpb_counts_the_utf8_bytes_of_the_targets(tmp_path):
     assert input_bytes != nbytes  # else this text could not tell targets from inputs
     assert out["val_bpb"] == pytest.approx(n * T * math.log2(V) / nbytes, rel=1e-6)  # float32 logits
     assert out["val"] == pytest.approx(math.log(V), rel=1e-6)
+
+
+def test_val_bpb_counts_no_bytes_for_endoftext(tmp_path):
+    """A BPE dataset of many files, each ended by <|endoftext|>: that token is no text, so a model that knows
+    nothing (uniform over V) scores T log2(V) bits per window over the bytes of its other targets. Its 13
+    characters counted as bytes would lower val_bpb."""
+    import numpy as np
+
+    from nanogpt.batches import Batches, estimate_loss
+    from nanogpt.dataset import prepare
+    from nanogpt.startup import bytes_per_token
+    from nanogpt.tokenizer import read_meta, tokenizer_from_meta
+    (tmp_path / "docs").mkdir()
+    for i, line in enumerate(CORPUS.splitlines()[:100]):
+        (tmp_path / "docs" / f"{i:03d}.txt").write_text(line + " é", encoding="utf-8")
+    prepare(str(tmp_path / "docs"), "bpe", str(tmp_path / "d"), 0.2, log=quiet, vocab_size=300)
+    meta = read_meta(str(tmp_path / "d"))
+    enc, V, T, n = tokenizer_from_meta(meta).enc, meta["vocab_size"], 16, 8
+    eot = enc.eot_token
+
+    class Uniform(torch.nn.Module):
+        def forward(self, x, y):
+            logits = torch.zeros(*x.shape, V)
+            return logits, torch.nn.functional.cross_entropy(logits.view(-1, V), y.reshape(-1))
+    cfg = TrainConfig(eval_windows=n, eval_iters=1, block_size=T)
+    batches = Batches(str(tmp_path / "d"), T, 4, torch.device("cpu"), 0, meta)
+    out = estimate_loss(Uniform(), batches, cfg, nullcontext(),
+                        token_bytes=bytes_per_token(meta, V, torch.device("cpu"), quiet))
+    val = np.fromfile(tmp_path / "d" / "val.bin", dtype=np.uint16)
+    targets = [t for s in np.linspace(0, len(val) - T - 1, n).round().astype(int) for t in val[s + 1:s + T + 1]]
+    assert targets.count(eot) >= 3  # else this text could not show <|endoftext|> counted
+    nbytes = len(enc.decode_bytes([t for t in targets if t != eot]))
+    assert out["val_bpb"] == pytest.approx(n * T * math.log2(V) / nbytes, rel=1e-6)
 
 
 def test_accumulation_splits_over_processes_or_is_refused_with_the_values():
