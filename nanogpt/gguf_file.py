@@ -71,9 +71,20 @@ def vocabulary(tokenizer, vocab_size):
     if isinstance(tokenizer, ChatTokenizer):
         for name, i in tokenizer.ids.items():
             tokens[i], types[i] = name, gguf.TokenType.CONTROL
+    check_spellings(tokens)
     if not merges:  # llama.cpp needs some (an ASCII vocabulary has none): one no UTF-8 text holds, bytes 0xFE 0xFF
         merges = [(spelled(b"\xfe"), spelled(b"\xff"))]
     return tokens, types, [f"{a} {b}" for a, b in merges], pre
+
+
+def check_spellings(tokens):
+    """llama.cpp aborts loading a vocabulary in which two tokens are spelled alike (one text, one id): such a one
+    (a ranks file holding a role token's name) is refused here, in one line."""
+    first = {}
+    for i, token in enumerate(tokens):
+        if first.setdefault(token, i) != i:
+            raise UserError(f"tokens {first[token]} and {i} are both {token!r}: llama.cpp cannot load a vocabulary "
+                            f"with two tokens of one spelling; re-run the dataset's prepare.py")
 
 
 def gpt2_tensors(model):

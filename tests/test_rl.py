@@ -89,6 +89,60 @@ def test_log_probs_are_the_models_at_the_sampled_tokens():
     assert (logp[y < 0] == 0).all()
 
 
+def sampler_log_prob(logp1, token, temperature, top_k, top_p):
+    """log p(token) under the distribution the sampler draws from, in numpy from the model's log-probabilities at
+    temperature 1 (logits up to a constant): over the temperature, the top_k kept, then the smallest set of the
+    most likely reaching top_p, renormalised. Also the number of tokens kept."""
+    import numpy as np
+    scaled = logp1 / temperature
+    kept = scaled >= np.sort(scaled)[-top_k]
+    p = np.where(kept, np.exp(scaled - scaled.max()), 0.0)
+    p /= p.sum()
+    order = np.argsort(-p, kind="stable")
+    before = np.cumsum(p[order]) - p[order]  # the mass ranked above each token
+    nucleus = np.zeros_like(kept)
+    nucleus[order[(before < top_p) | (np.arange(len(p)) == 0)]] = True
+    p = np.where(nucleus, p, 0.0)
+    return np.log(p[token] / p.sum()), int(nucleus.sum())
+
+
+def test_the_gradient_steps_on_the_log_probs_of_the_distribution_sampled_from(start, monkeypatch):
+    """rl.py at temperature 0.7, top_k 4, top_p 0.9: the log-probabilities its loss takes are those of the
+    sampler's distribution (an off-policy gradient, from the model's plain softmax, would differ), worked here
+    in numpy from the starting model's own forward. Its embeddings are scaled up 3 times so that the nucleus
+    holds 2 to 4 tokens, and a different set where it is taken before the temperature."""
+    import rl as program
+    model = tiny_model().eval()
+    with torch.no_grad():
+        model.transformer.wte.weight.mul_(3.0)  # tied to lm_head: logits 3 times as far apart
+    torch.save({"model": model.state_dict(), "model_args": model_args(model.config), "iter_num": 0, "config": {},
+                "tokenizer": META}, start / "sft" / "ckpt.pt")
+    seen = {}
+    real_batch, real_loss = program.answer_batch, program.pg_loss
+
+    def answer_batch(*args, **kwargs):
+        seen["x"], seen["y"] = real_batch(*args, **kwargs)
+        return seen["x"], seen["y"]
+
+    def pg_loss(logp, *args, **kwargs):
+        seen["logp"] = logp.detach().clone()
+        return real_loss(logp, *args, **kwargs)
+    monkeypatch.setattr(program, "answer_batch", answer_batch)
+    monkeypatch.setattr(program, "pg_loss", pg_loss)
+    settings = dict(temperature=0.7, top_k=4, top_p=0.9)
+    rl(cfg_for(start, max_iters=1, **settings), log=quiet)
+    x, y, logp = seen["x"], seen["y"], seen["logp"]
+    sizes, plain = set(), []
+    for n in range(len(x)):
+        ref = next_token_log_probs(model, x[n].tolist())  # (T, V) at temperature 1
+        for t in (y[n] >= 0).nonzero().flatten().tolist():
+            want, kept = sampler_log_prob(ref[t], y[n, t].item(), **settings)
+            assert math.isfinite(want) and logp[n, t].item() == pytest.approx(want, abs=1e-4), (n, t)
+            sizes.add(kept)
+            plain.append(abs(ref[t, y[n, t]] - want))
+    assert len(plain) > 20 and min(sizes) < 4 and max(plain) > 0.1  # top_p and the temperature both matter here
+
+
 def test_advantages_and_the_token_level_loss_by_hand():
     r = torch.tensor([1.0, 0.0, 0.5, 0.5])
     assert advantages(r, 2).tolist() == [0.5, -0.5, 0.0, 0.0]

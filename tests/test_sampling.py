@@ -163,6 +163,18 @@ def test_simplified_chinese_is_written_in_a_traditional_vocabularys_characters()
     assert simplified.script == "t2s" and simplified.fit("藏頭詩").text == "藏头诗"
 
 
+def test_a_character_the_vocabulary_has_stays_itself_beside_one_that_is_converted():
+    """Mixed text (some characters outside the vocabulary) goes through OpenCC, which writes 床 as 牀 and 征 as 徵
+    in context: a character the vocabulary has stays as it is there too, and only the missing 头 is converted."""
+    pytest.importorskip("opencc")
+    tang = CharTokenizer("藏頭詩：春江花月牀床")
+    fitted = tang.fit("床头")
+    assert fitted.text == "床頭" and fitted.converted == [("头", "頭")]
+    both = CharTokenizer("藏頭詩征徵峰峯回迴却卻")
+    fitted = both.fit("征峰回却头")
+    assert fitted.text == "征峰回却頭" and fitted.converted == [("头", "頭")]
+
+
 def save_char_checkpoint(path, chars, chat=False):
     torch.manual_seed(0)
     vocab = len(chars) + (len(CHAT_TOKENS) if chat else 0)

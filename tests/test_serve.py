@@ -282,10 +282,11 @@ def assert_openai_error(r, status, match, code=None):
 ASK = {"prompt": "All:", "max_tokens": 3}
 
 
-@pytest.mark.parametrize("host", ["evil.example:{port}", "localhost.evil.example:{port}", "127.0.0.1:1",
-                                  "0.0.0.0:{port}", ""])
+@pytest.mark.parametrize("host", ["evil.example:{port}", "localhost.evil.example:{port}", "evil-localhost:{port}",
+                                  "evil.localhost", "x127.0.0.1:{port}", "127.0.0.1:1", "0.0.0.0:{port}", ""])
 def test_a_host_that_is_not_this_servers_is_refused(server, host):
-    """DNS rebinding: a page's own name pointed at 127.0.0.1 sends its Host; neither page nor API is served to it."""
+    """DNS rebinding: a page's own name pointed at 127.0.0.1 sends its Host; neither page nor API is served to it.
+    A name is this server's whole, never by its start or its end (evil-localhost)."""
     url = server[0]
     host = host.format(port=url.rsplit(":", 1)[1])
     for method, path, body in (("POST", "/v1/completions", ASK), ("GET", "/", None), ("GET", "/v1/models", None)):

@@ -95,6 +95,36 @@ def test_the_openai_client_streams_with_usage(chat_server, client):
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens >= len(text) > 0
 
 
+def test_sampled_chat_top_logprobs_are_the_models_best_and_not_the_chosen_token(chat_server, client):
+    """The chat API's top_logprobs are the k most likely tokens alone (OpenAI's; the completions API adds the
+    chosen one): sampled at temperature 2, where many chosen tokens are not the most likely, top_logprobs=1
+    gives each token's one best alternative, the argmax of the model's own forward."""
+    service = chat_server[1]
+    messages = [{"role": "user", "content": "All:"}]
+    r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=30, temperature=2.0, seed=3,
+                                       logprobs=True, top_logprobs=1)
+    content = r.choices[0].logprobs.content
+    prompt = service.tokenizer.render(messages)[0]
+    ids = prompt + service.tokenizer.encode("".join(t.token for t in content))
+    with torch.no_grad():
+        logp = torch.log_softmax(service.model(torch.tensor([ids]))[0][0].double(), -1)  # (T, V)
+    for k, entry in enumerate(content):
+        row = logp[len(prompt) - 1 + k]
+        assert [t.token for t in entry.top_logprobs] == [CHARS[row.argmax()]], k
+        assert entry.top_logprobs[0].logprob == pytest.approx(row.max().item(), abs=1e-4)
+    assert sum(entry.token != entry.top_logprobs[0].token for entry in content) >= 5  # chosen, not the best
+
+
+def test_usage_counts_the_prompt_once_whatever_n(chat_server, client):
+    """n=3 answers to one prompt: prompt_tokens is the prompt's length (as OpenAI's), completion_tokens the
+    three answers' N tokens each."""
+    messages = [{"role": "user", "content": "All:"}]
+    r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=N, temperature=1.0, seed=3, n=3)
+    assert r.usage.prompt_tokens == len(chat_server[1].tokenizer.render(messages)[0])
+    assert [c.finish_reason for c in r.choices] == ["length"] * 3 and r.usage.completion_tokens == 3 * N
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
 @pytest.mark.parametrize("args, param", [
     (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]), "tools"),
     (dict(response_format={"type": "json_object"}), "response_format"),

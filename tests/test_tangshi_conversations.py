@@ -62,3 +62,21 @@ def test_conversations_writes_the_drawn_acrostics_beside_the_poems(tmp_path):
     refused = run_script(["data/tangshi/conversations.py", f"--dataset={tmp_path / 'data'}", "--drawn=-1"])
     assert refused.returncode == 2 and "--drawn must be 0 or more, got -1" in refused.stderr
     assert "Traceback" not in refused.stderr
+
+
+def test_the_draw_seed_chooses_the_drawn_acrostics(tmp_path):
+    """--draw_seed alone changes which keys and poems are drawn: the same seed twice writes the same
+    chat.jsonl, another seed other drawn conversations (and the poems' own conversations all the same)."""
+    from data.tangshi import conversations as program
+    (tmp_path / "input.txt").write_text(TEXT, encoding="utf-8")
+    prepare(str(tmp_path / "input.txt"), "char", str(tmp_path / "data"), 0.1, log=lambda *a: None)
+    real = conversations(parse_poems(split_text(str(tmp_path / "data"), "train")))
+
+    def drawn(draw_seed):
+        program.main([f"--dataset={tmp_path / 'data'}", f"--out={tmp_path / 'chat'}", "--drawn=30",
+                      f"--draw_seed={draw_seed}"])
+        lines = (tmp_path / "data" / "chat.jsonl").read_text(encoding="utf-8").splitlines()
+        chats = [json.loads(line) for line in lines]
+        return sorted(json.dumps(c, ensure_ascii=False) for c in chats if c not in real)
+    first, again, other = drawn(1), drawn(1), drawn(2)
+    assert len(first) == 30 and first == again and len(set(first) & set(other)) < 5

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from configurator import parse_args
-from conftest import run_script
+from conftest import CORPUS, run_script
 from nanogpt.checkpoint import load_checkpoint
 from nanogpt.optim import lr_scale
 from train import TrainConfig, train
@@ -490,6 +490,39 @@ def test_val_bpb_counts_the_utf8_bytes_of_the_targets(tmp_path):
     assert out["val"] == pytest.approx(math.log(V), rel=1e-6)
 
 
+def test_val_bpb_counts_no_bytes_for_endoftext(tmp_path):
+    """A BPE dataset of many files, each ended by <|endoftext|>: that token is no text, so a model that knows
+    nothing (uniform over V) scores T log2(V) bits per window over the bytes of its other targets. Its 13
+    characters counted as bytes would lower val_bpb."""
+    import numpy as np
+
+    from nanogpt.batches import Batches, estimate_loss
+    from nanogpt.dataset import prepare
+    from nanogpt.startup import bytes_per_token
+    from nanogpt.tokenizer import read_meta, tokenizer_from_meta
+    (tmp_path / "docs").mkdir()
+    for i, line in enumerate(CORPUS.splitlines()[:100]):
+        (tmp_path / "docs" / f"{i:03d}.txt").write_text(line + " é", encoding="utf-8")
+    prepare(str(tmp_path / "docs"), "bpe", str(tmp_path / "d"), 0.2, log=quiet, vocab_size=300)
+    meta = read_meta(str(tmp_path / "d"))
+    enc, V, T, n = tokenizer_from_meta(meta).enc, meta["vocab_size"], 16, 8
+    eot = enc.eot_token
+
+    class Uniform(torch.nn.Module):
+        def forward(self, x, y):
+            logits = torch.zeros(*x.shape, V)
+            return logits, torch.nn.functional.cross_entropy(logits.view(-1, V), y.reshape(-1))
+    cfg = TrainConfig(eval_windows=n, eval_iters=1, block_size=T)
+    batches = Batches(str(tmp_path / "d"), T, 4, torch.device("cpu"), 0, meta)
+    out = estimate_loss(Uniform(), batches, cfg, nullcontext(),
+                        token_bytes=bytes_per_token(meta, V, torch.device("cpu"), quiet))
+    val = np.fromfile(tmp_path / "d" / "val.bin", dtype=np.uint16)
+    targets = [t for s in np.linspace(0, len(val) - T - 1, n).round().astype(int) for t in val[s + 1:s + T + 1]]
+    assert targets.count(eot) >= 3  # else this text could not show <|endoftext|> counted
+    nbytes = len(enc.decode_bytes([t for t in targets if t != eot]))
+    assert out["val_bpb"] == pytest.approx(n * T * math.log2(V) / nbytes, rel=1e-6)
+
+
 def test_accumulation_splits_over_processes_or_is_refused_with_the_values():
     from configurator import UserError
     from nanogpt.distributed import micro_batches
@@ -646,6 +679,21 @@ def test_a_run_appending_to_a_log_cut_mid_line_starts_on_a_line_of_its_own(tmp_p
     lines = open(out / "log.jsonl").read().splitlines()
     assert lines[1] == '{"kind": "eval", "iter": 0, "tra' and json.loads(lines[2])["kind"] == "config"
     assert all(json.loads(line) for line in lines[2:])
+
+
+@pytest.mark.parametrize("link", ["hard", "symbolic"])
+def test_a_log_linked_to_a_file_elsewhere_is_refused_and_the_file_untouched(tmp_path, char_dataset, link):
+    """out_dir/log.jsonl as a second name (hard link) or a symbolic link of a user's file: the run stops at its
+    first record with one line naming the log, and appends nothing to the user's file."""
+    from nanogpt.errors import UserError
+    out, mine = tmp_path / "out", tmp_path / "mine.txt"
+    out.mkdir()
+    mine.write_text("precious\n")
+    (os.link if link == "hard" else os.symlink)(mine, out / "log.jsonl")
+    kind = "a hard link" if link == "hard" else "a symbolic link"
+    with pytest.raises(UserError, match=f"refusing to write {re.escape(str(out / 'log.jsonl'))}: .*{kind}"):
+        train(tiny_cfg(tmp_path, char_dataset, max_iters=1), log=quiet)
+    assert mine.read_text() == "precious\n" and os.stat(mine).st_nlink == (2 if link == "hard" else 1)
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
