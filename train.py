@@ -38,10 +38,11 @@ from nanogpt.distributed import (all_ranks, barrier, gather_rng, local_gradients
                                  micro_batches, setup_distributed, teardown)
 from nanogpt.errors import UserError
 from nanogpt.metrics import Clock, Metrics
+from nanogpt.notes import cpu_time_of, startup_notes
 from nanogpt.optim import OptimizerSettings, configure_optimizers, lr_scale
 from nanogpt.resume import resume_command
 from nanogpt.sharding import first_non_finite, held_bytes
-from nanogpt.startup import cpu_time_of, start_run, startup_notes
+from nanogpt.startup import start_run
 from nanogpt.stopping import Interrupted, StopFlag
 from nanogpt.train_config import TrainConfig
 
@@ -133,7 +134,8 @@ class Run:
         self.metrics = Metrics(os.path.join(cfg.out_dir, "log.jsonl"), cfg, log, record=writer, iter=self.iter_num)
         if writer:
             lock.acquire()  # out_dir is ours until the run ends
-        self.start_iter, self.last_val, self.lr = self.iter_num, None, None
+        self.start_iter, self.last_val = self.iter_num, None
+        self.scale = 1.0  # the schedule's multiplier of this iteration (lr_scale)
         self.reached = None  # (iter, training seconds) when val loss first reached target_loss
         self.rng_at_iter = None  # RNG state when the iteration in flight began: an abandoned one is saved with it
         self.clock = Clock(t_start, before=trained)  # a resumed run's clock goes on from its checkpoint's
@@ -180,9 +182,9 @@ class Run:
 
     def forward_backward(self):
         """One iteration's gradients, accumulated over its micro-batches; returns its mean loss (a tensor)."""
-        self.lr_scale = lr_scale(self.iter_num, self.cfg)
+        self.scale = lr_scale(self.iter_num, self.cfg)
         for group in self.optimizer.param_groups:  # every group follows the schedule from its own peak
-            group["lr"] = group["initial_lr"] * self.lr_scale
+            group["lr"] = group["initial_lr"] * self.scale
         loss_accum = torch.zeros((), device=self.device)
         for micro in range(self.accum):
             x, y = self.batches.get("train", (TRAINING, self.iter_num, self.rank * self.accum + micro))
@@ -226,7 +228,7 @@ class Run:
             raise UserError(f"training loss is {lossf} at iter {self.iter_num}; the run diverged (lower "
                             f"learning_rate or raise warmup_iters); the last good checkpoint is kept")
         dt = self.clock.lap(self.iter_num)  # seconds per iter since the last log, evaluations excluded
-        lr = self.cfg.learning_rate * self.lr_scale
+        lr = self.cfg.learning_rate * self.scale
         tok_s = self.tokens_per_iter / dt
         mfu = self.raw_model.estimate_mfu(self.cfg.gradient_accumulation_steps * self.cfg.batch_size, dt,
                                           self.peak) if self.peak else None

@@ -199,7 +199,7 @@ def interrupting_forward(monkeypatch, at_call):
     the call has drawn its dropout masks, so that the abandoned iteration has moved the RNG on."""
     original, calls = GPT.forward, []
     # start-up times the model on a CPU (the slow-CPU note): those passes are not the loop's calls
-    monkeypatch.setattr("nanogpt.startup.batch_seconds", lambda *a: 0.0)
+    monkeypatch.setattr("nanogpt.notes.batch_seconds", lambda *a: 0.0)
 
     def forward(self, idx, targets=None, **kw):
         calls.append(1)

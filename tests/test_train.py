@@ -198,7 +198,7 @@ def test_gpu_recipe_on_a_cpu_says_so_and_does_not_compile(tmp_path, char_dataset
 
 
 def test_notes_name_the_laptop_recipe_a_short_warmup_and_a_checkpoint_about_to_be_replaced(tmp_path):
-    from nanogpt.startup import earlier_run, startup_notes
+    from nanogpt.notes import earlier_run, startup_notes
     from train import TrainConfig
     cfg = TrainConfig(dataset="shakespeare_char", batch_size=64, block_size=256, n_layer=6, n_head=6, n_embd=384,
                       max_iters=50, warmup_iters=100, learning_rate=1e-3, out_dir=str(tmp_path))
@@ -224,7 +224,7 @@ def test_notes_name_the_laptop_recipe_a_short_warmup_and_a_checkpoint_about_to_b
 
 def test_slow_cpu_note_never_suggests_the_recipe_being_run(tmp_path, monkeypatch):
     from nanogpt import REPOSITORY as ROOT
-    from nanogpt.startup import cpu_time_note
+    from nanogpt.notes import cpu_time_note
     from train import TrainConfig
     gpu = TrainConfig(dataset="shakespeare_char", max_iters=5000, eval_interval=250)
     laptop = os.path.join(ROOT, "config", "shakespeare_char_cpu.py")
@@ -253,7 +253,7 @@ def test_slow_cpu_note_never_suggests_the_recipe_being_run(tmp_path, monkeypatch
 
 
 def test_run_times_its_own_model_for_the_cpu_note_and_leaves_training_as_it_was(tmp_path, char_dataset, monkeypatch):
-    import nanogpt.startup as startup_module
+    import nanogpt.notes as startup_module
     from nanogpt.device import batch_seconds
     timed = []
 
