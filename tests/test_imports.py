@@ -110,7 +110,7 @@ def test_the_library_imports_no_root_file_but_the_course_model():
     found = sorted(f"{m} imports {s}" for m in MODULES if m.startswith(PACKAGE)
                    for s in imports_of(m) if "." not in s and s not in (PACKAGE, "model"))
     assert found == [], found
-    assert "nanogpt.settings" in imports_of("configurator") and "nanogpt.settings" in imports_of("nanogpt.startup")
+    assert "nanogpt.settings" in imports_of("configurator") and "nanogpt.settings" in imports_of("nanogpt.notes")
 
 
 def test_no_library_parses_a_command_line():
