@@ -36,8 +36,8 @@ import nanogpt.rewards as reward_registry
 from configurator import parse_args, report_overrides
 from data.tangshi.poems import ACROSTIC, held_out_keys, train_requests
 from nanogpt.batches import dataset_dir
-from nanogpt.checkpoint import (OutDirLock, load_checkpoint, model_args, model_from_checkpoint, save_checkpoint,
-                                set_rng_state)
+from nanogpt.checkpoint import (OutDirLock, latest_form, load_checkpoint, model_args, model_from_checkpoint,
+                                save_checkpoint, set_rng_state)
 from nanogpt.distributed import (collective_device, gather_rng, record_mean_over_ranks, setup_distributed,
                                  sum_over_ranks, teardown)
 from nanogpt.errors import UserError
@@ -48,7 +48,7 @@ from nanogpt.optim import OptimizerSettings, Schedule, configure_optimizers, lr_
 from nanogpt.policy_gradient import advantages, answer_batch, pg_loss, sample_answers, token_log_probs
 from nanogpt.program import run_main
 from nanogpt.resume import names_code, resume_command, saved_settings
-from nanogpt.source import tokenizer_meta
+from nanogpt.source import checkpoint_file, init_from_kind, tokenizer_meta
 from nanogpt.stopping import Interrupted, StopFlag
 from nanogpt.tokenizer import ChatTokenizer, tokenizer_from_meta
 from nanogpt.train_config import check_settings
@@ -125,8 +125,11 @@ def learning_rate(cfg, it):
 def load_start(cfg, device):
     """(ckpt, path) the run starts from: out_dir's own (resume) or init_from's chat checkpoint."""
     source = cfg.out_dir if cfg.init_from == "resume" else cfg.init_from
-    path = os.path.join(source, "ckpt.pt") if os.path.isdir(source) else source
-    if not os.path.exists(path):
+    if init_from_kind(cfg.init_from) == "pretrained":
+        raise UserError(f"--init_from={cfg.init_from} is pretrained weights without a chat template; RL improves a "
+                        f"chat model: fine-tune one first (docs/chat.md)")
+    path = os.path.join(source, "ckpt.pt") if cfg.init_from == "resume" else (checkpoint_file(source) or source)
+    if not os.path.exists(latest_form(path)):
         hint = ("start a run with --init_from=<a chat model's out_dir>" if cfg.init_from == "resume" else
                 "fine-tune a chat model first: python train.py config/tangshi_sft.py (docs/chat.md)")
         raise UserError(f"{path} not found; {hint}")

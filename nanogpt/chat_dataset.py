@@ -10,9 +10,10 @@ import numpy as np
 from tqdm import tqdm
 
 from nanogpt import REPOSITORY
-from nanogpt.checkpoint import finetune_source, load_checkpoint
+from nanogpt.checkpoint import load_checkpoint
 from nanogpt.errors import UserError
 from nanogpt.files import open_to_write
+from nanogpt.source import checkpoint_file
 from nanogpt.tokenizer import ROLES, chat_meta, read_meta, tokenizer_from_meta
 
 SHOWN = 5  # bad lines reported one by one; the rest are counted
@@ -188,7 +189,7 @@ def model_defaults(init_from, base, block_size):
         if base is None:
             raise UserError("give --init_from OUT_DIR (the checkpoint to fine-tune) or --base DATASET")
         return base, block_size or 1024
-    path = finetune_source(init_from)
+    path = checkpoint_file(init_from)
     if path is None:
         raise UserError(f"--init_from {init_from} holds no training checkpoint (an out_dir with ckpt.pt, or the "
                         f"file); train one first, or give --base DATASET instead")

@@ -616,22 +616,6 @@ def load_sharded(model, optimizer, directory):
                    optim_state_dict=state["optimizer"])
 
 
-def finetune_source(init_from):
-    """The checkpoint a run fine-tunes from when init_from names one (a training checkpoint file, or an out_dir
-    holding ckpt.pt or ckpt.dcp); else None."""
-    if init_from in ("scratch", "resume") or is_pretrained(init_from):
-        return None
-    if os.path.isdir(init_from):
-        path = os.path.join(init_from, "ckpt.pt")
-        return path if os.path.exists(latest_form(path)) else None
-    return init_from if os.path.isfile(init_from) else None
-
-
-def is_pretrained(init_from):
-    """True for a GPT-2 name or a local Hugging Face directory."""
-    return init_from in GPT2_NAMES or os.path.exists(os.path.join(init_from, "config.json"))  # a FIFO: hf.py says so
-
-
 class OutDirLock:
     """An exclusive lock on out_dir for a writer's lifetime (train.py, consolidate.py): a second writer is refused
     in one line naming the holder. The lock dies with its process (flock), so a killed run leaves none

@@ -1,35 +1,88 @@
-"""Where a script's model comes from, and the one loader of a model with its tokenizer.
+"""Where a program's model comes from: one reading of init_from for every program, and the one loader of a
+model with its tokenizer.
 
-A source is out_dir's checkpoint (init_from="resume") or GPT-2 weights (a GPT-2 name, a local Hugging
-Face directory). Every script that reads a model (sample, serve, trace, export, chat, eval) extends
-Source with its own keys and loads with load_model; what a file lacks or holds wrongly is one UserError.
+init_from means the same in train, sample, chat, serve, eval, trace, export and rl:
+- "resume": out_dir's own checkpoint (train.py and rl.py continue it; the readers read it);
+- a checkpoint: an out_dir holding ckpt.pt (or ckpt.dcp), or the file (train.py fine-tunes it, rl.py starts
+  from it, the readers read it);
+- pretrained weights: gpt2, gpt2-medium, gpt2-large, gpt2-xl, or a local Hugging Face directory;
+- "scratch": a new model (train.py only).
+Every program that reads a model extends Source with its own keys and loads with load_model; what a file
+lacks or holds wrongly is one UserError.
 """
 import os
 from dataclasses import dataclass
 
 from nanogpt.batches import dataset_dir
-from nanogpt.checkpoint import is_pretrained, load_checkpoint, model_from_checkpoint
+from nanogpt.checkpoint import GPT2_NAMES, latest_form, load_checkpoint, model_from_checkpoint
 from nanogpt.errors import UserError
 from nanogpt.hf import load_pretrained
 from nanogpt.tokenizer import CharTokenizer, check_meta, read_meta, tokenizer_from_meta
 
 
+# what each kind of init_from is, in the words every program's message uses
+KINDS = {"scratch": "scratch (a new model)",
+         "resume": "resume (out_dir's checkpoint)",
+         "checkpoint": "a checkpoint (an out_dir holding ckpt.pt, or the file)",
+         "pretrained": "gpt2, gpt2-medium, gpt2-large, gpt2-xl or a local Hugging Face directory"}
+
+
+def init_from_kind(init_from):
+    """Which of KINDS init_from names; None where it names nothing that exists."""
+    if init_from in ("scratch", "resume"):
+        return init_from
+    if is_pretrained(init_from):
+        return "pretrained"
+    return "checkpoint" if checkpoint_file(init_from) is not None else None
+
+
+def check_init_from(init_from, accepted):
+    """init_from's kind, or a ValueError that lists the kinds this program accepts."""
+    kind = init_from_kind(init_from)
+    if kind not in accepted:
+        forms = [KINDS[k] for k in accepted]
+        raise ValueError(f"init_from must be {', '.join(forms[:-1])} or {forms[-1]}, got {init_from!r}"
+                         + ("" if kind is not None else " (no such checkpoint or directory)"))
+    return kind
+
+
+def checkpoint_file(init_from, name="ckpt.pt"):
+    """The checkpoint init_from names (a training checkpoint file, or an out_dir holding name or its sharded
+    form); None for the other kinds and for what does not exist."""
+    if init_from in ("scratch", "resume") or is_pretrained(init_from):
+        return None
+    if os.path.isdir(init_from):
+        path = os.path.join(init_from, name)
+        return path if os.path.exists(latest_form(path)) else None
+    return init_from if os.path.isfile(init_from) else None
+
+
+def is_pretrained(init_from):
+    """True for a GPT-2 name or a local Hugging Face directory."""
+    return init_from in GPT2_NAMES or os.path.exists(os.path.join(init_from, "config.json"))  # a FIFO: hf.py says so
+
+
 @dataclass
 class Source:
     # the model
-    init_from: str = "resume"  # "resume" (out_dir's checkpoint) or GPT-2 weights: gpt2, ..., gpt2-xl, a local HF dir
+    init_from: str = "resume"  # resume (out_dir's checkpoint), a checkpoint (an out_dir or file), or gpt2, ..., a local HF dir
     out_dir: str = "out"  # where train.py wrote the checkpoint
     ckpt: str = "ckpt.pt"  # ckpt.pt (latest) or best.pt (best val loss)
 
     def __post_init__(self):
-        if self.init_from != "resume" and not is_pretrained(self.init_from):
-            raise ValueError(f"init_from must be resume, gpt2, gpt2-medium, gpt2-large, gpt2-xl or a local "
-                             f"Hugging Face GPT-2 directory, got {self.init_from!r}")
+        check_init_from(self.init_from, ("resume", "checkpoint", "pretrained"))
+
+    @property
+    def kind(self):
+        return init_from_kind(self.init_from)
 
     @property
     def path(self):
         """The checkpoint file, or GPT-2's name or directory: what messages name."""
-        return os.path.join(self.out_dir, self.ckpt) if self.init_from == "resume" else self.init_from
+        if self.init_from == "resume":
+            return os.path.join(self.out_dir, self.ckpt)
+        return os.path.join(self.init_from, self.ckpt) if self.kind == "checkpoint" and os.path.isdir(
+            self.init_from) else self.init_from
 
 
 def load_model(source, device="cpu"):
@@ -38,7 +91,7 @@ def load_model(source, device="cpu"):
     model, meta = read_source(source, device)
     tokenizer = tokenizer_from_meta(meta)
     hint = (f"; copy the meta.json of the dataset it was trained on into {source.path} (export.py writes it)"
-            if source.init_from != "resume" and os.path.isdir(source.path) else "")
+            if source.kind == "pretrained" and os.path.isdir(source.path) else "")
     check_decodes(tokenizer, model.config.vocab_size, source.path, hint)
     return model.eval().to(device), tokenizer
 
@@ -47,7 +100,7 @@ def read_source(source, device="cpu"):
     """The model of a Source (dropout off) and its tokenizer's metadata: a checkpoint's own, else its dataset's;
     a directory export.py wrote holds it as meta.json; None is GPT-2 BPE."""
     path = source.path
-    if source.init_from != "resume":
+    if source.kind == "pretrained":
         return load_pretrained(path, dropout=0.0), read_meta(path) if os.path.isdir(path) else None
     ckpt = load_checkpoint(path, map_location=device)
     model = model_from_checkpoint(ckpt, path, dropout=0.0)

@@ -14,8 +14,8 @@ import torch
 
 from model import GPT, GPTConfig
 from nanogpt.batches import dataset_dir, make_batches
-from nanogpt.checkpoint import (RUNTIME_FIELDS, config_from_model_args, finetune_source, interrupted_save, load_checkpoint,
-                                load_sharded, model_from_checkpoint, set_rng_state)
+from nanogpt.checkpoint import (RUNTIME_FIELDS, config_from_model_args, interrupted_save, load_checkpoint, load_sharded,
+                                model_from_checkpoint, set_rng_state)
 from nanogpt.device import (autocast, peak_flops_for, resolve_device, resolve_dtype, should_compile,
                             training_kernels)
 from nanogpt.distributed import barrier, from_rank0, micro_batches
@@ -26,6 +26,7 @@ from nanogpt.notes import earlier_run
 from nanogpt.optim import check_optimizer_state, restore_optimizer
 from nanogpt.resume import saved_settings
 from nanogpt.sharding import checkpoint_activations, first_non_finite, load_optimizer_state, shard
+from nanogpt.source import checkpoint_file
 from nanogpt.tokenizer import base_meta, read_meta, token_byte_lengths, tokenizer_from_meta, tokenizer_kind
 from nanogpt.train_config import TrainConfig
 from nanogpt.train_tasks import task_scores
@@ -162,7 +163,7 @@ def build_model(cfg, ckpt, meta, data_dir, overrides, device, ckpt_path, log):
         check_vocab(model.config.vocab_size, meta, data_dir, ckpt_path)
         check_memory(model.config, cfg.batch_size, device, held=(ckpt, model.state_dict()))
         return model, cfg
-    source = finetune_source(cfg.init_from)
+    source = checkpoint_file(cfg.init_from)
     if source is not None:
         return finetune_model(cfg, source, meta, data_dir, "block_size" in overrides, device, log)
     if cfg.init_from != "scratch":

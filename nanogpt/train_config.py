@@ -6,9 +6,9 @@ without importing the training script.
 from dataclasses import dataclass, fields, replace
 
 from model import GPTConfig
-from nanogpt.checkpoint import finetune_source, is_pretrained
 from nanogpt.generate import check_seed
 from nanogpt.resume import names_code
+from nanogpt.source import check_init_from
 
 
 # The rules of the settings train.py shares with the other programs that train (rl.py), kept in one place so
@@ -99,11 +99,7 @@ class TrainConfig(GPTConfig):
 
     def __post_init__(self):
         super().__post_init__()  # the model's fields
-        if (self.init_from not in ("scratch", "resume") and not is_pretrained(self.init_from)
-                and finetune_source(self.init_from) is None):
-            raise ValueError(f"init_from must be scratch, resume, a checkpoint to fine-tune (an out_dir holding "
-                             f"ckpt.pt, or the file), gpt2, gpt2-medium, gpt2-large, gpt2-xl or a local Hugging Face "
-                             f"GPT-2 directory, got {self.init_from!r}")
+        check_init_from(self.init_from, ("scratch", "resume", "checkpoint", "pretrained"))  # a checkpoint: fine-tuned
         if self.optimizer not in ("adamw", "muon"):
             raise ValueError(f"optimizer must be adamw or muon, got {self.optimizer!r}")
         if self.parallel not in ("ddp", "fsdp"):

@@ -732,3 +732,30 @@ def test_a_resumed_run_continues_the_training_clock_and_the_figure(tmp_path, cha
     assert [r["iter"] for r in resumed] == [5, 6, 7, 8] and all(r["train_time"] > 1000 for r in resumed)
     assert summary["train_time"] > 1000 and load_checkpoint(str(path))["train_time"] > 1000
     assert [it for it, _, _ in plot.read_evals(str(out))] == [0, 2, 4, 6, 8]
+
+
+def test_init_from_means_the_same_source_in_every_program(tmp_path, char_dataset):
+    """One rule: an out_dir (or its checkpoint file) given as init_from is that checkpoint in every program, so
+    sample.py reads it as --out_dir does; "scratch" is train.py's alone, and every program says which forms it
+    takes in the same words."""
+    from nanogpt.source import Source, check_init_from, init_from_kind
+    train(tiny_cfg(tmp_path, char_dataset), log=quiet)
+    out = tmp_path / "out"
+    assert [init_from_kind(x) for x in ("scratch", "resume", "gpt2", str(out), str(out / "ckpt.pt"), "nowhere")] == [
+        "scratch", "resume", "pretrained", "checkpoint", "checkpoint", None]
+    args = ["sample.py", "--start=First", "--num_samples=1", "--max_new_tokens=20", "--device=cpu"]
+    by_out_dir = run_script(args + [f"--out_dir={out}"])
+    for given in (out, out / "ckpt.pt"):
+        by_init_from = run_script(args + [f"--init_from={given}", "--out_dir=elsewhere"])
+        assert by_init_from.returncode == 0 and by_init_from.stdout == by_out_dir.stdout, by_init_from.stderr
+    assert Source(init_from=str(out), ckpt="best.pt").path == str(out / "best.pt")
+    with pytest.raises(ValueError, match=r"^init_from must be resume \(out_dir's checkpoint\), a checkpoint \(an "
+                                         r"out_dir holding ckpt.pt, or the file\) or gpt2, .*got 'scratch'$"):
+        Source(init_from="scratch")
+    for program, config in (("train.py", TrainConfig), ("sample.py", Source)):
+        with pytest.raises(ValueError, match=r"a checkpoint \(an out_dir holding ckpt.pt, or the file\).*'nowhere' "
+                                             r"\(no such checkpoint or directory\)$"):
+            config(init_from="nowhere")
+    assert check_init_from(str(out), ("resume", "checkpoint")) == "checkpoint"
+    result = run_script(["rl.py", "--init_from=gpt2", f"--out_dir={tmp_path / 'rl'}"])
+    assert result.returncode == 2 and "pretrained weights without a chat template" in result.stderr, result.stderr
