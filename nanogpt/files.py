@@ -49,6 +49,26 @@ def read_regular(path):
         return f.read()
 
 
+def read_named_text(path, what, limit=None):
+    """The UTF-8 text of a file a user names (what: how messages name it, e.g. "--start=FILE:p.txt"): read only
+    where it is a regular file (open_regular's rule: /dev/zero or a FIFO would never end), of at most limit bytes;
+    else a UserError saying what is wrong. Universal newlines, as open() reads text; a byte-order mark is dropped."""
+    try:
+        with open_regular(path) as f:
+            data = f.read(-1 if limit is None else limit + 1)
+    except UserError as e:
+        raise UserError(f"{what}: {e}") from None
+    except OSError as e:
+        raise UserError(f"{what}: cannot read it ({e.strerror or e})") from None
+    if limit is not None and len(data) > limit:
+        raise UserError(f"{what} is over {limit:,} bytes; give a shorter file")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{what} is not UTF-8 text (bad byte at offset {e.start}); save it as UTF-8") from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
 def check_regular(path):
     """Raise open_regular's UserError where path is not a regular file: for readers that take a path
     (safetensors, transformers). A missing file is left to them."""

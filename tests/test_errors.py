@@ -118,6 +118,14 @@ CASES = {
     "a .distcp shard a FIFO on resume": (["train.py", "--init_from=resume", "--out_dir={root}/fifo_distcp"], "ckpt.dcp/__0_0.distcp is not a regular file (it is a FIFO)"),
     "model.safetensors a FIFO": (["sample.py", "--init_from={root}/hf_fifo"], "hf_fifo/model.safetensors is not a regular file (it is a FIFO)"),
     "config.json a FIFO": (["sample.py", "--init_from={root}/hf_fifoconfig"], "hf_fifoconfig/config.json is not a regular file (it is a FIFO)"),
+    # files a user names: read only where they are regular files (/dev/zero never ends, a FIFO waits for a writer)
+    "prompt file /dev/zero": (["sample.py", "--out_dir={root}/out", "--start=FILE:/dev/zero"], "--start=FILE:/dev/zero: /dev/zero is not a regular file (it is a character device)"),
+    "prompt file a FIFO": (["sample.py", "--out_dir={root}/out", "--start=FILE:{root}/fifo_named"], "fifo_named is not a regular file (it is a FIFO)"),
+    "config file a FIFO": (["train.py", "{root}/fifo_named"], "fifo_named is not a regular file (it is a FIFO)"),
+    "reward file a FIFO": (["rl.py", "--init_from={root}/out", "--reward_file={root}/fifo_named"], "fifo_named is not a regular file (it is a FIFO)"),
+    "reward file with a syntax error": (["rl.py", "--init_from={root}/out", "--reward_file={root}/syntax_reward.py"], "syntax_reward.py: line 2: syntax error"),
+    "reward file whose import fails": (["rl.py", "--init_from={root}/out", "--reward_file={root}/import_reward.py"], "running it raised ModuleNotFoundError: No module named 'no_such_module_here'"),
+    "rl.py device=cuda without CUDA": (["rl.py", "--init_from={root}/out", "--device=cuda"], "device=cuda but CUDA is not available on this machine"),
     ".lock a FIFO": (["train.py", *TINY, "--dataset={root}/data", "--out_dir={root}/fifo_lock", "--max_iters=1"], "refusing to write {root}/fifo_lock/.lock: it is not a regular file (it is a FIFO)"),
     # Hugging Face directories
     "config.json with a string n_embd": (["sample.py", "--init_from={root}/hf_strembd"], "config.json: n_embd is '32', expected int"),
@@ -228,6 +236,9 @@ def make_unreadable_runs(root, state):
     os.mkfifo(root / "fifo_ckpt" / "ckpt.pt")
     (root / "fifo_lock").mkdir()
     os.mkfifo(root / "fifo_lock" / ".lock")
+    os.mkfifo(root / "fifo_named")
+    (root / "syntax_reward.py").write_text("from nanogpt.rewards import reward\ndef thou(request, answer:\n")
+    (root / "import_reward.py").write_text("import no_such_module_here\n")
     for name, config in (("hf_fifo", json.dumps(HF_CONFIG)), ("hf_fifoconfig", None),
                          ("hf_strembd", json.dumps({**HF_CONFIG, "n_embd": "32"})),
                          ("hf_deep", '{"n_embd": ' + "[" * 100_000 + "]" * 100_000 + "}")):
@@ -355,3 +366,18 @@ def test_export_replaces_links_planted_in_its_directory_and_leaves_their_targets
     assert all(not os.path.islink(hf / name) and (hf / name).stat().st_size > 0
                for name in ("model.safetensors", "config.json", "meta.json"))
     assert not [n for n in os.listdir(hf) if n.startswith(".")]  # its temporary directory is gone
+
+
+@pytest.mark.parametrize("named", ["/dev/zero", "a FIFO"])
+def test_an_rl_prompts_file_that_never_ends_is_one_line(tmp_path, named):
+    """--prompts=FILE: is read only where it is a regular file: /dev/zero would fill memory, a FIFO wait forever."""
+    path = "/dev/zero" if named == "/dev/zero" else str(tmp_path / "fifo")
+    if named == "a FIFO":
+        os.mkfifo(path)
+    code = ("import sys, rl; from nanogpt.program import run_main; "
+            "run_main(lambda argv: rl.read_requests(rl.RLConfig(prompts=sys.argv[1])))")
+    result = run_script(["-c", code, f"FILE:{path}"], timeout=60)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.splitlines() == [f"error: --prompts=FILE:{path}: {path} is not a regular file (it is "
+                                          f"{'a character device' if named == '/dev/zero' else 'a FIFO'}): refusing "
+                                          f"to read it; put the file itself there"]
