@@ -12,7 +12,7 @@ from tqdm import tqdm
 from nanogpt import REPOSITORY
 from nanogpt.checkpoint import finetune_source, load_checkpoint
 from nanogpt.errors import UserError
-from nanogpt.files import open_to_write
+from nanogpt.files import open_regular, open_to_write
 from nanogpt.tokenizer import ROLES, chat_meta, read_meta, tokenizer_from_meta
 
 SHOWN = 5  # bad lines reported one by one; the rest are counted
@@ -74,7 +74,7 @@ def unmask_turn(ids, mask, tokenizer, turn):
 def read_conversations(path, tokenizer, block_size, log):
     """[(ids, mask)] of the file's good lines; bad ones are reported and skipped."""
     good, bad = [], []
-    with open(path, "rb") as f, tqdm(total=os.path.getsize(path), unit="B", unit_scale=True, desc="encode",
+    with open_regular(path) as f, tqdm(total=os.path.getsize(path), unit="B", unit_scale=True, desc="encode",
                                      disable=None) as bar:
         for number, raw in enumerate(f, start=1):
             bar.update(len(raw))
