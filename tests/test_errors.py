@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from conftest import run_script
+from nanogpt.tokenizer import KNOWN_PATTERNS
 from train import TrainConfig, train
 
 TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=4",
@@ -108,6 +109,17 @@ CASES = {
     "checkpoint's tokenizer with a rank of 10^8": (["sample.py", "--out_dir={root}/hugerankckpt"], "tokenizer.bpe:257: rank 100000000"),
     "checkpoint's char tokenizer smaller than its model": (["sample.py", "--out_dir={root}/fewchars"], "but its tokenizer has 8; sample with the tokenizer"),
     "checkpoint's BPE pattern that backtracks": (["sample.py", "--out_dir={root}/badpattern", "--start=" + "a" * 40], "refusing the trained BPE's split pattern '(?:a|aa)+(?=b)|.'"),
+    # a vocabulary UTF-8 cannot write, special tokens that text could hold: refused wherever a tokenizer is read
+    "a vocabulary with a lone surrogate (sample)": (["sample.py", "--out_dir={root}/surrogate"], "its tokenizer: chars holds '\\ud800', a lone surrogate"),
+    "a vocabulary with a lone surrogate (HF export)": (["export.py", "--out_dir={root}/surrogate", "--hf_dir={root}/hf_out"], "chars holds '\\ud800', a lone surrogate"),
+    "a vocabulary with a lone surrogate (GGUF export)": (["export.py", "--out_dir={root}/surrogate", "--format=gguf", "--gguf_file={root}/out.gguf"], "chars holds '\\ud800', a lone surrogate"),
+    "a dataset's meta.json with a lone surrogate": (["train.py", *TINY, "--dataset={root}/surrogate_data", "--out_dir={root}/o1"], "meta.json: chars holds '\\ud800', a lone surrogate"),
+    "BPE special token '' (sample)": (["sample.py", "--out_dir={root}/special_empty"], "special token '' is not written <|name|>"),
+    "BPE special token '' (HF export)": (["export.py", "--out_dir={root}/special_empty", "--hf_dir={root}/hf_out"], "special token '' is not written <|name|>"),
+    "BPE special token ' ' (sample)": (["sample.py", "--out_dir={root}/special_space", "--start=a b"], "special token ' ' is not written <|name|>"),
+    "BPE special token ' ' (HF export)": (["export.py", "--out_dir={root}/special_space", "--hf_dir={root}/hf_out"], "special token ' ' is not written <|name|>"),
+    "BPE special token 'the' (sample)": (["sample.py", "--out_dir={root}/special_the", "--start=the cat"], "special token 'the' is not written <|name|>"),
+    "BPE special token 'the' (HF export)": (["export.py", "--out_dir={root}/special_the", "--hf_dir={root}/hf_out"], "special token 'the' is not written <|name|>"),
     "a bare pickle as ckpt.pt": (["sample.py", "--out_dir={root}/barepickle"], "barepickle/ckpt.pt is not a readable checkpoint (truncated or corrupted?): UnpicklingError: Unsupported operand 149"),
     "meta.pkl with a persistent id": (["train.py", *TINY, "--dataset={root}/persid", "--out_dir={root}/o1"], "is not plain data (A load persistent id instruction was encountered, but no persistent_load"),
     # files that are not regular: a FIFO's open or read would wait for a writer forever
@@ -255,6 +267,7 @@ def make_unreadable_runs(root, state):
     evil = {"tokenizer": "bpe", "pattern": "(?:a|aa)+(?=b)|.", "ranks": "tokenizer.bpe", "vocab_size": 257,
             "special_tokens": {"<|endoftext|>": 256}, "ranks_text": BYTE_RANKS}
     torch.save({**state, "tokenizer": evil}, root / "badpattern" / "ckpt.pt")
+    make_hostile_vocabularies(root, state)
     (root / "barepickle").mkdir()
     (root / "barepickle" / "ckpt.pt").write_bytes(pickle.dumps({"model": {}, "model_args": {}}, protocol=4))
     (root / "persid").mkdir()
@@ -267,6 +280,25 @@ def make_unreadable_runs(root, state):
                                             {"context": "All:", "label": 1, "choices": ["e", "\n"]}])
     (root / "conv.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "All"},
                                                               {"role": "assistant", "content": "Speak"}]}) + "\n")
+
+
+def make_hostile_vocabularies(root, state):
+    """A char vocabulary holding a lone surrogate (in a checkpoint and in a dataset's meta.json), and trained BPEs
+    of 258 tokens (the model's too) whose second special token is "", " " or "the"."""
+    (root / "surrogate").mkdir()
+    chars = state["tokenizer"]["chars"]
+    torch.save({**state, "tokenizer": {**state["tokenizer"], "chars": chars[:-1] + ["\ud800"]}},
+               root / "surrogate" / "ckpt.pt")
+    shutil.copytree(root / "data", root / "surrogate_data")
+    (root / "surrogate_data" / "meta.json").write_text(json.dumps({"tokenizer": "char", "chars": chars[:-1] + ["\ud800"],
+                                                                   "vocab_size": len(chars)}))  # ASCII: "\\ud800"
+    wider = {k: v.repeat(8, 1)[:258].clone() if v.shape[:1] == (len(chars),) else v for k, v in state["model"].items()}
+    for name, special in (("special_empty", ""), ("special_space", " "), ("special_the", "the")):
+        tokenizer = {"tokenizer": "bpe", "pattern": KNOWN_PATTERNS["GPT-2's"], "ranks": "tokenizer.bpe",
+                     "vocab_size": 258, "special_tokens": {"<|endoftext|>": 256, special: 257}, "ranks_text": BYTE_RANKS}
+        (root / name).mkdir()
+        torch.save({**state, "model_args": {**state["model_args"], "vocab_size": 258}, "model": wider,
+                    "tokenizer": tokenizer}, root / name / "ckpt.pt")
 
 
 NEEDS_NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="this case needs a machine without CUDA")
