@@ -272,6 +272,16 @@ def test_a_body_that_is_not_json_is_a_400(server, body):
     assert r.status_code == 400 and "not JSON" in r.json()["error"]["message"]
 
 
+@pytest.mark.parametrize("body, param", [
+    (b'{"prompt": "All:\\ud800", "echo": true, "logprobs": 1, "max_tokens": 2}', "prompt"),
+    (b'{"prompt": "All:", "\\ud800": 1}', "\\ud800"),
+    (b'{"prompt": "All:", "logit_bias": {"' + b"9" * 5000 + b'": 1}}', "logit_bias")],
+    ids=["surrogate-in-an-echoed-prompt", "surrogate-as-a-name", "logit-bias-key-of-5000-digits"])
+def test_text_utf8_cannot_write_and_keys_int_cannot_read_are_a_400_not_a_500(server, body, param):
+    r = httpx.post(server[0] + "/v1/completions", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
 def assert_openai_error(r, status, match, code=None):
     assert r.status_code == status, r.text
     error = r.json()["error"]
