@@ -172,7 +172,8 @@ def test_an_answer_holds_at_most_max_answer_values():
     (b'{"prompt": "a", "logit_bias": {"' + b"9" * 5000 + b'": 1}}', "logit_bias",
      "logit_bias has a key of 5,000 digits; its keys are token ids"),
     (b'{"prompt": "a", "logit_bias": {"5": 1' + b"0" * 400 + b'}}', "logit_bias",
-     "logit_bias of token 5 must be a number in [-100, 100], got an integer of 401 digits")])
+     "logit_bias of token 5 must be a number in [-100, 100], got an integer of 401 digits")],
+    ids=["surrogate-in-prompt", "surrogate-as-name", "surrogate-in-messages", "key-of-5000-digits", "huge-bias"])
 def test_text_utf8_cannot_write_and_numbers_python_cannot_read_are_a_400(body, param, match):
     """JSON's "\\ud800" parses as a lone surrogate, which no answer (nor error object) can encode; int() refuses a
     key of more than 4,300 digits. Each is a 400 naming the parameter, in an error object that is itself text."""

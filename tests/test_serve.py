@@ -383,6 +383,23 @@ def test_a_client_that_disconnects_while_waiting_for_a_whole_answer_frees_its_sl
     assert seq.cancelled and seq.generated < 1000  # 4000 steps would take 80 s
 
 
+def test_a_client_that_drops_mid_body_is_one_log_line(server, capfd):
+    """A client gone before its body arrived is a note in the server's log, not a 40-line traceback."""
+    import socket
+    host, port = server[0].removeprefix("http://").rsplit(":", 1)
+    capfd.readouterr()
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: 1000\r\n\r\n{{\"prompt\": \"All".encode())
+        time.sleep(0.2)
+    logged = []
+    wait_for(lambda: logged.extend(capfd.readouterr().err.splitlines()) or logged, "the server's log line")
+    time.sleep(0.5)  # anything more it would write
+    logged += capfd.readouterr().err.splitlines()
+    assert logged == ["note: a client went away before its request to /v1/completions arrived whole"], logged
+    assert httpx.post(server[0] + "/v1/completions", json=ASK).status_code == 200  # still serving
+
+
 def test_the_attention_view_returns_each_heads_weights(server):
     r = httpx.post(server[0] + "/v1/attention", json={"prompt": "All: hear"})
     data = r.json()
