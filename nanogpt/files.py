@@ -28,7 +28,7 @@ def not_regular(path, mode):
                      f"itself there")
 
 
-def open_regular(path, mode="rb", encoding=None):
+def open_regular(path, mode="rb", encoding=None, errors=None):
     """path opened for reading where it is a regular file (after links); else a UserError naming it.
     OSErrors of the open itself (no such file, no permission) are raised as they are."""
     fd = os.open(path, os.O_RDONLY | NONBLOCK | getattr(os, "O_CLOEXEC", 0))
@@ -40,7 +40,7 @@ def open_regular(path, mode="rb", encoding=None):
     except BaseException:
         os.close(fd)
         raise
-    return os.fdopen(fd, mode, encoding=encoding)
+    return os.fdopen(fd, mode, encoding=encoding, errors=errors)
 
 
 def read_regular(path):
