@@ -150,6 +150,9 @@ CASES = {
     "chat prepare into its base": (["data/chat/prepare.py", "--input", "{root}/conv.jsonl", "--base", "{root}/data", "--out", "{root}/data"], "--out {root}/data is the base dataset"),
     "chat prepare over another dataset": (["data/chat/prepare.py", "--input", "{root}/conv.jsonl", "--base", "{root}/data", "--out", "{root}/other"], "--out {root}/other exists and is not a chat dataset"),
     "chat prepare over an out_dir": (["data/chat/prepare.py", "--input", "{root}/conv.jsonl", "--base", "{root}/data", "--out", "{root}/out"], "--out {root}/out exists and is not a chat dataset"),
+    "chat prepare on a chat dataset as its base": (["data/chat/prepare.py", "--input", "{root}/conv.jsonl", "--base", "{root}/chatdata", "--out", "{root}/chat2"], "--base {root}/chatdata is a chat dataset (made from data): its role tokens would be added twice; pass --base data"),
+    "chat prepare with block_size 0": (["data/chat/prepare.py", "--input", "{root}/conv.jsonl", "--base", "{root}/data", "--out", "{root}/chat2", "--block_size", "0"], "--block_size must be at least 2, got 0"),
+    "chat prepare with block_size 0 and init_from": (["data/chat/prepare.py", "--input", "{root}/conv.jsonl", "--init_from", "{root}/out", "--out", "{root}/chat2", "--block_size", "0"], "--block_size must be at least 2, got 0"),
 }
 
 BYTE_RANKS = "".join(f"{base64.b64encode(bytes([b])).decode()} {b}\n" for b in range(256))  # a byte-level BPE, no merges
@@ -280,6 +283,9 @@ def make_unreadable_runs(root, state):
                                             {"context": "All:", "label": 1, "choices": ["e", "\n"]}])
     (root / "conv.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "All"},
                                                               {"role": "assistant", "content": "Speak"}]}) + "\n")
+    from nanogpt.chat_dataset import prepare_chat
+    (root / "conv4.jsonl").write_text((root / "conv.jsonl").read_text() * 4)
+    prepare_chat(str(root / "conv4.jsonl"), str(root / "data"), str(root / "chatdata"), block_size=16, log=lambda *a: None)
 
 
 def make_hostile_vocabularies(root, state):
@@ -311,7 +317,7 @@ def test_bad_input_is_one_line_exit_2_and_touches_nothing(run, case):
     args, message = CASES[case]
     args, message = [a.format(root=run) for a in args], message.format(root=run)
     watched = [d for d in ("out", "truncated", "garbage", "empty", "nometa", "wrongtype", "wrongconfig", "hugeclaim",
-                           "nanweights", "bigids", "data", "other", "barepickle", "adir") if (run / d).exists()]
+                           "nanweights", "bigids", "data", "other", "barepickle", "adir", "chatdata") if (run / d).exists()]
     before = {d: snapshot(run / d) for d in watched}
     names = sorted(os.listdir(run))
     result = run_script(args, timeout=120)
