@@ -7,6 +7,10 @@ first '=', read as a Python literal where it is one and converted to the field's
 value of the wrong type is one line that says what to do. The machinery lives in nanogpt/settings.py, where
 the library reads a recipe too; the programs and your own scripts import it from here.
 """
-from nanogpt.errors import UserError  # noqa: F401: scripts' and users' code import it from here
-from nanogpt.settings import check_key, help_text, parse_args, parse_literal, read_config_file  # noqa: F401
-from nanogpt.values import convert, report_overrides  # noqa: F401: report_overrides for the programs
+from nanogpt.errors import UserError
+from nanogpt.settings import check_key, help_text, parse_args, parse_literal, read_config_file
+from nanogpt.values import convert, report_overrides
+
+# what the programs and users' scripts import from here
+__all__ = ["UserError", "check_key", "convert", "help_text", "parse_args", "parse_literal", "read_config_file",
+           "report_overrides"]

@@ -17,11 +17,12 @@ from nanogpt.metrics import read_log
 from nanogpt.program import run_main
 
 
-def last_run(path):
+def last_run(path, quiet=False):
     """The records of the last run in a log.jsonl. A resumed process continues its run from the checkpoint's
-    iter: the records logged after it are replaced by the resumed process's."""
+    iter: the records logged after it are replaced by the resumed process's. The lines skipped are noted on
+    stderr (quiet: not, where a reading before has noted them)."""
     runs = []
-    for record in read_log(path, note=lambda line: print(line, file=sys.stderr)):
+    for record in read_log(path, note=lambda line: quiet or print(line, file=sys.stderr)):
         if record["kind"] == "config" and record.get("init_from") == "resume" and runs:
             start = record.get("iter", float("inf"))  # a config record that does not say where it resumed: every earlier record is kept
             runs[-1] = [r for r in runs[-1] if r.get("iter", 0) <= start]
@@ -51,9 +52,9 @@ def read_evals(out_dir, metric="val_loss"):
 
 def read_tasks(out_dir, metric="acc"):
     """{task: [(iter, train_time, metric)]} of the lm-eval tasks scored at the last run's evaluations
-    (train.py's eval_tasks); {} where none were."""
+    (train.py's eval_tasks); {} where none were. (read_evals has noted the lines skipped.)"""
     scores = {}
-    for r in last_run(log_path(out_dir)):
+    for r in last_run(log_path(out_dir), quiet=True):
         for key, value in r.items() if r["kind"] == "tasks" else ():
             task, _, name = key.rpartition("/")
             if task and name == metric and value is not None:

@@ -38,9 +38,11 @@ from data.tangshi.poems import ACROSTIC, held_out_keys, train_requests
 from nanogpt.batches import dataset_dir
 from nanogpt.checkpoint import (OutDirLock, latest_form, load_checkpoint, model_args, model_from_checkpoint,
                                 save_checkpoint, set_rng_state)
+from nanogpt.device import resolve_device
 from nanogpt.distributed import (collective_device, gather_rng, record_mean_over_ranks, setup_distributed,
                                  sum_over_ranks, teardown)
 from nanogpt.errors import UserError
+from nanogpt.files import read_named_text
 from nanogpt.generate import check_sampling, sample_seed
 from nanogpt.memory import check_fits, kv_cache_bytes, training_bytes
 from nanogpt.metrics import Metrics
@@ -165,11 +167,8 @@ def read_requests(cfg):
     """The train prompts (request texts) and the held-out eval keys (None without the Tang dataset)."""
     if cfg.prompts.startswith("FILE:"):
         path = cfg.prompts[5:]
-        try:
-            with open(path, encoding="utf-8") as f:
-                requests = [line.strip() for line in f if line.strip()]
-        except (OSError, UnicodeDecodeError) as e:
-            raise UserError(f"--prompts=FILE:{path}: cannot read it ({e})") from None
+        text = read_named_text(path, f"--prompts={cfg.prompts}")  # a regular file: /dev/zero never ends
+        requests = [line.strip() for line in text.splitlines() if line.strip()]
         keys = None
     elif cfg.prompts == "tangshi":
         kinds = tuple(k.strip() for k in cfg.requests.split(","))
@@ -246,7 +245,7 @@ class Run:
         if self.world > 1 and cfg.device.startswith("cuda"):
             cfg.device = f"cuda:{local_rank}"
         self.master = self.rank == 0
-        device = self.device = torch.device(cfg.device)
+        device = self.device = resolve_device(cfg.device, local_rank)  # before the checkpoint: a missing GPU is named
         ckpt, path = load_start(cfg, device)
         base = RLConfig()
         if cfg.init_from == "resume":  # the run's own settings, with what this command line gives on top

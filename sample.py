@@ -21,12 +21,15 @@ import torch
 from configurator import parse_args, report_overrides
 from nanogpt.device import autocast, resolve_device, resolve_dtype
 from nanogpt.errors import UserError
+from nanogpt.files import read_named_text
 from nanogpt.generate import Continuation, Sampling, check_sampling, check_stops, continue_rows, sample_seed, stream
 from nanogpt.memory import check_fits, kv_cache_bytes
 from nanogpt.program import run_main
 from nanogpt.source import Source, load_model
 
 SEPARATOR = "---------------"
+
+PROMPT_BYTES = 1 << 24  # a prompt file's most: a model reads its last block_size tokens
 
 
 @dataclass
@@ -65,14 +68,7 @@ def unescape(text):
 def read_prompt(start):
     if not start.startswith("FILE:"):
         return start
-    path = start[5:]
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except UnicodeDecodeError as e:
-        raise UserError(f"--start=FILE:{path} is not UTF-8 text (bad byte at offset {e.start}); save it as UTF-8") from None
-    except OSError as e:
-        raise UserError(f"--start=FILE:{path}: cannot read the prompt file ({e.strerror})") from None
+    return read_named_text(start[5:], f"--start={start}", PROMPT_BYTES)
 
 
 def main(argv):

@@ -48,6 +48,7 @@ from starlette.applications import Starlette
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -489,10 +490,14 @@ async def read_json(request):
         raise BadRequest(f"the body's Content-Type is {media or 'missing'!r}; send JSON as application/json",
                          status=415)
     body = b""
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_BODY_BYTES:
-            raise BadRequest(f"the request body is over {MAX_BODY_BYTES:,} bytes", status=413)
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_BODY_BYTES:
+                raise BadRequest(f"the request body is over {MAX_BODY_BYTES:,} bytes", status=413)
+    except ClientDisconnect:  # nothing went wrong here: one line in the log, and no answer anyone reads
+        print(f"note: a client went away before its request to {request.url.path} arrived whole", file=sys.stderr)
+        raise BadRequest("the request's body was cut short: the client went away") from None
     return json_object(body)
 
 

@@ -12,7 +12,7 @@ from tqdm import tqdm
 from nanogpt import REPOSITORY
 from nanogpt.checkpoint import load_checkpoint
 from nanogpt.errors import UserError
-from nanogpt.files import open_to_write
+from nanogpt.files import open_regular, open_to_write
 from nanogpt.source import checkpoint_file
 from nanogpt.tokenizer import ROLES, chat_meta, read_meta, tokenizer_from_meta
 
@@ -75,7 +75,7 @@ def unmask_turn(ids, mask, tokenizer, turn):
 def read_conversations(path, tokenizer, block_size, log):
     """[(ids, mask)] of the file's good lines; bad ones are reported and skipped."""
     good, bad = [], []
-    with open(path, "rb") as f, tqdm(total=os.path.getsize(path), unit="B", unit_scale=True, desc="encode",
+    with open_regular(path) as f, tqdm(total=os.path.getsize(path), unit="B", unit_scale=True, desc="encode",
                                      disable=None) as bar:
         for number, raw in enumerate(f, start=1):
             bar.update(len(raw))
@@ -121,7 +121,12 @@ def prepare_chat(input_path, base, out_dir, block_size=1024, val_fraction=0.1, l
         raise UserError(f"--block_size must be at least 2, got {block_size}")
     source = base_dir(base)
     check_out(out_dir, source)
-    meta = chat_meta(read_meta(source))
+    meta_of_base = read_meta(source)
+    if (meta_of_base or {}).get("chat"):
+        raise UserError(f"--base {base} is a chat dataset (made from {meta_of_base.get('base', 'another')}): its role "
+                        f"tokens would be added twice; pass --base {meta_of_base.get('base', 'DATASET')}, the dataset "
+                        f"the model was pretrained on")
+    meta = chat_meta(meta_of_base)
     tokenizer = tokenizer_from_meta({**meta, "ranks_text": read_meta(source).get("ranks_text")})
     meta["dtype"] = "uint16" if meta["vocab_size"] <= 1 << 16 else "uint32"
     meta["base"] = os.path.basename(os.path.normpath(source))
@@ -184,11 +189,14 @@ def replace_dir(tmp, out_dir):
 
 def model_defaults(init_from, base, block_size):
     """(base, block_size): as given, else init_from's checkpoint's dataset and context (1024 without one).
-    A context longer than the checkpoint's is refused: train.py would leave out what only it fits."""
+    A context longer than the checkpoint's is refused: train.py would leave out what only it fits. None alone
+    means "the default": a block_size of 0 is refused (prepare_chat's rule), never read as none given."""
+    if block_size is not None and block_size < 2:
+        raise UserError(f"--block_size must be at least 2, got {block_size}")
     if init_from is None:
         if base is None:
             raise UserError("give --init_from OUT_DIR (the checkpoint to fine-tune) or --base DATASET")
-        return base, block_size or 1024
+        return base, 1024 if block_size is None else block_size
     path = checkpoint_file(init_from)
     if path is None:
         raise UserError(f"--init_from {init_from} holds no training checkpoint (an out_dir with ckpt.pt, or the "
@@ -198,4 +206,4 @@ def model_defaults(init_from, base, block_size):
     if block_size is not None and block_size > context:
         raise UserError(f"--block_size {block_size} is longer than {init_from}'s context ({context}): fine-tuning "
                         f"would leave out the conversations only it fits; omit --block_size (it is then {context})")
-    return base or ckpt.get("config", {}).get("dataset"), block_size or context
+    return base or ckpt.get("config", {}).get("dataset"), context if block_size is None else block_size

@@ -13,7 +13,7 @@ from tqdm import tqdm
 
 from nanogpt import REPOSITORY
 from nanogpt.errors import UserError
-from nanogpt.files import open_to_write
+from nanogpt.files import open_regular, open_to_write
 from nanogpt.settings import read_config_file  # a recipe's assignments: what train.py would run
 from nanogpt.tokenizer import GPT2BPE, CharTokenizer, TrainedBPE, ranks_text, write_meta
 
@@ -47,17 +47,24 @@ def find_or_download(argv, here, url=SHAKESPEARE_URL):
     return path
 
 
-def list_inputs(path):
+def list_inputs(path, log=print):
     """The input files: the file itself, or every file under a directory in sorted order, hidden files and
-    folders (names starting with a dot) skipped."""
-    if os.path.isfile(path):
-        return [path]
+    folders (names starting with a dot) skipped, and so is a link whose target lies outside the directory (a
+    note names it): a dataset holds only what the folder holds. (read_text reads only regular files.)"""
     if not os.path.isdir(path):
-        raise UserError(f"input {path} not found; give a UTF-8 text file or a directory of them")
-    files = []
+        if not os.path.lexists(path):
+            raise UserError(f"input {path} not found; give a UTF-8 text file or a directory of them")
+        return [path]
+    files, inside = [], os.path.realpath(path)
     for d, dirs, names in os.walk(path):
         dirs[:] = [name for name in dirs if not name.startswith(".")]  # hidden folders (.git, .cache) at any depth
-        files += [os.path.join(d, name) for name in names if not name.startswith(".")]
+        for name in sorted(n for n in names if not n.startswith(".")):
+            file = os.path.join(d, name)
+            target = os.path.realpath(file)
+            if os.path.commonpath([target, inside]) != inside:
+                log(f"note: skipping {file}: it links to {target}, outside {path}; copy the file in to include it")
+                continue
+            files.append(file)
     files.sort()
     if not files:
         raise UserError(f"input directory {path} has no files")
@@ -71,7 +78,7 @@ def read_text(path, chunk_bytes=None):
     utf8 = codecs.getincrementaldecoder("utf-8")()
     pending = ""  # a trailing \r waits: it may start a \r\n
     offset = 0
-    with open(path, "rb") as f:
+    with open_regular(path) as f:  # a FIFO or a device in the input would never end
         while True:
             raw = f.read(chunk_bytes)
             try:
@@ -146,7 +153,7 @@ def prepare(input_path, tokenizer="char", out_dir=".", val_fraction=0.1, log=pri
     if tokenizer == "bpe" and not 257 <= vocab_size <= 1 << 20:
         raise UserError(f"--vocab_size must be at least 257 (the 256 bytes and <|endoftext|>) and at most "
                         f"{1 << 20}, got {vocab_size}")
-    files = list_inputs(input_path)
+    files = list_inputs(input_path, log)
     total_bytes = sum(os.path.getsize(f) for f in files)
     passes = 3 if tokenizer == "bpe" else 2  # scan, (train,) encode
     with tqdm(total=passes * total_bytes, unit="B", unit_scale=True, desc="prepare", disable=None) as bar:

@@ -28,7 +28,7 @@ def not_regular(path, mode):
                      f"itself there")
 
 
-def open_regular(path, mode="rb", encoding=None):
+def open_regular(path, mode="rb", encoding=None, errors=None):
     """path opened for reading where it is a regular file (after links); else a UserError naming it.
     OSErrors of the open itself (no such file, no permission) are raised as they are."""
     fd = os.open(path, os.O_RDONLY | NONBLOCK | getattr(os, "O_CLOEXEC", 0))
@@ -40,13 +40,33 @@ def open_regular(path, mode="rb", encoding=None):
     except BaseException:
         os.close(fd)
         raise
-    return os.fdopen(fd, mode, encoding=encoding)
+    return os.fdopen(fd, mode, encoding=encoding, errors=errors)
 
 
 def read_regular(path):
     """The bytes of a regular file (open_regular's rule)."""
     with open_regular(path) as f:
         return f.read()
+
+
+def read_named_text(path, what, limit=None):
+    """The UTF-8 text of a file a user names (what: how messages name it, e.g. "--start=FILE:p.txt"): read only
+    where it is a regular file (open_regular's rule: /dev/zero or a FIFO would never end), of at most limit bytes;
+    else a UserError saying what is wrong. Universal newlines, as open() reads text; a byte-order mark is dropped."""
+    try:
+        with open_regular(path) as f:
+            data = f.read(-1 if limit is None else limit + 1)
+    except UserError as e:
+        raise UserError(f"{what}: {e}") from None
+    except OSError as e:
+        raise UserError(f"{what}: cannot read it ({e.strerror or e})") from None
+    if limit is not None and len(data) > limit:
+        raise UserError(f"{what} is over {limit:,} bytes; give a shorter file")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{what} is not UTF-8 text (bad byte at offset {e.start}); save it as UTF-8") from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 def check_regular(path):

@@ -8,7 +8,7 @@ from dataclasses import asdict
 from tqdm import tqdm
 
 from nanogpt.errors import UserError
-from nanogpt.files import open_fd_to_write
+from nanogpt.files import open_fd_to_write, open_regular
 
 
 class Clock:
@@ -102,16 +102,25 @@ class Metrics:
             self.file = None
 
 
+NUMBERED = ("train", "eval", "tasks", "rl", "rl_eval")  # the kinds whose fields are numbers (or null)
+TIMED = ("eval", "tasks")  # the kinds plot.py draws against training time
+
+
 def read_log(path, note=None):
-    """The records of a log.jsonl. A line cut short (a write that failed, a lost power) is skipped with a note, and a record appended to it on the same line is kept."""
-    records = []
-    with open(path, encoding="utf-8", errors="replace") as f:
+    """The records of a log.jsonl. A line cut short (a write that failed, a lost power) is skipped with a note, and a
+    record appended to it on the same line is kept; so is a record of the wrong shape (malformed says how)."""
+    records, say = [], note or print
+    with open_regular(path, "r", encoding="utf-8", errors="replace") as f:  # a FIFO would wait forever
         for number, line in enumerate(f, 1):
             record = parse_record(line)
             if record is None:
-                (note or print)(f"note: {path}:{number}: skipping a torn line (a write cut short): {line[:60]!r}")
+                say(f"note: {path}:{number}: skipping a torn line (a write cut short) or one that is no JSON record: "
+                    f"{line[:60]!r}")
                 record = parse_record(line[max(line.rfind('{"kind": '), 1):])  # what was appended to it
-            if record is not None:
+            problem = record is not None and malformed(record)
+            if problem:
+                say(f"note: {path}:{number}: skipping a {record['kind'][:20]!r} record: {problem}")
+            elif record is not None:
                 records.append(record)
     return records
 
@@ -119,6 +128,21 @@ def read_log(path, note=None):
 def parse_record(text):
     try:
         record = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: arrays nested thousands deep
         return None
     return record if isinstance(record, dict) and isinstance(record.get("kind"), str) else None
+
+
+def malformed(record):
+    """What makes a record unfit to read (None where nothing): an iter that is not a whole number; in the kinds
+    of numbers, a field that is not one (a loss written as a string), and in the timed kinds no train_time."""
+    if "iter" in record and type(record["iter"]) is not int:
+        return f"its iter is {json.dumps(record['iter'])[:40]}, not a whole number"
+    if record["kind"] not in NUMBERED:
+        return None
+    if "iter" not in record or (record["kind"] in TIMED and "train_time" not in record):
+        return "it has no " + ("iter" if "iter" not in record else "train_time")
+    for key, value in record.items():
+        if key != "kind" and value is not None and type(value) not in (int, float):
+            return f"its {key[:40]} is {json.dumps(value)[:40]}, not a number"
+    return None

@@ -83,7 +83,27 @@ def json_object(raw):
         raise BadRequest(f"the body is not JSON ({e}); send a JSON object") from None
     if not isinstance(value, dict):
         raise BadRequest(f"the body is a JSON {type(value).__name__}; send a JSON object")
+    check_text(value)
     return value
+
+
+def check_text(body):
+    """A BadRequest naming the parameter where the body holds a lone surrogate: JSON's "\\ud800" parses as one,
+    which no text holds (UTF-8 cannot write it, so neither could an answer echoing it), as OpenAI refuses it."""
+    try:
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+        return
+    except RecursionError:
+        raise BadRequest("the body is nested too deep; send a flatter JSON object") from None
+    except UnicodeEncodeError:
+        pass
+    for name, value in body.items():
+        try:
+            json.dumps([name, value], ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as e:
+            shown = name.encode("utf-8", "backslashreplace").decode()  # the error object itself must be text
+            raise BadRequest(f"{shown} holds {e.object[e.start:e.end]!r}, a lone surrogate (half of a UTF-16 "
+                             f"pair), which is not text; send valid Unicode", shown) from None
 
 
 # --- reading a request --------------------------------------------------------------------------------
@@ -223,7 +243,16 @@ def parse_logit_bias(body):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise BadRequest(f"logit_bias of token {key} must be a number in [-100, 100], got "
                              f"{json.dumps(value)[:40]}", "logit_bias")
-        out[int(key)] = float(value)
+        try:
+            token = int(key)
+        except ValueError:  # int() refuses a string of more than 4,300 digits
+            raise BadRequest(f"logit_bias has a key of {len(key):,} digits; its keys are token ids of this "
+                             f"vocabulary", "logit_bias") from None
+        try:
+            out[token] = float(value)
+        except OverflowError:
+            raise BadRequest(f"logit_bias of token {key} must be a number in [-100, 100], got an integer of "
+                             f"{len(str(value)):,} digits", "logit_bias") from None
     return out or None
 
 

@@ -18,14 +18,15 @@ form, rhyme, tone (verse.py: the 平水韻 dictionary) and guard.
 """
 import dataclasses
 import difflib
-import importlib.util
 import math
 import os
 import re
+import types
 from collections import Counter
 from dataclasses import dataclass
 
 from nanogpt.errors import UserError
+from nanogpt.files import read_named_text
 from nanogpt.verse import regular, rhyme_score, tone_score
 
 REGISTRY = {}  # name -> Reward
@@ -47,11 +48,22 @@ def reward(name, gate=False):
 
 
 def load_reward_file(path):
-    """Import a Python file of @reward functions (a user's own rewards)."""
-    if not os.path.isfile(path):
-        raise UserError(f"--reward_file={path}: no such file")
-    spec = importlib.util.spec_from_file_location(f"user_rewards_{abs(hash(path))}", path)
-    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    """Run a Python file of @reward functions (a user's own rewards), read as a regular file; a file that does not
+    compile, or raises while it runs (an import that fails), is one UserError saying where it broke."""
+    what = f"--reward_file={path}"
+    if not os.path.exists(path):
+        raise UserError(f"{what}: no such file")
+    module = types.ModuleType(f"user_rewards_{abs(hash(path))}")
+    module.__file__ = path
+    try:
+        exec(compile(read_named_text(path, what), path, "exec"), module.__dict__)
+    except SyntaxError as e:
+        raise UserError(f"{what}: line {e.lineno}: syntax error: {e.msg}; fix the file") from None
+    except UserError:
+        raise
+    except Exception as e:  # a reward file is user code: say where it broke, not Python's traceback
+        first = (str(e).splitlines() or [""])[0][:200]
+        raise UserError(f"{what}: running it raised {type(e).__name__}: {first}; fix the file") from None
 
 
 def parse_rewards(spec):

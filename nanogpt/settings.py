@@ -20,6 +20,7 @@ import types
 import typing
 
 from nanogpt.errors import UserError
+from nanogpt.files import open_regular
 from nanogpt.values import convert
 
 
@@ -126,7 +127,8 @@ def check_key(key, hints, source):
 def read_config_file(path):
     """The top-level names a config file assigns (modules, functions and _private names skipped)."""
     try:
-        with open(path, encoding="utf-8-sig") as f:  # -sig: a byte-order mark (Notepad writes one) is no text
+        # a regular file only: a FIFO would wait forever; -sig: a byte-order mark (Notepad writes one) is no text
+        with open_regular(path, "r", encoding="utf-8-sig") as f:
             source = f.read()
     except UnicodeDecodeError as e:
         raise UserError(f"config file {path} is not UTF-8 text (bad byte at offset {e.start}); save it as UTF-8") from None

@@ -33,6 +33,8 @@ KNOWN_PATTERNS = {
     "GPT-2's": r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s""",
 }
 
+SPECIAL_NAME = re.compile(r"<\|[^\s|<>]+\|>")  # how a special token is written: no text holds one by accident
+
 
 class CharTokenizer:
     kind = "char"
@@ -353,6 +355,11 @@ def check_meta(meta, path):
         return UserError(f"{path}: {what}; re-run the dataset's prepare.py")
     if not isinstance(meta, dict):
         raise bad(f"holds a {type(meta).__name__}, expected an object")
+    for key, value in meta.items():  # JSON's "\ud800" reads as a lone surrogate, which no text can write
+        try:
+            json.dumps([key, value], ensure_ascii=False, default=repr).encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise bad(f"{key} holds {e.object[e.start:e.end]!r}, a lone surrogate: no character of text") from None
     kind = meta.get("tokenizer")
     if kind is not None and kind not in ("char", "gpt2", "bpe"):
         raise bad(f"unknown tokenizer {kind!r}; expected 'char', 'gpt2' or 'bpe'")
@@ -362,6 +369,9 @@ def check_meta(meta, path):
                               and all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
                                       for k, v in meta["special_tokens"].items())):
         raise bad("a bpe tokenizer needs its pattern, its ranks file (a name in the dataset) and special_tokens")
+    names = [name for name in meta.get("special_tokens") or {} if not SPECIAL_NAME.fullmatch(name)]
+    if kind == "bpe" and names:  # "", " " or "the" would take text for a special token, or never match
+        raise bad(f"special token {names[0]!r} is not written <|name|> (as <|endoftext|>) with no space in the name")
     vocab = meta.get("vocab_size")
     if vocab is not None and (not isinstance(vocab, int) or isinstance(vocab, bool) or vocab < 1):
         raise bad(f"vocab_size is {vocab!r}, expected a whole number >= 1")

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from conftest import run_script
+from nanogpt.tokenizer import KNOWN_PATTERNS
 from train import TrainConfig, train
 
 TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=4",
@@ -108,6 +109,17 @@ CASES = {
     "checkpoint's tokenizer with a rank of 10^8": (["sample.py", "--out_dir={root}/hugerankckpt"], "tokenizer.bpe:257: rank 100000000"),
     "checkpoint's char tokenizer smaller than its model": (["sample.py", "--out_dir={root}/fewchars"], "but its tokenizer has 8; sample with the tokenizer"),
     "checkpoint's BPE pattern that backtracks": (["sample.py", "--out_dir={root}/badpattern", "--start=" + "a" * 40], "refusing the trained BPE's split pattern '(?:a|aa)+(?=b)|.'"),
+    # a vocabulary UTF-8 cannot write, special tokens that text could hold: refused wherever a tokenizer is read
+    "a vocabulary with a lone surrogate (sample)": (["sample.py", "--out_dir={root}/surrogate"], "its tokenizer: chars holds '\\ud800', a lone surrogate"),
+    "a vocabulary with a lone surrogate (HF export)": (["export.py", "--out_dir={root}/surrogate", "--hf_dir={root}/hf_out"], "chars holds '\\ud800', a lone surrogate"),
+    "a vocabulary with a lone surrogate (GGUF export)": (["export.py", "--out_dir={root}/surrogate", "--format=gguf", "--gguf_file={root}/out.gguf"], "chars holds '\\ud800', a lone surrogate"),
+    "a dataset's meta.json with a lone surrogate": (["train.py", *TINY, "--dataset={root}/surrogate_data", "--out_dir={root}/o1"], "meta.json: chars holds '\\ud800', a lone surrogate"),
+    "BPE special token '' (sample)": (["sample.py", "--out_dir={root}/special_empty"], "special token '' is not written <|name|>"),
+    "BPE special token '' (HF export)": (["export.py", "--out_dir={root}/special_empty", "--hf_dir={root}/hf_out"], "special token '' is not written <|name|>"),
+    "BPE special token ' ' (sample)": (["sample.py", "--out_dir={root}/special_space", "--start=a b"], "special token ' ' is not written <|name|>"),
+    "BPE special token ' ' (HF export)": (["export.py", "--out_dir={root}/special_space", "--hf_dir={root}/hf_out"], "special token ' ' is not written <|name|>"),
+    "BPE special token 'the' (sample)": (["sample.py", "--out_dir={root}/special_the", "--start=the cat"], "special token 'the' is not written <|name|>"),
+    "BPE special token 'the' (HF export)": (["export.py", "--out_dir={root}/special_the", "--hf_dir={root}/hf_out"], "special token 'the' is not written <|name|>"),
     "a bare pickle as ckpt.pt": (["sample.py", "--out_dir={root}/barepickle"], "barepickle/ckpt.pt is not a readable checkpoint (truncated or corrupted?): UnpicklingError: Unsupported operand 149"),
     "meta.pkl with a persistent id": (["train.py", *TINY, "--dataset={root}/persid", "--out_dir={root}/o1"], "is not plain data (A load persistent id instruction was encountered, but no persistent_load"),
     # files that are not regular: a FIFO's open or read would wait for a writer forever
@@ -118,6 +130,14 @@ CASES = {
     "a .distcp shard a FIFO on resume": (["train.py", "--init_from=resume", "--out_dir={root}/fifo_distcp"], "ckpt.dcp/__0_0.distcp is not a regular file (it is a FIFO)"),
     "model.safetensors a FIFO": (["sample.py", "--init_from={root}/hf_fifo"], "hf_fifo/model.safetensors is not a regular file (it is a FIFO)"),
     "config.json a FIFO": (["sample.py", "--init_from={root}/hf_fifoconfig"], "hf_fifoconfig/config.json is not a regular file (it is a FIFO)"),
+    # files a user names: read only where they are regular files (/dev/zero never ends, a FIFO waits for a writer)
+    "prompt file /dev/zero": (["sample.py", "--out_dir={root}/out", "--start=FILE:/dev/zero"], "--start=FILE:/dev/zero: /dev/zero is not a regular file (it is a character device)"),
+    "prompt file a FIFO": (["sample.py", "--out_dir={root}/out", "--start=FILE:{root}/fifo_named"], "fifo_named is not a regular file (it is a FIFO)"),
+    "config file a FIFO": (["train.py", "{root}/fifo_named"], "fifo_named is not a regular file (it is a FIFO)"),
+    "reward file a FIFO": (["rl.py", "--init_from={root}/out", "--reward_file={root}/fifo_named"], "fifo_named is not a regular file (it is a FIFO)"),
+    "reward file with a syntax error": (["rl.py", "--init_from={root}/out", "--reward_file={root}/syntax_reward.py"], "syntax_reward.py: line 2: syntax error"),
+    "reward file whose import fails": (["rl.py", "--init_from={root}/out", "--reward_file={root}/import_reward.py"], "running it raised ModuleNotFoundError: No module named 'no_such_module_here'"),
+    "rl.py device=cuda without CUDA": (["rl.py", "--init_from={root}/out", "--device=cuda"], "device=cuda but CUDA is not available on this machine"),
     ".lock a FIFO": (["train.py", *TINY, "--dataset={root}/data", "--out_dir={root}/fifo_lock", "--max_iters=1"], "refusing to write {root}/fifo_lock/.lock: it is not a regular file (it is a FIFO)"),
     # Hugging Face directories
     "config.json with a string n_embd": (["sample.py", "--init_from={root}/hf_strembd"], "config.json: n_embd is '32', expected int"),
@@ -130,6 +150,9 @@ CASES = {
     "chat prepare into its base": (["data/chat/prepare.py", "--input", "{root}/conv.jsonl", "--base", "{root}/data", "--out", "{root}/data"], "--out {root}/data is the base dataset"),
     "chat prepare over another dataset": (["data/chat/prepare.py", "--input", "{root}/conv.jsonl", "--base", "{root}/data", "--out", "{root}/other"], "--out {root}/other exists and is not a chat dataset"),
     "chat prepare over an out_dir": (["data/chat/prepare.py", "--input", "{root}/conv.jsonl", "--base", "{root}/data", "--out", "{root}/out"], "--out {root}/out exists and is not a chat dataset"),
+    "chat prepare on a chat dataset as its base": (["data/chat/prepare.py", "--input", "{root}/conv.jsonl", "--base", "{root}/chatdata", "--out", "{root}/chat2"], "--base {root}/chatdata is a chat dataset (made from data): its role tokens would be added twice; pass --base data"),
+    "chat prepare with block_size 0": (["data/chat/prepare.py", "--input", "{root}/conv.jsonl", "--base", "{root}/data", "--out", "{root}/chat2", "--block_size", "0"], "--block_size must be at least 2, got 0"),
+    "chat prepare with block_size 0 and init_from": (["data/chat/prepare.py", "--input", "{root}/conv.jsonl", "--init_from", "{root}/out", "--out", "{root}/chat2", "--block_size", "0"], "--block_size must be at least 2, got 0"),
 }
 
 BYTE_RANKS = "".join(f"{base64.b64encode(bytes([b])).decode()} {b}\n" for b in range(256))  # a byte-level BPE, no merges
@@ -228,6 +251,9 @@ def make_unreadable_runs(root, state):
     os.mkfifo(root / "fifo_ckpt" / "ckpt.pt")
     (root / "fifo_lock").mkdir()
     os.mkfifo(root / "fifo_lock" / ".lock")
+    os.mkfifo(root / "fifo_named")
+    (root / "syntax_reward.py").write_text("from nanogpt.rewards import reward\ndef thou(request, answer:\n")
+    (root / "import_reward.py").write_text("import no_such_module_here\n")
     for name, config in (("hf_fifo", json.dumps(HF_CONFIG)), ("hf_fifoconfig", None),
                          ("hf_strembd", json.dumps({**HF_CONFIG, "n_embd": "32"})),
                          ("hf_deep", '{"n_embd": ' + "[" * 100_000 + "]" * 100_000 + "}")):
@@ -244,6 +270,7 @@ def make_unreadable_runs(root, state):
     evil = {"tokenizer": "bpe", "pattern": "(?:a|aa)+(?=b)|.", "ranks": "tokenizer.bpe", "vocab_size": 257,
             "special_tokens": {"<|endoftext|>": 256}, "ranks_text": BYTE_RANKS}
     torch.save({**state, "tokenizer": evil}, root / "badpattern" / "ckpt.pt")
+    make_hostile_vocabularies(root, state)
     (root / "barepickle").mkdir()
     (root / "barepickle" / "ckpt.pt").write_bytes(pickle.dumps({"model": {}, "model_args": {}}, protocol=4))
     (root / "persid").mkdir()
@@ -256,6 +283,28 @@ def make_unreadable_runs(root, state):
                                             {"context": "All:", "label": 1, "choices": ["e", "\n"]}])
     (root / "conv.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "All"},
                                                               {"role": "assistant", "content": "Speak"}]}) + "\n")
+    from nanogpt.chat_dataset import prepare_chat
+    (root / "conv4.jsonl").write_text((root / "conv.jsonl").read_text() * 4)
+    prepare_chat(str(root / "conv4.jsonl"), str(root / "data"), str(root / "chatdata"), block_size=16, log=lambda *a: None)
+
+
+def make_hostile_vocabularies(root, state):
+    """A char vocabulary holding a lone surrogate (in a checkpoint and in a dataset's meta.json), and trained BPEs
+    of 258 tokens (the model's too) whose second special token is "", " " or "the"."""
+    (root / "surrogate").mkdir()
+    chars = state["tokenizer"]["chars"]
+    torch.save({**state, "tokenizer": {**state["tokenizer"], "chars": chars[:-1] + ["\ud800"]}},
+               root / "surrogate" / "ckpt.pt")
+    shutil.copytree(root / "data", root / "surrogate_data")
+    (root / "surrogate_data" / "meta.json").write_text(json.dumps({"tokenizer": "char", "chars": chars[:-1] + ["\ud800"],
+                                                                   "vocab_size": len(chars)}))  # ASCII: "\\ud800"
+    wider = {k: v.repeat(8, 1)[:258].clone() if v.shape[:1] == (len(chars),) else v for k, v in state["model"].items()}
+    for name, special in (("special_empty", ""), ("special_space", " "), ("special_the", "the")):
+        tokenizer = {"tokenizer": "bpe", "pattern": KNOWN_PATTERNS["GPT-2's"], "ranks": "tokenizer.bpe",
+                     "vocab_size": 258, "special_tokens": {"<|endoftext|>": 256, special: 257}, "ranks_text": BYTE_RANKS}
+        (root / name).mkdir()
+        torch.save({**state, "model_args": {**state["model_args"], "vocab_size": 258}, "model": wider,
+                    "tokenizer": tokenizer}, root / name / "ckpt.pt")
 
 
 NEEDS_NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="this case needs a machine without CUDA")
@@ -268,7 +317,7 @@ def test_bad_input_is_one_line_exit_2_and_touches_nothing(run, case):
     args, message = CASES[case]
     args, message = [a.format(root=run) for a in args], message.format(root=run)
     watched = [d for d in ("out", "truncated", "garbage", "empty", "nometa", "wrongtype", "wrongconfig", "hugeclaim",
-                           "nanweights", "bigids", "data", "other", "barepickle", "adir") if (run / d).exists()]
+                           "nanweights", "bigids", "data", "other", "barepickle", "adir", "chatdata") if (run / d).exists()]
     before = {d: snapshot(run / d) for d in watched}
     names = sorted(os.listdir(run))
     result = run_script(args, timeout=120)
@@ -355,3 +404,18 @@ def test_export_replaces_links_planted_in_its_directory_and_leaves_their_targets
     assert all(not os.path.islink(hf / name) and (hf / name).stat().st_size > 0
                for name in ("model.safetensors", "config.json", "meta.json"))
     assert not [n for n in os.listdir(hf) if n.startswith(".")]  # its temporary directory is gone
+
+
+@pytest.mark.parametrize("named", ["/dev/zero", "a FIFO"])
+def test_an_rl_prompts_file_that_never_ends_is_one_line(tmp_path, named):
+    """--prompts=FILE: is read only where it is a regular file: /dev/zero would fill memory, a FIFO wait forever."""
+    path = "/dev/zero" if named == "/dev/zero" else str(tmp_path / "fifo")
+    if named == "a FIFO":
+        os.mkfifo(path)
+    code = ("import sys, rl; from nanogpt.program import run_main; "
+            "run_main(lambda argv: rl.read_requests(rl.RLConfig(prompts=sys.argv[1])))")
+    result = run_script(["-c", code, f"FILE:{path}"], timeout=60)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.splitlines() == [f"error: --prompts=FILE:{path}: {path} is not a regular file (it is "
+                                          f"{'a character device' if named == '/dev/zero' else 'a FIFO'}): refusing "
+                                          f"to read it; put the file itself there"]

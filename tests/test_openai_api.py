@@ -163,3 +163,25 @@ def test_an_answer_holds_at_most_max_answer_values():
     assert e.value.param == "n"
     lm_eval_batch = parse_completion({"prompt": [[1]] * 16, "echo": True, "logprobs": 1, "max_tokens": 0}, "m")
     check_answer_size(lm_eval_batch, [1024] * 16)  # lm-eval's loglikelihood batches fit
+
+
+@pytest.mark.parametrize("body, param, match", [
+    (b'{"prompt": "ab\\ud800", "echo": true}', "prompt", "prompt holds '\\ud800', a lone surrogate"),
+    (b'{"prompt": "a", "\\ud800": 1}', "\\ud800", "\\ud800 holds '\\ud800', a lone surrogate"),
+    (b'{"messages": [{"role": "user", "content": "\\udfff"}]}', "messages", "messages holds '\\udfff'"),
+    (b'{"prompt": "a", "logit_bias": {"' + b"9" * 5000 + b'": 1}}', "logit_bias",
+     "logit_bias has a key of 5,000 digits; its keys are token ids"),
+    (b'{"prompt": "a", "logit_bias": {"5": 1' + b"0" * 400 + b'}}', "logit_bias",
+     "logit_bias of token 5 must be a number in [-100, 100], got an integer of 401 digits")],
+    ids=["surrogate-in-prompt", "surrogate-as-name", "surrogate-in-messages", "key-of-5000-digits", "huge-bias"])
+def test_text_utf8_cannot_write_and_numbers_python_cannot_read_are_a_400(body, param, match):
+    """JSON's "\\ud800" parses as a lone surrogate, which no answer (nor error object) can encode; int() refuses a
+    key of more than 4,300 digits. Each is a 400 naming the parameter, in an error object that is itself text."""
+    with pytest.raises(BadRequest) as e:
+        parse_completion(json_object(body), "m")
+    assert e.value.status == 400 and e.value.param == param and match in str(e.value), str(e.value)
+    json.dumps(error_body(e.value), ensure_ascii=False).encode("utf-8")  # as serve.py sends it
+
+
+def test_a_surrogate_pair_is_one_character_and_taken():
+    assert json_object(b'{"prompt": "\\ud83d\\ude00"}') == {"prompt": "\U0001f600"}

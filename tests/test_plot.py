@@ -105,3 +105,25 @@ def test_task_scores_are_drawn_below_the_loss_and_follow_a_resumed_run(tmp_path)
     assert drawn == {"run: tang": [(0, 0.25), (100, 0.3), (200, 0.4)], "run: poem": [(0, 0.75), (100, 0.7), (200, 0.6)]}
     assert [tuple(line.get_xdata()) for line in task_time.get_lines()][0] == (0.0, 1.0, 2.5)
     assert len(plot.draw({run: plot.read_evals(run)}, tasks={run: {}}).axes) == 2  # no tasks: no second row
+
+
+def test_malformed_records_are_skipped_with_a_note_each_and_the_rest_drawn(tmp_path, capsys):
+    """A line nested 100,000 deep (json.loads raises RecursionError), an eval without train_time, a string loss and
+    an iter that is no number: each is one note naming its line, and plot.py draws the records around them."""
+    write_log(tmp_path / "run", [4.2, 2.5])  # lines 1-3
+    log = tmp_path / "run" / "log.jsonl"
+    bad = ["[" * 100_000 + "]" * 100_000, {"kind": "eval", "iter": 300, "val_loss": 2.0},
+           {"kind": "eval", "iter": 400, "train_time": 8.0, "val_loss": "2.0"},
+           {"kind": "eval", "iter": "500", "train_time": 9.0, "val_loss": 1.9}]
+    with open(log, "a") as f:
+        for line in bad:
+            f.write((line if isinstance(line, str) else json.dumps(line)) + "\n")
+        f.write(json.dumps({"kind": "eval", "iter": 600, "train_time": 12.0, "val_loss": 1.8}) + "\n")
+    assert plot.read_evals(str(log.parent)) == [(0, 0.0, 4.2), (100, 2.0, 2.5), (600, 12.0, 1.8)]
+    notes = capsys.readouterr().err.splitlines()
+    assert [n.split(": ", 2)[1] for n in notes] == [f"{log}:{n}" for n in (4, 5, 6, 7)], notes
+    assert "no train_time" in notes[1] and 'val_loss is "2.0", not a number' in notes[2] and "iter is" in notes[3]
+    from conftest import run_script
+    result = run_script(["plot.py", str(log.parent), "--png", str(tmp_path / "x.png")])
+    assert result.returncode == 0 and result.stderr.splitlines() == notes, result.stderr
+    assert (tmp_path / "x.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

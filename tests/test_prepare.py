@@ -314,6 +314,42 @@ def test_hidden_files_and_folders_are_skipped_at_every_depth(tmp_path):
     assert prep.list_inputs(str(docs)) == [str(docs / "a.txt"), str(docs / "sub" / "b.txt")]
 
 
+def test_a_link_out_of_the_input_folder_is_skipped_with_a_note_and_one_inside_is_read(tmp_path):
+    """A user's link to /etc/shadow went into a dataset: prepare reads only what its folder holds."""
+    docs, secret = tmp_path / "docs", tmp_path / "secret.txt"
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "d.txt").write_text("root:SECRET\n")
+    secret.write_text("root:SECRET\n" * 20)
+    docs.mkdir()
+    (docs / "a.txt").write_text("first document\n" * 20)
+    os.symlink(secret, docs / "b.txt")  # outside: skipped
+    os.symlink("a.txt", docs / "c.txt")  # inside: read
+    os.symlink(tmp_path / "elsewhere", docs / "sub")  # a linked folder is not entered
+    notes = []
+    prep.prepare(str(docs), "char", str(tmp_path / "out"), 0.1, log=notes.append)
+    chars = json.loads((tmp_path / "out" / "meta.json").read_text())["chars"]
+    ids = [i for split in ("train", "val") for i in np.fromfile(tmp_path / "out" / f"{split}.bin", dtype=np.uint16)]
+    assert "".join(chars[i] for i in ids) == "first document\n" * 40  # a.txt, then c.txt: char datasets join files
+    assert [n for n in notes if n.startswith("note:")] == [
+        f"note: skipping {docs / 'b.txt'}: it links to {secret}, outside {docs}; copy the file in to include it"]
+
+
+@pytest.mark.parametrize("kind", ["a FIFO in the folder", "/dev/zero"])
+def test_an_input_that_never_ends_is_refused_and_nothing_is_written(tmp_path, kind):
+    from conftest import run_script
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text("first document\n" * 20)
+    os.mkfifo(docs / "b.fifo")  # no writer: a plain open() for reading waits forever
+    source, named = (str(docs), docs / "b.fifo") if kind != "/dev/zero" else ("/dev/zero", "/dev/zero")
+    result = run_script(["data/prepare.py", "--input", source, "--out", str(tmp_path / "out")], timeout=60)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.splitlines() == [f"error: {named} is not a regular file (it is "
+                                          f"{'a FIFO' if kind != '/dev/zero' else 'a character device'}): "
+                                          f"refusing to read it; put the file itself there"]
+    assert not (tmp_path / "out").exists()
+
+
 def suggestion(result):
     """The lines data/prepare.py prints after its counts: the train command, and a note if any."""
     lines = result.stdout.strip().splitlines()

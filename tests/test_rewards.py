@@ -172,6 +172,19 @@ def test_a_users_reward_file(tmp_path):
         rewards.REGISTRY.pop("thou", None)
 
 
+@pytest.mark.parametrize("text, message", [
+    ("from nanogpt.rewards import reward\ndef thou(request, answer:\n", "mine.py: line 2: syntax error"),
+    ("import no_such_module_here\n", "mine.py: running it raised ModuleNotFoundError: No module named "
+                                      "'no_such_module_here'; fix the file"),
+    ("raise RuntimeError('two\\nlines')\n", "mine.py: running it raised RuntimeError: two; fix the file")])
+def test_a_reward_file_that_does_not_compile_or_run_is_one_user_error(tmp_path, text, message):
+    path = tmp_path / "mine.py"
+    path.write_text(text)
+    with pytest.raises(UserError) as caught:
+        rewards.load_reward_file(str(path))
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
 def test_the_evaluations_rates_on_real_poems():
     from data.tangshi.evaluate import rates
     broken = DENG.replace("樓", "臺")

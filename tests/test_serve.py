@@ -272,6 +272,16 @@ def test_a_body_that_is_not_json_is_a_400(server, body):
     assert r.status_code == 400 and "not JSON" in r.json()["error"]["message"]
 
 
+@pytest.mark.parametrize("body, param", [
+    (b'{"prompt": "All:\\ud800", "echo": true, "logprobs": 1, "max_tokens": 2}', "prompt"),
+    (b'{"prompt": "All:", "\\ud800": 1}', "\\ud800"),
+    (b'{"prompt": "All:", "logit_bias": {"' + b"9" * 5000 + b'": 1}}', "logit_bias")],
+    ids=["surrogate-in-an-echoed-prompt", "surrogate-as-a-name", "logit-bias-key-of-5000-digits"])
+def test_text_utf8_cannot_write_and_keys_int_cannot_read_are_a_400_not_a_500(server, body, param):
+    r = httpx.post(server[0] + "/v1/completions", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
 def assert_openai_error(r, status, match, code=None):
     assert r.status_code == status, r.text
     error = r.json()["error"]
@@ -372,6 +382,23 @@ def test_a_client_that_disconnects_while_waiting_for_a_whole_answer_frees_its_sl
     (seq,) = service.engine.active.values()
     wait_for(lambda: not service.engine.active, "the slot to be freed", timeout=5)
     assert seq.cancelled and seq.generated < 1000  # 4000 steps would take 80 s
+
+
+def test_a_client_that_drops_mid_body_is_one_log_line(server, capfd):
+    """A client gone before its body arrived is a note in the server's log, not a 40-line traceback."""
+    import socket
+    host, port = server[0].removeprefix("http://").rsplit(":", 1)
+    capfd.readouterr()
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: 1000\r\n\r\n{{\"prompt\": \"All".encode())
+        time.sleep(0.2)
+    logged = []
+    wait_for(lambda: logged.extend(capfd.readouterr().err.splitlines()) or logged, "the server's log line")
+    time.sleep(0.5)  # anything more it would write
+    logged += capfd.readouterr().err.splitlines()
+    assert logged == ["note: a client went away before its request to /v1/completions arrived whole"], logged
+    assert httpx.post(server[0] + "/v1/completions", json=ASK).status_code == 200  # still serving
 
 
 def test_the_attention_view_returns_each_heads_weights(server):
