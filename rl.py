@@ -62,7 +62,7 @@ class RLConfig:
     prompts: str = "tangshi"  # "tangshi": requests of the dataset's train split; or FILE:path, one request per line
     dataset: str = "tangshi"  # with prompts="tangshi": the prepared poems (train split: prompts; val: eval keys)
     requests: str = "acrostic"  # with prompts="tangshi": acrostic, form, or acrostic,form
-    reward: str = "acrostic,form,rhyme,tone,guard"  # names in data/tangshi/rewards.py or --reward_file, weights after a colon: rhyme:2
+    reward: str = "acrostic,form,rhyme,tone,guard"  # data/tangshi/rewards.py's names, weights after a colon: rhyme:2
     reward_file: str | None = names_code()  # a Python file of @reward functions, imported; never from a checkpoint
     max_iters: int = 200
     batch_size: int = 8  # prompts per iteration, per process

@@ -1,6 +1,7 @@
-"""The Tang course's rewards, registered by name with nanogpt.rewards (rl.py imports this module): acrostic,
-form, rhyme, tone (verse.py: the 平水韻 dictionary) and guard, for the requests of poems.py (藏頭詩：春江花月,
-七言絕句：登高). The request format, the 句 and the acrostic rule are poems.py's; this module only scores them.
+"""The Tang course's rewards, registered by name with nanogpt.rewards (rl.py imports this module):
+acrostic, form, rhyme, tone (verse.py: the 平水韻 dictionary) and guard, for the requests of poems.py
+(藏頭詩：春江花月, 七言絕句：登高). The request format, the 句 and the acrostic rule are poems.py's; this module
+only scores them.
 """
 import re
 from collections import Counter
