@@ -32,6 +32,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
+import data.tangshi.rewards  # noqa: F401  registers the Tang rewards (acrostic, form, rhyme, tone, guard)
 import nanogpt.rewards as reward_registry
 from configurator import parse_args, report_overrides
 from data.tangshi.poems import ACROSTIC, held_out_keys, train_requests
@@ -63,7 +64,7 @@ class RLConfig:
     prompts: str = "tangshi"  # "tangshi": requests of the dataset's train split; or FILE:path, one request per line
     dataset: str = "tangshi"  # with prompts="tangshi": the prepared poems (train split: prompts; val: eval keys)
     requests: str = "acrostic"  # with prompts="tangshi": acrostic, form, or acrostic,form
-    reward: str = "acrostic,form,rhyme,tone,guard"  # names in nanogpt/rewards.py, weights after a colon: rhyme:2
+    reward: str = "acrostic,form,rhyme,tone,guard"  # data/tangshi/rewards.py's names, weights after a colon: rhyme:2
     reward_file: str | None = names_code()  # a Python file of @reward functions, imported; never from a checkpoint
     max_iters: int = 200
     batch_size: int = 8  # prompts per iteration, per process

@@ -1,5 +1,5 @@
 # Reinforcement learning for the Tang chat model: config/tangshi_sft.py's checkpoint learns rhyme and 平仄 from
-# rewards checked against the 平水韻 dictionary (nanogpt/rewards.py, nanogpt/verse.py), on acrostic requests of train poems.
+# rewards checked against the 平水韻 dictionary (data/tangshi/rewards.py and verse.py), on acrostic requests of train poems.
 # python rl.py config/tangshi_rl.py && python data/tangshi/evaluate.py --out_dir=out-tangshi-rl --base=out-tangshi
 # two processes train the same (10-13 min on 2 cores, docs/rl.md):
 # torchrun --standalone --nproc_per_node=2 rl.py config/tangshi_rl.py --batch_size=2

@@ -13,21 +13,18 @@ a hacked answer scores 0 whatever else it meets. A reward returns None where it 
 request that is not one): it is left out of that answer's mean. rl.py --reward_file=my_rewards.py
 imports a file of @reward functions before the names are looked up.
 
-Built in, for the Tang requests of data/tangshi/poems.py (藏頭詩：春江花月, 七言絕句：登高): acrostic,
-form, rhyme, tone (verse.py: the 平水韻 dictionary) and guard.
+The Tang course's rewards (acrostic, form, rhyme, tone and guard, for requests such as 藏頭詩：春江花月 and
+七言絕句：登高) live with the course in data/tangshi/rewards.py, which registers them here; rl.py imports it.
 """
 import dataclasses
 import difflib
 import math
 import os
-import re
 import types
-from collections import Counter
 from dataclasses import dataclass
 
 from nanogpt.errors import UserError
 from nanogpt.files import read_named_text
-from nanogpt.verse import regular, rhyme_score, tone_score
 
 REGISTRY = {}  # name -> Reward
 
@@ -110,79 +107,3 @@ def score(rewards, request, answer):
         else:
             total, weights = total + w * value, weights + w
     return gate * (total / weights if weights else 1.0), parts
-
-
-# --- the Tang requests ---------------------------------------------------------------------------------
-
-ACROSTIC = "藏頭詩："
-FORM_NAMES = {"五言絕句": (4, 5), "七言絕句": (4, 7), "五言律詩": (8, 5), "七言律詩": (8, 7)}
-CLAUSE = re.compile("[，。？！；\n]")
-EMPTY_CLAUSE = re.compile("^[，。？！；]|[，。？！；]\\s*[，。？！；]")
-MAX_REPEATS = 3  # a character more often than this in one answer reads as padding (the corpus: see docs/rl.md)
-
-
-def clauses(text):
-    """The 句 of an answer (as data/tangshi/poems.clauses)."""
-    return [c for c in CLAUSE.split(text) if c.strip()]
-
-
-def acrostic_key(request):
-    return request[len(ACROSTIC):] if request.startswith(ACROSTIC) else None
-
-
-@reward("acrostic")
-def acrostic(request, answer):
-    """The share of the key's characters that begin their 句; None for a request that is not an acrostic."""
-    key = acrostic_key(request)
-    if not key:
-        return None
-    parts = clauses(answer)
-    return sum(i < len(parts) and parts[i].startswith(ch) for i, ch in enumerate(key)) / len(key)
-
-
-@reward("form")
-def form(request, answer):
-    """1 for as many 句 as asked, each of the asked length (an acrostic: one per key character, all of 5 or all
-    of 7); else the share of the conditions met."""
-    parts = clauses(answer)
-    key = acrostic_key(request)
-    if key:
-        count, lengths = len(key), {len(p) for p in parts}
-        return ((len(parts) == count) + (len(lengths) == 1 and lengths <= {5, 7})) / 2
-    name = request.partition("：")[0]
-    if name not in FORM_NAMES:
-        return None
-    count, length = FORM_NAMES[name]
-    return ((len(parts) == count) + (bool(parts) and all(len(p) == length for p in parts))) / 2
-
-
-@reward("rhyme")
-def rhyme(request, answer):
-    """verse.rhyme_score: the even 句 end in one level-tone rhyme group (the first may join)."""
-    return rhyme_score(clauses(answer))
-
-
-@reward("tone")
-def tone(request, answer):
-    """verse.tone_score: each 句 follows its 平仄 pattern (with the licence of the odd positions)."""
-    return tone_score(clauses(answer))
-
-
-@reward("guard", gate=True)
-def guard(request, answer):
-    """0 for an answer that games the others: a repeated 句, a character more than MAX_REPEATS times, a rhyme
-    character used twice (重韻: the even 句 ending alike would rhyme for free), or an empty 句 (two marks in a
-    row, or one first: punctuation as padding)."""
-    parts = clauses(answer)
-    chars = Counter(ch for p in parts for ch in p)
-    rhymes = [p[-1] for p in parts[1::2]]
-    return float(len(set(parts)) == len(parts) and max(chars.values(), default=0) <= MAX_REPEATS
-                 and len(set(rhymes)) == len(rhymes) and not EMPTY_CLAUSE.search(answer.strip()))
-
-
-def verse_report(request, answer):
-    """The evaluation's view of one answer: each built-in reward's score, and the counts beside them."""
-    parts = clauses(answer)
-    return {"acrostic": acrostic(request, answer), "form": form(request, answer), "regular": regular(parts),
-            "rhyme": rhyme(request, answer), "tone": tone(request, answer),
-            "distinct": len(set("".join(parts))), "repeated": len(parts) - len(set(parts))}

@@ -1,5 +1,5 @@
 """The repository's modules as an import graph: the programs at the top, one library package below them,
-the teaching file standing alone, and nothing importing in a circle."""
+the teaching file standing alone, and nothing importing in a circle; and one home for each of a course's concepts."""
 import ast
 import os
 
@@ -30,17 +30,22 @@ def parse(module):
         return ast.parse(f.read())
 
 
-def imports_of(module):
-    """The repository's modules that module imports, at its top or inside a function alike: `from nanogpt.cpu
-    import kernels` names nanogpt.cpu.kernels, `from nanogpt import hf` nanogpt.hf."""
+def imported_names(tree):
+    """Every dotted name a module's import statements name, at its top or inside a function alike: `from
+    nanogpt.cpu import kernels` names nanogpt.cpu and nanogpt.cpu.kernels."""
     names = set()
-    for node in ast.walk(parse(module)):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names.add(node.module)
             names |= {f"{node.module}.{alias.name}" for alias in node.names}
-    return {n for n in names if n in MODULES} - {module}
+    return names
+
+
+def imports_of(module):
+    """The repository's modules that module imports: `from nanogpt import hf` names nanogpt.hf."""
+    return {n for n in imported_names(parse(module)) if n in MODULES} - {module}
 
 
 def test_model_py_imports_nothing_of_ours():
@@ -122,4 +127,65 @@ def test_no_library_parses_a_command_line():
             for node in ast.walk(parse(m)):
                 if isinstance(node, ast.ImportFrom) and node.module == "nanogpt.settings":
                     found += [f"{m}: {a.name}" for a in node.names if a.name != "read_config_file"]
+    assert found == [], found
+
+
+def test_the_library_imports_no_dataset_or_course():
+    """The package serves every dataset and task, so none of it imports data/: the Tang course registers its
+    rewards with nanogpt.rewards (data/tangshi/rewards.py), never the reverse."""
+    found = sorted(f"{m} imports {n}" for m in MODULES if m.startswith(PACKAGE)
+                   for n in imported_names(parse(m)) if n == "data" or n.startswith("data."))
+    assert found == [], found
+
+
+TANG_POEMS = os.path.join("data", "tangshi", "poems.py")
+# the Tang task's concepts: the acrostic request, the 句 (the marks between them), the forms, the acrostic rule
+TANG_NAMES = {"ACROSTIC", "CLAUSE_MARKS", "FORMS", "clauses", "score_acrostic"}
+TANG_WORDS = ("藏頭詩：", "，", "。", "？", "！", "；", "絕句", "律詩")
+
+
+def source_files():
+    """The repository's Python files but the tests: the programs, the package, data/, tasks/ and config/."""
+    found = sorted(f for f in os.listdir(ROOT) if f.endswith(".py"))
+    for top in (PACKAGE, "data", "tasks", "config"):
+        for folder, _, files in os.walk(os.path.join(ROOT, top)):
+            found += sorted(os.path.relpath(os.path.join(folder, f), ROOT) for f in files if f.endswith(".py"))
+    return found
+
+
+def code_strings(tree):
+    """The string constants of a module's code (f-strings' pieces too), not its docstrings."""
+    docs = {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body
+            and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return [node.value for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs]
+
+
+def defined_names(tree):
+    """The names a module defines at its top: functions, classes and assignments."""
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return names
+
+
+def test_only_data_tangshi_poems_defines_the_tang_task():
+    """The acrostic request, the 句, the forms and the acrostic rule are written once, in data/tangshi/poems.py:
+    rl.py's rewards (data/tangshi/rewards.py), evaluate.py and lm-eval's metric (tasks/acrostic.py) import them.
+    A second copy, under its name or another (a string of the marks, the request's prefix), could drift from
+    the first: a reward paying for one rule while the evaluation counts another."""
+    found = []
+    for path in source_files():
+        with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        if path == TANG_POEMS:
+            assert TANG_NAMES <= defined_names(tree), sorted(TANG_NAMES - defined_names(tree))
+            continue
+        found += [f"{path} defines {name}" for name in sorted(defined_names(tree) & TANG_NAMES)]
+        found += [f"{path} writes {s!r}" for s in code_strings(tree) if any(w in s for w in TANG_WORDS)]
     assert found == [], found

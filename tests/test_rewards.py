@@ -4,10 +4,11 @@ import math
 
 import pytest
 
+import data.tangshi.rewards as tang
 import nanogpt.rewards as rewards
+from data.tangshi.verse import chains, dictionary, line_pattern
 from nanogpt.errors import UserError
 from nanogpt.rewards import parse_rewards, reward, score
-from nanogpt.verse import chains, dictionary, line_pattern
 
 # 王之渙《登鸛雀樓》: 仄起 五言絕句, the even 句 end in 流 and 樓 (下平十一尤), the first in 盡 (仄)
 DENG = "白日依山盡，黃河入海流。\n欲窮千里目，更上一層樓。"
@@ -42,7 +43,7 @@ def test_real_regulated_poems_pass_rhyme_tone_and_guard(poem):
 
 
 def test_a_first_clause_that_joins_the_rhyme_and_a_licence_the_checker_does_not_know():
-    assert rewards.rhyme("", LIANGZHOU) == 1 and rewards.tone("", LIANGZHOU) == 0.75
+    assert tang.rhyme("", LIANGZHOU) == 1 and tang.tone("", LIANGZHOU) == 0.75
 
 
 def test_deng_as_an_acrostic_passes_everything():
@@ -58,12 +59,12 @@ def test_the_rhyme_character_swapped_fails_rhyme_only():
 
 def test_a_tone_broken_at_a_fixed_position_fails_tone():
     broken = DENG.replace("入海", "入江")  # the 4th character of a B line must be 仄; 江 is 平
-    assert rewards.tone("", broken) == 0.75 and rewards.rhyme("", broken) == 1
+    assert tang.tone("", broken) == 0.75 and tang.rhyme("", broken) == 1
 
 
 def test_the_licence_frees_odd_positions_but_not_a_lone_level_tone():
-    assert rewards.tone("", DENG.replace("白日", "青日")) == 1  # the first position of an a line: free
-    assert rewards.tone("", DENG.replace("黃河", "白河")) == 0.75  # 仄平仄仄平: 孤平
+    assert tang.tone("", DENG.replace("白日", "青日")) == 1  # the first position of an a line: free
+    assert tang.tone("", DENG.replace("黃河", "白河")) == 0.75  # 仄平仄仄平: 孤平
 
 
 # 柳宗元《江雪》: its even 句 end in 滅 and 雪, both 入聲 (屑): a 仄韻 poem, outside the level-tone rule
@@ -74,35 +75,35 @@ CHUSAI = "秦時明月漢時關，萬里長征人未還。\n但使龍城飛將�
 
 def test_an_even_clause_ending_in_an_oblique_tone_misses_the_rhyme():
     """閣 is 入聲 only: the even 句 ending in it misses, the other (流, 尤) and the oblique first 句 meet theirs."""
-    assert rewards.rhyme("", DENG.replace("樓", "閣")) == pytest.approx(2 / 3)
+    assert tang.rhyme("", DENG.replace("樓", "閣")) == pytest.approx(2 / 3)
 
 
 def test_oblique_rhyme_groups_are_not_a_rhyme():
     """滅 and 雪 share the 入聲 group 屑, but the rule's rhyme is level-tone: no level group, so 0."""
-    assert rewards.rhyme("", JIANGXUE) == 0
+    assert tang.rhyme("", JIANGXUE) == 0
 
 
 def test_the_first_clause_joins_the_rhyme_when_it_ends_level():
     """關 (刪) joins 還 and 山: 3/3. 流 is level but in 尤, so the first 句 neither rhymes nor ends oblique: 2/3."""
-    assert rewards.rhyme("", CHUSAI) == 1
-    assert rewards.rhyme("", CHUSAI.replace("關", "流")) == pytest.approx(2 / 3)
+    assert tang.rhyme("", CHUSAI) == 1
+    assert tang.rhyme("", CHUSAI.replace("關", "流")) == pytest.approx(2 / 3)
 
 
 def test_the_licence_frees_exactly_the_odd_positions_of_each_line_pattern():
     """涼州詞's chain is A B b A (its third 句 a 拗句: 0.75). Its second 句, 仄仄平平仄仄平 with the licence at
     the 1st and 5th characters: 古 (仄) at the 3rd, fixed (it would leave 孤平), breaks it; 千 (平) at the 5th is
     free. 登鸛雀樓's first 句, 仄仄平平仄 free at the 1st and 3rd: 海 (仄) at the 4th, fixed, breaks it."""
-    assert rewards.tone("", LIANGZHOU.replace("孤城", "古城")) == 0.5
-    assert rewards.tone("", LIANGZHOU.replace("萬仞", "千仞")) == 0.75
-    assert rewards.tone("", DENG.replace("依山盡", "依海盡")) == 0.75
+    assert tang.tone("", LIANGZHOU.replace("孤城", "古城")) == 0.5
+    assert tang.tone("", LIANGZHOU.replace("萬仞", "千仞")) == 0.75
+    assert tang.tone("", DENG.replace("依山盡", "依海盡")) == 0.75
 
 
 def test_form_and_acrostic():
-    assert rewards.form("五言律詩：春望", CHUNWANG) == 1 and rewards.form("七言絕句：x", DENG) == 0.5
-    assert rewards.form("藏頭詩：白黃欲", DENG) == 0.5  # one length, but four 句 for three characters
-    assert rewards.acrostic("藏頭詩：白黃欲更", DENG) == 1 and rewards.acrostic("藏頭詩：白黃山山", DENG) == 0.5
-    assert rewards.acrostic("七言絕句：x", DENG) is None  # does not apply: left out of the mean
-    assert rewards.tone("", "白日依山盡，黃河入海流。") == 0 and rewards.rhyme("", "白日依山盡") == 0
+    assert tang.form("五言律詩：春望", CHUNWANG) == 1 and tang.form("七言絕句：x", DENG) == 0.5
+    assert tang.form("藏頭詩：白黃欲", DENG) == 0.5  # one length, but four 句 for three characters
+    assert tang.acrostic("藏頭詩：白黃欲更", DENG) == 1 and tang.acrostic("藏頭詩：白黃山山", DENG) == 0.5
+    assert tang.acrostic("七言絕句：x", DENG) is None  # does not apply: left out of the mean
+    assert tang.tone("", "白日依山盡，黃河入海流。") == 0 and tang.rhyme("", "白日依山盡") == 0
 
 
 def test_the_guard_zeroes_a_hacked_answer():
@@ -117,8 +118,8 @@ def test_the_guard_zeroes_a_hacked_answer():
 
 def test_the_guard_takes_a_character_up_to_max_repeats_times():
     thrice = DENG.replace("入海", "入山").replace("千里", "山里")  # 山 three times: MAX_REPEATS, still an answer
-    assert rewards.MAX_REPEATS == 3 and rewards.guard("", thrice) == 1
-    assert rewards.guard("", thrice.replace("一層", "山層")) == 0  # four times: padding
+    assert tang.MAX_REPEATS == 3 and tang.guard("", thrice) == 1
+    assert tang.guard("", thrice.replace("一層", "山層")) == 0  # four times: padding
 
 
 def test_weights_make_a_weighted_mean():

@@ -71,9 +71,9 @@ def test_rl_scores_the_held_out_keys_as_sampled_and_checked_here(tang_chat, tmp_
     """rl.py's curve (its evaluation at iter 0: the starting model) equals the rewards of answers sampled here with
     generate() at evaluate.py's sampled settings and rl.py's per-key seeds: the same keys, texts and scores."""
     from data.tangshi.evaluate import DECODINGS, load
-    from data.tangshi.poems import held_out_keys
+    from data.tangshi.poems import ACROSTIC, held_out_keys
     from nanogpt.generate import generate, sample_seed
-    from nanogpt.rewards import ACROSTIC, REGISTRY
+    from nanogpt.rewards import REGISTRY
     from rl import RLConfig, rl
     dataset, sft = tang_chat
     cfg = RLConfig(init_from=str(sft), out_dir=str(tmp_path / "rl"), dataset=str(dataset), eval_keys=6,

@@ -10,7 +10,7 @@ answers every key greedily (temperature 0) and sampled (sample.py's and chat.py'
 0.8, every token kept).
 A chat model (fine-tuned, or improved by rl.py) is asked through its template; a base model is given
 the same request as plain text and a line break, and its poem ends at the first blank line.
-Each answer is checked as rl.py's rewards check it (nanogpt/rewards.py, nanogpt/verse.py: the 平水韻 dictionary): the share
+Each answer is checked as rl.py's rewards check it (rewards.py, verse.py: the 平水韻 dictionary): the share
 of 句 that begin with their key character; the shares of answers of the asked form (4 句 of one length 5 or
 7), whose even 句 rhyme, whose 平仄 follow a pattern, and that pass all four; distinct characters per
 answer; the share with a repeated 句; how many 平水韻 groups the rhyming answers use between them, and the share
@@ -37,14 +37,14 @@ from tqdm import tqdm
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
-from data.tangshi.poems import ACROSTIC, form, held_out_poems, score_acrostic, split_text  # noqa: E402
+from data.tangshi.poems import ACROSTIC, clauses, form, held_out_poems, score_acrostic, split_text  # noqa: E402
+from data.tangshi.rewards import verse_report  # noqa: E402
+from data.tangshi.verse import rhyme_group  # noqa: E402
 from nanogpt.errors import UserError  # noqa: E402
 from nanogpt.generate import Sampling, generate  # noqa: E402
 from nanogpt.program import run_main  # noqa: E402
-from nanogpt.rewards import clauses, verse_report  # noqa: E402
 from nanogpt.source import Source, load_model  # noqa: E402
 from nanogpt.tokenizer import ChatTokenizer  # noqa: E402
-from nanogpt.verse import rhyme_group  # noqa: E402
 
 # sampled: the defaults of sample.py, chat.py and the server (temperature 0.8, every token kept)
 DECODINGS = {"greedy": dict(temperature=0.0), "sampled": dict(temperature=Sampling.temperature, top_k=Sampling.top_k)}

@@ -1,5 +1,5 @@
-"""Tang poems as the corpus writes them, and the tasks made of them: what data/tangshi/conversations.py writes and
-data/tangshi/evaluate.py checks.
+"""Tang poems as the corpus writes them, and the tasks made of them: what data/tangshi/conversations.py writes,
+data/tangshi/rewards.py scores and data/tangshi/evaluate.py checks.
 
 A poem is a title line, an author line and its lines; a blank line ends it. A 句 (clause) is the text
 between the marks ，。？！； and line ends: the corpus writes two per line. A 絕句 has four 句, a 律詩 eight,
