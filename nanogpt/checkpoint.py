@@ -29,6 +29,7 @@ import torch
 from model import GPT, GPTConfig
 from nanogpt.errors import UserError
 from nanogpt.files import check_regular, open_regular, open_to_write
+from nanogpt.pickles import read_pickle, torch_load
 from nanogpt.program import describe_os_error
 from nanogpt.values import convert
 
@@ -177,11 +178,11 @@ def load_checkpoint(path, map_location="cpu", weights=True):
 
 
 def read_tensors(path, map_location="cpu"):
-    """torch.load with weights_only: tensors and plain types, or a UserError; never code."""
+    """torch.load with weights_only: tensors and plain types, or a UserError; never code, and no record inflated
+    past what the file holds (pickles.check_zip)."""
     try:
-        with open_regular(path) as f, warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # torch's notes on what it reads (an old pickle protocol): never the user's
-            return torch.load(f, map_location=map_location, weights_only=True)
+        with open_regular(path) as f:
+            return torch_load(f, path, map_location=map_location)
     except UserError:
         raise
     except Exception as e:
@@ -476,18 +477,14 @@ DCP_METADATA_GLOBALS = {
 }
 
 
-class MetadataUnpickler(pickle.Unpickler):
-    """Builds DCP's metadata and plain data; any other class or function is refused."""
-
-    def find_class(self, module, name):
-        if name in DCP_METADATA_GLOBALS.get(module, ()) or (
-                module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"{module}.{name}")
+def dcp_metadata_class(module, name):
+    """True for the classes DCP's metadata is built of (RestrictedUnpickler's allow)."""
+    return name in DCP_METADATA_GLOBALS.get(module, ()) or (
+        module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))
 
 
 def dcp_reader(directory):
-    """torch.distributed.checkpoint's reader of directory, reading .metadata with MetadataUnpickler (DCP's
+    """torch.distributed.checkpoint's reader of directory, reading .metadata with pickles.read_pickle (DCP's
     own reader unpickles it with pickle, which runs any code the file names) and only regular files
     inside directory."""
     return safe_dcp_classes()[0](directory)
@@ -525,7 +522,8 @@ def safe_dcp_classes():
             path = self._get_metadata_path(kwargs.get("rank"))
             with self.fs.create_stream(path, "rb") as f:
                 try:
-                    metadata = MetadataUnpickler(f).load()
+                    metadata = read_pickle(f, path, "restore the directory from a backup or train again",
+                                           dcp_metadata_class)
                 except pickle.UnpicklingError as e:
                     raise UserError(f"refusing to load {path}: it holds objects other than checkpoint metadata "
                                     f"({e}), which could run code; only load checkpoints you trust") from None
@@ -562,9 +560,10 @@ def safe_dcp_classes():
         def load_bytes(self, read_item, value):
             fqn = read_item.dest_index.fqn
             try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    obj = torch.load(value, weights_only=True)
+                obj = torch_load(value, f"{fqn} in {self.directory}",
+                                 "restore the directory from a backup or train again")
+            except UserError:
+                raise
             except Exception as e:
                 raise UserError(f"refusing to load {fqn} from {self.directory}: it is not plain data ({load_error(e)}), "
                                 f"and a pickle of anything else could run code; only load checkpoints you trust") from None

@@ -7,7 +7,6 @@ puts a resumed run's optimizer, scaler and RNG state back once train.py has buil
 import math
 import os
 import typing
-import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass, fields, replace
 
@@ -23,10 +22,10 @@ from nanogpt.device import (autocast, batch_seconds, peak_flops_for, resolve_dev
                             training_kernels)
 from nanogpt.distributed import barrier, from_rank0, micro_batches
 from nanogpt.errors import UserError
-from nanogpt.files import check_regular
 from nanogpt.hf import load_pretrained
 from nanogpt.memory import check_fits, param_count, training_bytes
 from nanogpt.optim import lr_scale
+from nanogpt.pickles import torch_load
 from nanogpt.sharding import checkpoint_activations, first_non_finite, load_optimizer_state, shard
 from nanogpt.tokenizer import base_meta, read_meta, token_byte_lengths, tokenizer_from_meta, tokenizer_kind
 from nanogpt.train_config import TrainConfig
@@ -438,10 +437,7 @@ def earlier_run(ckpt_path):
     try:
         if os.path.isdir(path):
             path = os.path.join(path, "meta.pt")
-        check_regular(path)  # a FIFO would block torch.load forever
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # torch's notes on what it reads: never the user's
-            ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # mmap: the weights stay on disk
+        ckpt = torch_load(path, path, map_location="cpu", mmap=True)  # mmap: the weights stay on disk
         return f"iter {int(ckpt['iter_num'])}, best val loss {float(ckpt['best_val_loss']):.4f}"
     except Exception:  # only for a note: what the file holds is checked where it is loaded
         return "its iter and val loss could not be read"
