@@ -296,23 +296,38 @@ def config_from_model_args(model_args, path, runtime):
         config = GPTConfig(**{**args, **runtime})
     except (TypeError, ValueError) as e:
         raise UserError(f"{path}: bad model_args: {e}") from None
-    if config.pos_emb == "rope" and config.block_size > MAX_ROPE_POSITIONS:
-        raise UserError(f"{path}: model_args claims block_size={config.block_size}, beyond {MAX_ROPE_POSITIONS} "
-                        f"positions; the file is damaged or not a checkpoint of this project")
+    check_rope_positions(config, path, "model_args claims block_size")
     return config
 
 
-def check_shapes(config, state, path, claims="model_args"):
-    """Every weight GPT(config) expects is in state with its shape, and nothing else is: compared with the
-    model built on the meta device (shapes only, no memory). claims: what config was read from."""
-    layers = {int(k.split(".")[2]) for k in state
-              if k.startswith("transformer.h.") and re.fullmatch(r"[0-9]{1,9}", k.split(".")[2])}
-    if len(layers) != config.n_layer or max(layers, default=-1) != config.n_layer - 1:  # layers is range(n_layer)
-        raise UserError(f"{path}: {claims} claims n_layer={config.n_layer} but the weights hold "
+def check_rope_positions(config, path, claim):
+    """A RoPE model's positions at most MAX_ROPE_POSITIONS: its rotation table is built from the claim alone."""
+    if config.pos_emb == "rope" and config.block_size > MAX_ROPE_POSITIONS:
+        raise UserError(f"{path}: {claim}={config.block_size}, beyond {MAX_ROPE_POSITIONS} positions (RoPE's "
+                        f"table grows with it, and no weight shows it); the file is damaged, or set it to the "
+                        f"context the model was trained for")
+
+
+# a block's weights: ours (transformer.h.N.) and Llama's (model.layers.N.)
+BLOCK_NAME = re.compile(r"(?:transformer\.h|model\.layers)\.([0-9]{1,9})\.")
+
+
+def check_layer_count(n_layer, names, path, claims="model_args"):
+    """The weights' names hold blocks 0 to n_layer - 1: counted from the names, so a claim builds nothing."""
+    layers = {int(m.group(1)) for m in map(BLOCK_NAME.match, names) if m}
+    if len(layers) != n_layer or max(layers, default=-1) != n_layer - 1:  # layers is range(n_layer)
+        raise UserError(f"{path}: {claims} claims n_layer={n_layer} but the weights hold "
                         f"{len(layers)} blocks; the file is damaged or its {claims} were edited")
+
+
+def check_shapes(config, state, path, claims="model_args", layout=lambda model: model.state_dict()):
+    """Every weight GPT(config) expects is in state with its shape, and nothing else is: compared with the
+    model built on the meta device (shapes only, no memory), under layout's names (a file's own: Llama's),
+    once the blocks are counted. claims: what config was read from."""
+    check_layer_count(config.n_layer, state, path, claims)
     try:
         with torch.device("meta"):
-            expected = {name: tuple(t.shape) for name, t in GPT(config).state_dict().items()}
+            expected = {name: tuple(t.shape) for name, t in layout(GPT(config)).items()}
     except (RuntimeError, TypeError, ValueError, OverflowError) as e:  # sizes past what a tensor can hold
         reason = str(e).split("\n")[0][:160]
         raise UserError(f"{path}: {claims} describe a model no tensor can hold ({type(e).__name__}: {reason}); the "

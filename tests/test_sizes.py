@@ -1,5 +1,5 @@
 """Sizes a file declares are checked against what it holds before anything is allocated from them: pickles
-(memo slots, lengths, frames) and the records of a checkpoint's zip.
+(memo slots, lengths, frames), the records of a checkpoint's zip, a Llama or Qwen3 config.json.
 
 The hostile files run through the programs as a user runs them, in a process allowed 4 GiB of address
 space and 2 minutes of CPU (a regression fails, it does not exhaust the machine), whose peak memory is read
@@ -229,3 +229,85 @@ def test_a_record_declaring_more_than_its_bytes_is_refused(tmp_path, damage, why
         read_tensors(str(tmp_path / "bad.pt"))
     assert why in str(refusal.value)
 
+
+# --- a Llama or Qwen3 directory's config.json --------------------------------------------------------------
+
+@pytest.fixture(scope="module", params=["llama", "qwen3"])
+def llama_dir(request, tmp_path_factory):
+    """A small LlamaForCausalLM or Qwen3ForCausalLM, every parameter random (Qwen3's q/k gains stay ones: ours
+    has none), saved as a Hugging Face directory."""
+    transformers = pytest.importorskip("transformers")
+    common = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=8, max_position_embeddings=64, rms_norm_eps=1e-5,
+                  tie_word_embeddings=False)
+    if request.param == "llama":
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
+    else:
+        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**common))
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if not name.endswith(("q_norm.weight", "k_norm.weight")):
+                p.copy_(torch.randn(p.shape, generator=g) * (0.1 if p.dim() == 1 else 0.3) + (p.dim() == 1))
+    path = tmp_path_factory.mktemp("hf") / request.param
+    model.save_pretrained(path)
+    return path, model.eval()
+
+
+def edited(llama_dir, tmp_path, **changes):
+    import json
+    path = tmp_path / "edited"
+    shutil.copytree(llama_dir[0], path)
+    config = json.loads((path / "config.json").read_text())
+    if "num_hidden_layers" in changes:
+        config.pop("layer_types", None)  # Qwen3's list of layers, which transformers compares with the claim
+    (path / "config.json").write_text(json.dumps({**config, **changes}))
+    return str(path)
+
+
+def test_a_llama_directory_loads_and_computes_transformers_logits(llama_dir):
+    """The check passes what transformers writes: the same logits as transformers' own model (independent)."""
+    from nanogpt.hf import load_pretrained
+    model = load_pretrained(str(llama_dir[0])).eval()
+    idx = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(model(idx, targets=idx)[0], llama_dir[1](idx).logits, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("changes, expected", [
+    (dict(num_attention_heads=0), "num_attention_heads is 0, expected at least 1"),
+    (dict(num_key_value_heads=0), "num_key_value_heads is 0, expected at least 1"),
+    (dict(head_dim=0), "head_dim is 0, expected at least 1"),
+    (dict(hidden_size="32"), "hidden_size is '32', expected int"),
+    (dict(vocab_size=True), "vocab_size is True, expected int"),
+    (dict(rms_norm_eps=1), "rms_norm_eps is 1, expected float"),
+    (dict(num_attention_heads=3), ("The hidden size (32) is not a multiple of the number of attention heads (3)",
+                                   "head_dim=8 with 3 heads of width 32: model.py cannot compute this model")),
+    (dict(max_position_embeddings=1 << 24), "max_position_embeddings=16777216, beyond 1048576 positions"),
+    (dict(max_position_embeddings=10 ** 15), "max_position_embeddings=1000000000000000, beyond 1048576"),
+    (dict(num_hidden_layers=10 ** 9), "config.json claims n_layer=1000000000 but the weights hold 2 blocks"),
+    (dict(intermediate_size=4096), "weights do not match its config.json (model.layers.0.mlp.down_proj.weight has "
+                                   "shape (32, 48), config.json make it (32, 4096)"),
+    (dict(hidden_size=64, head_dim=16), "model.embed_tokens.weight has shape (64, 32), config.json make it (64, 64)"),
+], ids=lambda v: str(v) if isinstance(v, dict) else "")
+def test_a_llama_config_json_is_checked_before_anything_is_built(llama_dir, tmp_path, monkeypatch, changes, expected):
+    """Each in one line, before any model is built (GPT off the meta device) or any weight is read."""
+    from nanogpt import llama
+    from nanogpt.hf import load_pretrained
+    real = llama.GPT
+
+    def guarded(config):
+        assert torch.get_default_device().type == "meta", "a model was built from config.json's claims"
+        return real(config)
+    monkeypatch.setattr(llama, "GPT", guarded)
+    monkeypatch.setattr(llama, "safetensors_state", lambda directory: pytest.fail("weights read before the check"))
+    with pytest.raises(UserError) as refusal:
+        load_pretrained(edited(llama_dir, tmp_path, **changes))
+    expected = expected if isinstance(expected, tuple) else (expected,)  # transformers' check or ours
+    assert any(e in str(refusal.value) for e in expected) and "\n" not in str(refusal.value), str(refusal.value)
+
+
+def test_a_llama_config_claiming_a_billion_layers_is_one_line_in_sample_py(llama_dir, tmp_path):
+    path = edited(llama_dir, tmp_path, num_hidden_layers=10 ** 9)
+    refused_in_one_line(run_measured(["sample.py", f"--init_from={path}", "--max_new_tokens=2"], tmp_path),
+                        "config.json claims n_layer=1000000000 but the weights hold 2 blocks")
