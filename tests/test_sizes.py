@@ -311,3 +311,21 @@ def test_a_llama_config_claiming_a_billion_layers_is_one_line_in_sample_py(llama
     path = edited(llama_dir, tmp_path, num_hidden_layers=10 ** 9)
     refused_in_one_line(run_measured(["sample.py", f"--init_from={path}", "--max_new_tokens=2"], tmp_path),
                         "config.json claims n_layer=1000000000 but the weights hold 2 blocks")
+
+
+def test_only_pickles_py_unpickles_or_calls_torch_load():
+    """A new reader of a pickle or a checkpoint goes through load_pickle or torch_load, whose size checks
+    would otherwise be skipped: any other call of torch.load or subclass of an Unpickler fails here."""
+    import ast
+
+    from test_imports import FILES
+    found = []
+    for module, path in FILES.items():
+        if module == "nanogpt.pickles":
+            continue
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+            names = [ast.unparse(b) for b in node.bases] if isinstance(node, ast.ClassDef) else \
+                [ast.unparse(node.func)] if isinstance(node, ast.Call) else []
+            found += [f"{module}: {n}" for n in names if n.endswith(("Unpickler", "torch.load", "pickle.load",
+                                                                      "pickle.loads"))]
+    assert not found, found
