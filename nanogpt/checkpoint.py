@@ -29,6 +29,7 @@ import torch
 from model import GPT, GPTConfig
 from nanogpt.errors import UserError
 from nanogpt.files import check_regular, open_regular, open_to_write
+from nanogpt.pickles import read_pickle, torch_load
 from nanogpt.program import describe_os_error
 from nanogpt.values import convert
 
@@ -177,11 +178,11 @@ def load_checkpoint(path, map_location="cpu", weights=True):
 
 
 def read_tensors(path, map_location="cpu"):
-    """torch.load with weights_only: tensors and plain types, or a UserError; never code."""
+    """torch.load with weights_only: tensors and plain types, or a UserError; never code, and no record inflated
+    past what the file holds (pickles.check_zip)."""
     try:
-        with open_regular(path) as f, warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # torch's notes on what it reads (an old pickle protocol): never the user's
-            return torch.load(f, map_location=map_location, weights_only=True)
+        with open_regular(path) as f:
+            return torch_load(f, path, map_location=map_location)
     except UserError:
         raise
     except Exception as e:
@@ -295,23 +296,38 @@ def config_from_model_args(model_args, path, runtime):
         config = GPTConfig(**{**args, **runtime})
     except (TypeError, ValueError) as e:
         raise UserError(f"{path}: bad model_args: {e}") from None
-    if config.pos_emb == "rope" and config.block_size > MAX_ROPE_POSITIONS:
-        raise UserError(f"{path}: model_args claims block_size={config.block_size}, beyond {MAX_ROPE_POSITIONS} "
-                        f"positions; the file is damaged or not a checkpoint of this project")
+    check_rope_positions(config, path, "model_args claims block_size")
     return config
 
 
-def check_shapes(config, state, path, claims="model_args"):
-    """Every weight GPT(config) expects is in state with its shape, and nothing else is: compared with the
-    model built on the meta device (shapes only, no memory). claims: what config was read from."""
-    layers = {int(k.split(".")[2]) for k in state
-              if k.startswith("transformer.h.") and re.fullmatch(r"[0-9]{1,9}", k.split(".")[2])}
-    if len(layers) != config.n_layer or max(layers, default=-1) != config.n_layer - 1:  # layers is range(n_layer)
-        raise UserError(f"{path}: {claims} claims n_layer={config.n_layer} but the weights hold "
+def check_rope_positions(config, path, claim):
+    """A RoPE model's positions at most MAX_ROPE_POSITIONS: its rotation table is built from the claim alone."""
+    if config.pos_emb == "rope" and config.block_size > MAX_ROPE_POSITIONS:
+        raise UserError(f"{path}: {claim}={config.block_size}, beyond {MAX_ROPE_POSITIONS} positions (RoPE's "
+                        f"table grows with it, and no weight shows it); the file is damaged, or set it to the "
+                        f"context the model was trained for")
+
+
+# a block's weights: ours (transformer.h.N.) and Llama's (model.layers.N.)
+BLOCK_NAME = re.compile(r"(?:transformer\.h|model\.layers)\.([0-9]{1,9})\.")
+
+
+def check_layer_count(n_layer, names, path, claims="model_args"):
+    """The weights' names hold blocks 0 to n_layer - 1: counted from the names, so a claim builds nothing."""
+    layers = {int(m.group(1)) for m in map(BLOCK_NAME.match, names) if m}
+    if len(layers) != n_layer or max(layers, default=-1) != n_layer - 1:  # layers is range(n_layer)
+        raise UserError(f"{path}: {claims} claims n_layer={n_layer} but the weights hold "
                         f"{len(layers)} blocks; the file is damaged or its {claims} were edited")
+
+
+def check_shapes(config, state, path, claims="model_args", layout=lambda model: model.state_dict()):
+    """Every weight GPT(config) expects is in state with its shape, and nothing else is: compared with the
+    model built on the meta device (shapes only, no memory), under layout's names (a file's own: Llama's),
+    once the blocks are counted. claims: what config was read from."""
+    check_layer_count(config.n_layer, state, path, claims)
     try:
         with torch.device("meta"):
-            expected = {name: tuple(t.shape) for name, t in GPT(config).state_dict().items()}
+            expected = {name: tuple(t.shape) for name, t in layout(GPT(config)).items()}
     except (RuntimeError, TypeError, ValueError, OverflowError) as e:  # sizes past what a tensor can hold
         reason = str(e).split("\n")[0][:160]
         raise UserError(f"{path}: {claims} describe a model no tensor can hold ({type(e).__name__}: {reason}); the "
@@ -476,18 +492,14 @@ DCP_METADATA_GLOBALS = {
 }
 
 
-class MetadataUnpickler(pickle.Unpickler):
-    """Builds DCP's metadata and plain data; any other class or function is refused."""
-
-    def find_class(self, module, name):
-        if name in DCP_METADATA_GLOBALS.get(module, ()) or (
-                module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"{module}.{name}")
+def dcp_metadata_class(module, name):
+    """True for the classes DCP's metadata is built of (RestrictedUnpickler's allow)."""
+    return name in DCP_METADATA_GLOBALS.get(module, ()) or (
+        module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))
 
 
 def dcp_reader(directory):
-    """torch.distributed.checkpoint's reader of directory, reading .metadata with MetadataUnpickler (DCP's
+    """torch.distributed.checkpoint's reader of directory, reading .metadata with pickles.read_pickle (DCP's
     own reader unpickles it with pickle, which runs any code the file names) and only regular files
     inside directory."""
     return safe_dcp_classes()[0](directory)
@@ -525,7 +537,8 @@ def safe_dcp_classes():
             path = self._get_metadata_path(kwargs.get("rank"))
             with self.fs.create_stream(path, "rb") as f:
                 try:
-                    metadata = MetadataUnpickler(f).load()
+                    metadata = read_pickle(f, path, "restore the directory from a backup or train again",
+                                           dcp_metadata_class)
                 except pickle.UnpicklingError as e:
                     raise UserError(f"refusing to load {path}: it holds objects other than checkpoint metadata "
                                     f"({e}), which could run code; only load checkpoints you trust") from None
@@ -562,9 +575,10 @@ def safe_dcp_classes():
         def load_bytes(self, read_item, value):
             fqn = read_item.dest_index.fqn
             try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    obj = torch.load(value, weights_only=True)
+                obj = torch_load(value, f"{fqn} in {self.directory}",
+                                 "restore the directory from a backup or train again")
+            except UserError:
+                raise
             except Exception as e:
                 raise UserError(f"refusing to load {fqn} from {self.directory}: it is not plain data ({load_error(e)}), "
                                 f"and a pickle of anything else could run code; only load checkpoints you trust") from None

@@ -6,7 +6,6 @@ so stored transposed, and the activations have other names. Needs the optional
 transformers package. Llama and Qwen3 live in llama.py; hf_architecture says which of the three
 computes a model exactly.
 """
-import json
 import os
 import socket
 from urllib.parse import urlparse
@@ -16,7 +15,7 @@ import torch
 from model import GPT, GPTConfig
 from nanogpt.checkpoint import check_shapes
 from nanogpt.errors import UserError
-from nanogpt.files import check_regular, read_regular
+from nanogpt.hf_files import header_shapes, read_config
 from nanogpt.llama import ARCHITECTURES, from_llama, model_type
 
 # ours (nn.Linear, (out, in)) <-> Hugging Face's Conv1D ((in, out)): the same matrix, transposed
@@ -120,50 +119,23 @@ def config_from_hf(c, name_or_path, runtime):
 
 # config.json's fields that config_from_hf reads, and the JSON types each must have
 CONFIG_TYPES = {"n_positions": int, "vocab_size": int, "n_layer": int, "n_head": int, "n_embd": int,
-                "n_inner": (int, type(None)), "layer_norm_epsilon": (int, float), "activation_function": str,
+                "n_inner": (int, type(None)), "layer_norm_epsilon": float, "activation_function": str,
                 "tie_word_embeddings": bool}
 
 
 def check_config_json(directory):
     """directory's config.json is a JSON object whose fields we read have their types (transformers takes
-    "n_embd": "32" as it stands, and JSON nested thousands deep stops its parser with a RecursionError)."""
-    path = os.path.join(directory, "config.json")
-    try:
-        config = json.loads(read_regular(path).decode("utf-8"))
-    except FileNotFoundError:
-        return  # from_pretrained says so
-    except (ValueError, RecursionError) as e:  # RecursionError: arrays nested thousands deep
-        reason = "nested too deep" if isinstance(e, RecursionError) else str(e).splitlines()[0]
-        raise UserError(f"{path} is not valid JSON ({reason}); download or export the model again") from None
-    if not isinstance(config, dict):
-        raise UserError(f"{path} holds a JSON {type(config).__name__}, expected an object; download or export the "
-                        f"model again")
-    for key, types in CONFIG_TYPES.items():
-        value = config.get(key)
-        if key in config and (not isinstance(value, types) or (isinstance(value, bool) and types is not bool)):
-            raise UserError(f"{path}: {key} is {value!r}, expected "
-                            f"{' or '.join(t.__name__ for t in (types if isinstance(types, tuple) else (types,)))}; "
-                            f"download or export the model again")
+    "n_embd": "32" as it stands) and sizes of at least 1."""
+    read_config(directory, CONFIG_TYPES, positive=("n_positions", "vocab_size", "n_layer", "n_head", "n_embd"))
 
 
 def check_claims(directory, config):
     """config (from directory's config.json) against the names and shapes in its safetensors headers."""
-    from safetensors import safe_open
     state = {}
-    for file in sorted(f for f in os.listdir(directory) if f.endswith(".safetensors")):
-        try:
-            check_regular(os.path.join(directory, file))  # a FIFO would block safetensors' open forever
-            with safe_open(os.path.join(directory, file), "pt") as f:
-                shapes = {key: f.get_slice(key).get_shape() for key in f.keys()}
-        except UserError:
-            raise
-        except Exception as e:  # safetensors' own error type: a header that is not one
-            raise UserError(f"{os.path.join(directory, file)} is not a readable safetensors file ({e}); download or "
-                            f"export it again") from None
-        for key, shape in shapes.items():
-            name = key if key.startswith(("transformer.", "lm_head.")) else "transformer." + key  # GPT2Model's
-            if not name.endswith((".attn.bias", ".attn.masked_bias")):  # mask buffers, not weights: a checkpoint may hold them
-                state[name] = torch.empty(shape[::-1] if name.endswith(CONV1D) else shape, device="meta")
+    for key, shape in header_shapes(directory).items():
+        name = key if key.startswith(("transformer.", "lm_head.")) else "transformer." + key  # GPT2Model's
+        if not name.endswith((".attn.bias", ".attn.masked_bias")):  # mask buffers, not weights: a checkpoint may hold them
+            state[name] = torch.empty(shape[::-1] if name.endswith(CONV1D) else shape, device="meta")
     if not state:
         return  # no safetensors file: from_pretrained says so
     if config.tie_weights and "lm_head.weight" not in state and "transformer.wte.weight" in state:

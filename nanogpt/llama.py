@@ -18,6 +18,7 @@ import torch
 from model import GPT, GPTConfig
 from nanogpt.errors import UserError
 from nanogpt.files import check_regular, read_regular
+from nanogpt.hf_files import header_shapes, read_config
 
 # our parameter suffix (per block) -> Llama's; c_attn and c_fc split into several of theirs
 BLOCK = {"ln_1.weight": "input_layernorm.weight", "ln_2.weight": "post_attention_layernorm.weight",
@@ -117,8 +118,19 @@ def model_type(directory):
     return kind if isinstance(kind, str) else None
 
 
+# config.json's fields that config_from_llama reads, and the JSON types each must have; the sizes at least 1
+CONFIG_TYPES = {"vocab_size": int, "hidden_size": int, "intermediate_size": int, "num_hidden_layers": int,
+                "num_attention_heads": int, "num_key_value_heads": (int, type(None)), "head_dim": (int, type(None)),
+                "max_position_embeddings": int, "rms_norm_eps": float, "rope_theta": (int, float),
+                "rope_parameters": (dict, type(None)), "hidden_act": str, "attention_bias": bool, "mlp_bias": bool,
+                "tie_word_embeddings": bool, "use_sliding_window": bool}
+SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+         "num_key_value_heads", "head_dim", "max_position_embeddings")
+
+
 def config_from_llama(hf, path, runtime):
     """Our GPTConfig of a transformers LlamaConfig or Qwen3Config; what ours cannot compute is a UserError."""
+    from nanogpt.checkpoint import check_rope_positions
     rope = getattr(hf, "rope_parameters", None) or {}
     head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
     mlp_bias = getattr(hf, "mlp_bias", False)
@@ -135,11 +147,32 @@ def config_from_llama(hf, path, runtime):
         differences.append("use_sliding_window=True")
     if differences:
         raise UserError(f"{path}: {', '.join(differences)}: model.py cannot compute this model")
-    return GPTConfig(block_size=hf.max_position_embeddings, vocab_size=hf.vocab_size, n_layer=hf.num_hidden_layers,
-                     n_head=hf.num_attention_heads, n_embd=hf.hidden_size, n_kv_head=hf.num_key_value_heads,
-                     bias=bool(hf.attention_bias), pos_emb="rope", rope_base=float(rope.get("rope_theta", 10000.0)),
-                     norm="rmsnorm", norm_eps=hf.rms_norm_eps, activation="swiglu", mlp_hidden=hf.intermediate_size,
-                     tie_weights=bool(hf.tie_word_embeddings), qk_norm=hf.model_type == "qwen3", **runtime)
+    try:
+        config = GPTConfig(block_size=hf.max_position_embeddings, vocab_size=hf.vocab_size,
+                           n_layer=hf.num_hidden_layers, n_head=hf.num_attention_heads, n_embd=hf.hidden_size,
+                           n_kv_head=hf.num_key_value_heads, bias=bool(hf.attention_bias), pos_emb="rope",
+                           rope_base=float(rope.get("rope_theta", 10000.0)), norm="rmsnorm", norm_eps=hf.rms_norm_eps,
+                           activation="swiglu", mlp_hidden=hf.intermediate_size,
+                           tie_weights=bool(hf.tie_word_embeddings), qk_norm=hf.model_type == "qwen3", **runtime)
+    except (TypeError, ValueError) as e:
+        raise UserError(f"{path}/config.json: {e}; download or export the model again") from None
+    check_rope_positions(config, f"{path}/config.json", "max_position_embeddings")
+    return config
+
+
+def check_claims(directory, config):
+    """config (from directory's config.json) against the names and shapes in its safetensors headers, on the
+    meta device: nothing is loaded or built from a claimed size."""
+    from nanogpt.checkpoint import check_shapes
+    shapes = header_shapes(directory)
+    if not shapes:
+        raise UserError(f"{directory} has no model.safetensors; export it again")
+    if config.tie_weights and "lm_head.weight" in shapes and shapes["lm_head.weight"] == shapes.get(
+            "model.embed_tokens.weight"):
+        del shapes["lm_head.weight"]  # a tied head saved twice: from_llama checks it is the same tensor
+    state = {name: torch.empty(shape, device="meta") for name, shape in shapes.items()}
+    check_shapes(config, state, directory, claims="config.json",
+                 layout=lambda model: llama_state(model, qk_norm_gains=config.qk_norm))
 
 
 def safetensors_state(directory):
@@ -164,23 +197,22 @@ def from_llama(directory, **runtime):
     exactly); runtime may set dropout and attn_impl."""
     import transformers  # ImportError: the caller says what to install
 
-    from nanogpt.checkpoint import check_shapes
+    from nanogpt.checkpoint import check_layer_count
+    claims = read_config(directory, CONFIG_TYPES, positive=SIZES)
+    if "num_hidden_layers" in claims:  # before transformers, which makes a list as long as the claim
+        check_layer_count(claims["num_hidden_layers"], header_shapes(directory), directory, "config.json")
     try:
         hf_config = transformers.AutoConfig.from_pretrained(directory)
-    except (OSError, ValueError, TypeError) as e:
-        raise UserError(f"{directory}/config.json cannot be read ({str(e).splitlines()[0]})") from None
+    except Exception as e:  # transformers' validation errors are classes of their own, over several lines
+        raise UserError(f"{directory}/config.json cannot be read ({' '.join(str(e).split())[:300]}); download or "
+                        f"export the model again") from None
     config = config_from_llama(hf_config, directory, runtime)
+    check_claims(directory, config)
     state = safetensors_state(directory)
-    with torch.device("meta"):
-        expected = set(llama_state(GPT(config), qk_norm_gains=config.qk_norm))
-    if config.tie_weights and "lm_head.weight" in state and torch.equal(state["lm_head.weight"],
-                                                                       state.get("model.embed_tokens.weight")):
-        del state["lm_head.weight"]  # a tied head saved twice
-    if set(state) != expected:
-        missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
-        raise UserError(f"{directory}: weights do not match its config.json ("
-                        f"{f'missing {missing[0]}' if missing else f'unexpected {extra[0]}'}; {len(missing)} missing, "
-                        f"{len(extra)} unexpected)")
+    if "lm_head.weight" in state and config.tie_weights:
+        if not torch.equal(state.pop("lm_head.weight"), state["model.embed_tokens.weight"]):
+            raise UserError(f"{directory}: config.json ties lm_head to embed_tokens but lm_head.weight differs; "
+                            f"export it again")
     for i in range(config.n_layer):  # Qwen3's gains: ours are ones
         for name in ("q_norm", "k_norm"):
             gain = state.pop(f"model.layers.{i}.self_attn.{name}.weight", None)
@@ -188,7 +220,6 @@ def from_llama(directory, **runtime):
                 raise UserError(f"{directory}: model.layers.{i}.self_attn.{name}.weight is not all ones; model.py's "
                                 f"qk_norm has no gain and cannot compute this model")
     ours = our_state(state, config)
-    check_shapes(config, ours, directory, claims="config.json")
     model = GPT(config)
     model.load_state_dict(ours, strict=True)
     return model

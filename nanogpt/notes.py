@@ -2,15 +2,12 @@
 smaller recipe), a warmup or decay that does not fit max_iters, an earlier run about to be replaced, a resume
 with nothing left to do. Advice only: nothing here changes what the run does."""
 import os
-import warnings
-
-import torch
 
 from nanogpt import REPOSITORY
 from nanogpt.checkpoint import latest_form
 from nanogpt.device import batch_seconds
-from nanogpt.files import check_regular
 from nanogpt.optim import lr_scale
+from nanogpt.pickles import torch_load
 from nanogpt.settings import read_config_file
 
 # an iter slower than this on a CPU gets a note with its estimated time
@@ -90,10 +87,7 @@ def earlier_run(ckpt_path):
     try:
         if os.path.isdir(path):
             path = os.path.join(path, "meta.pt")
-        check_regular(path)  # a FIFO would block torch.load forever
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # torch's notes on what it reads: never the user's
-            ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # mmap: the weights stay on disk
+        ckpt = torch_load(path, path, map_location="cpu", mmap=True)  # mmap: the weights stay on disk
         return f"iter {int(ckpt['iter_num'])}, best val loss {float(ckpt['best_val_loss']):.4f}"
     except Exception:  # only for a note: what the file holds is checked where it is loaded
         return "its iter and val loss could not be read"

@@ -11,7 +11,6 @@ an unpickler that builds only plain data and runs no code.
 import base64
 import codecs
 import contextlib
-import io
 import json
 import os
 import pickle
@@ -22,6 +21,7 @@ from functools import cache, cached_property
 
 from nanogpt.errors import UserError
 from nanogpt.files import open_to_write, read_regular
+from nanogpt.pickles import load_pickle
 
 BPE_ENCODING = "r50k_base"  # the same 50,257-token vocabulary as tiktoken's "gpt2"
 # the split patterns a trained BPE may have: what data/prepare.py writes (rustbpe's, GPT-4's with possessive
@@ -412,16 +412,14 @@ def write_meta(dataset_dir, meta, suffix=""):
     return ["meta.json", "meta.pkl"]
 
 
-class PlainUnpickler(pickle.Unpickler):
-    """Builds dicts, lists, tuples, strings and numbers only: any class or function is refused."""
-
-    def find_class(self, module, name):
-        raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
-
-
 def load_plain_pickle(data, path):
+    """A legacy meta.pkl's dict: dicts, lists, tuples, strings and numbers only (any class or function is
+    refused), its sizes checked against its bytes before anything is built (pickles.load_pickle)."""
+    remedy = "delete it and re-run the dataset's prepare.py"
     try:
-        obj = PlainUnpickler(io.BytesIO(data)).load()
+        obj = load_pickle(data, path, remedy)
+    except UserError:
+        raise
     except Exception as e:
         reason = " ".join(str(e).split())  # pickle's own messages can span lines
         raise UserError(f"{path} is not plain data ({reason}); delete it and re-run the dataset's prepare.py") from None
