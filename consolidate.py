@@ -26,7 +26,7 @@ class ConsolidateConfig:
 
 
 def check_exists(path):
-    from nanogpt.checkpoint import complete_sharded, sharded_path
+    from nanogpt.out_dir import complete_sharded, sharded_path
     if complete_sharded(path) is None and not os.path.exists(path):
         raise UserError(f"no sharded checkpoint at {sharded_path(path)}; train one first (python train.py ... "
                         f"--parallel=fsdp --out_dir={os.path.dirname(path) or '.'})")
@@ -55,7 +55,8 @@ def consolidate(path):
 
 
 def main(argv):
-    from nanogpt.checkpoint import OutDirLock, save_checkpoint
+    from nanogpt.checkpoint import save_checkpoint
+    from nanogpt.out_dir import OutDirLock
     cfg, _ = parse_args(ConsolidateConfig, argv)
     path = os.path.join(cfg.out_dir, cfg.ckpt)
     if not os.path.isdir(cfg.out_dir):

@@ -37,8 +37,8 @@ import nanogpt.rewards as reward_registry
 from configurator import parse_args, report_overrides
 from data.tangshi.poems import ACROSTIC, held_out_keys, train_requests
 from nanogpt.batches import dataset_dir
-from nanogpt.checkpoint import (OutDirLock, latest_form, load_checkpoint, model_args, model_from_checkpoint,
-                                save_checkpoint, set_rng_state)
+from nanogpt.checkpoint import load_checkpoint, model_args, model_from_checkpoint, save_checkpoint, set_rng_state
+from nanogpt.out_dir import OutDirLock, latest_form
 from nanogpt.device import resolve_device
 from nanogpt.distributed import (collective_device, gather_rng, record_mean_over_ranks, setup_distributed,
                                  sum_over_ranks, teardown)

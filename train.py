@@ -33,7 +33,8 @@ from tqdm import tqdm
 
 from configurator import parse_args
 from nanogpt.batches import TRAINING, estimate_loss
-from nanogpt.checkpoint import OutDirLock, latest_form, model_args, rng_state, save_training
+from nanogpt.checkpoint import model_args, rng_state, save_training
+from nanogpt.out_dir import OutDirLock, latest_form
 from nanogpt.distributed import (all_ranks, barrier, gather_rng, local_gradients, mean_over_ranks,
                                  micro_batches, setup_distributed, teardown)
 from nanogpt.errors import UserError

@@ -9,16 +9,11 @@ ckpt.pt's name with .dcp for .pt: each process's shards of the weights and
 optimizer state, written by torch.distributed.checkpoint (DCP), and meta.pt
 with the other fields. Readers take either; the one saved last wins.
 """
-import contextlib
-import functools
 import os
-import pickle
 import random
 import re
 import shutil
-import socket
 import tempfile
-import time
 import typing
 import warnings
 from dataclasses import asdict
@@ -26,20 +21,30 @@ from dataclasses import asdict
 import numpy as np
 import torch
 
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, rope_tables
+from nanogpt.dcp import dcp_load, optimizer_list, sharded_shapes
 from nanogpt.errors import UserError
-from nanogpt.files import check_regular, open_regular, open_to_write
-from nanogpt.pickles import read_pickle, torch_load
+from nanogpt.files import check_regular, open_regular
+from nanogpt.out_dir import (discard, fsync_dir, interrupted_save, latest_form, moved_aside, sharded_path,
+                             write_failure)
+from nanogpt.pickles import load_error, torch_load
 from nanogpt.program import describe_os_error
 from nanogpt.values import convert
 
+
 # prefixes torch.compile and DDP add to state_dict keys
 WRAPPER_PREFIXES = ("_orig_mod.", "module.")
+
+
 GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
+
+
 # model_args keys that nanoGPT's GPTConfig accepts; other fields are written to
 # a checkpoint only when they differ from the default, so GPT-2-style
 # checkpoints stay loadable by nanoGPT's sample.py.
 NANOGPT_MODEL_ARGS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "dropout")
+
+
 # GPTConfig fields that choose how to compute, not what the weights mean: a resumed or sampled model
 # may change them, and (beyond nanoGPT's dropout) no checkpoint records them
 RUNTIME_FIELDS = ("dropout", "attn_impl")
@@ -97,63 +102,6 @@ def save_checkpoint(obj, path):
     fsync_dir(directory)
 
 
-def write_failure(e):
-    """What the machine refused in a failed save, in words; None for other errors. torch's zip writer
-    reports a write that failed (disk full) as a RuntimeError, the OSError behind it as its context."""
-    if isinstance(e, RuntimeError):
-        inner = e.__cause__ or e.__context__
-        if isinstance(inner, OSError):
-            return describe_os_error(inner)
-        if "PytorchStreamWriter" in str(e) or "inline_container" in str(e):
-            return f"torch could not write it ({str(e).strip().splitlines()[0]}): is the disk full?"
-    return describe_os_error(e) if isinstance(e, OSError) else None
-
-
-def sharded_path(path):
-    """out/ckpt.pt -> out/ckpt.dcp: where the sharded form of a checkpoint lives."""
-    return os.path.splitext(path)[0] + ".dcp"
-
-
-def complete_sharded(path):
-    """path's sharded form where it is complete (it has its meta.pt, written last), else None. Only the
-    visible name counts: what a save moved aside (.ckpt.dcp.old) is put back by the next writer, which
-    holds the lock (remove_partial_saves); a reader never takes it."""
-    sharded = sharded_path(path)
-    return sharded if os.path.exists(os.path.join(sharded, "meta.pt")) else None  # a FIFO there: read_tensors says so
-
-
-def moved_aside(path):
-    """Where an interrupted sharded save of path left the previous checkpoint (.ckpt.dcp.old)."""
-    sharded = sharded_path(path)
-    return os.path.join(os.path.dirname(sharded), f".{os.path.basename(sharded)}.old")
-
-
-def latest_form(path):
-    """path, or its sharded directory where that was saved after it (or alone)."""
-    sharded = complete_sharded(path)
-    if sharded is not None and (not os.path.isfile(path) or
-                                os.path.getmtime(os.path.join(sharded, "meta.pt")) > os.path.getmtime(path)):
-        return sharded
-    return path
-
-
-def interrupted_save(path):
-    """True where path has no visible form but an interrupted sharded save left its previous one aside."""
-    return (not os.path.exists(path) and not os.path.exists(sharded_path(path))
-            and os.path.isfile(os.path.join(moved_aside(path), "meta.pt")))
-
-
-def discard(path):
-    """Remove a file or directory that a newer save made stale: renamed aside first, so that an interrupted
-    removal never leaves a half-deleted checkpoint under its name. Failing to remove it is harmless."""
-    aside = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.stale")
-    try:
-        os.replace(path, aside)
-    except OSError:
-        return
-    shutil.rmtree(aside, ignore_errors=True) if os.path.isdir(aside) else os.remove(aside)
-
-
 def load_checkpoint(path, map_location="cpu", weights=True):
     """The checkpoint dict, or a UserError that says what is wrong with the file.
 
@@ -191,16 +139,6 @@ def read_tensors(path, map_location="cpu"):
                             f"which could run code; only load checkpoints you trust from a safe format") from None
         raise UserError(f"{path} is not a readable checkpoint (truncated or corrupted?): {load_error(e)}; "
                         f"restore it from a backup or train again") from None
-
-
-def load_error(e):
-    """Why torch.load failed, in one line: torch's reason without its advice to retry with weights_only=False,
-    which would run whatever code the file names."""
-    text = str(e)
-    if "WeightsUnpickler error:" in text:  # the reason follows torch's advice
-        text = text.split("WeightsUnpickler error:", 1)[1]
-    lines = [line.strip() for line in text.splitlines() if line.strip() and "weights_only" not in line]
-    return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
 
 
 def check_fields(ckpt, path):
@@ -247,11 +185,20 @@ def model_from_checkpoint(ckpt, path="checkpoint", **runtime):
     if config.tie_weights and "lm_head.weight" not in state and "transformer.wte.weight" in state:
         state["lm_head.weight"] = state["transformer.wte.weight"]
     check_shapes(config, state, path)
-    model = GPT(config)
+    with torch.device("meta"):  # shapes only: the weights are the file's, not an initialisation's
+        model = GPT(config)
+    dtypes = {name: t.dtype for name, t in model.state_dict().items()}
+    state = {name: t.to(dtypes[name]) for name, t in state.items()}  # the model's own dtypes, as a copy would
     try:
-        model.load_state_dict(state)
+        model.load_state_dict(state, assign=True)  # the tensors read are the weights: loaded once, where they are
     except RuntimeError as e:
         raise UserError(f"{path}: weights do not match its model_args: {str(e).splitlines()[0]}") from None
+    if config.tie_weights:  # assign gives each name its own Parameter: share one again, as GPT does
+        model.lm_head.weight = model.transformer.wte.weight
+    if config.pos_emb == "rope":  # a buffer no checkpoint holds: computed from the config, as GPT does
+        model.rope = rope_tables(config).to(model.transformer.wte.weight.device)
+    left = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    assert not left, f"GPT holds state that no checkpoint holds and nothing here computes: {left}"
     bad = [name for name, p in model.named_parameters() if not torch.isfinite(p).all()]
     if bad:
         raise UserError(f"{path} holds non-finite weights ({bad[0]}): the run that wrote it diverged; "
@@ -342,13 +289,6 @@ def check_shapes(config, state, path, claims="model_args", layout=lambda model: 
                         f"{len(extra)} unexpected, {len(wrong)} of another shape)")
 
 
-# --- sharded checkpoints (train.py --parallel=fsdp) ----------------------------------------------------
-
-def optimizer_list(optimizer):
-    """What torch.distributed.checkpoint.state_dict takes: the optimizers an optim.Optimizers holds, or the one."""
-    return list(optimizer.optimizers.values()) if hasattr(optimizer, "optimizers") else optimizer
-
-
 def save_sharded(meta, model, optimizer, path, rank=0, world=1):
     """Write model and optimizer, sharded or not, as a DCP directory at path; meta (the other fields)
     goes into its meta.pt. Every process calls it together and writes its own shards; the directory
@@ -395,7 +335,6 @@ def save_sharded(meta, model, optimizer, path, rank=0, world=1):
         dist.barrier()  # no process goes on (or exits) before the checkpoint is in place
 
 
-
 def save_training(meta, model, optimizer, path, sharded=False, rank=0, world=1):
     """A training run's checkpoint at path (ckpt.pt, best.pt) or, sharded (every process calls it), its
     directory (ckpt.dcp, best.dcp): weights, optimizer state and meta's fields. The other form of the same
@@ -409,13 +348,6 @@ def save_training(meta, model, optimizer, path, sharded=False, rank=0, world=1):
         stale = sharded_path(path)
     if rank == 0 and os.path.exists(stale):
         discard(stale)
-
-def fsync_dir(directory):
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # make renames in it durable
-    finally:
-        os.close(dir_fd)
 
 
 def read_sharded(directory, weights=True):
@@ -452,173 +384,6 @@ def read_sharded(directory, weights=True):
     return ckpt
 
 
-def sharded_shapes(directory):
-    """{name: (size, dtype)} of the model weights a DCP directory holds, from its metadata. A weight
-    declared as anything but a tensor (pickled bytes, which DCP would unpickle) is refused."""
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-    reader = dcp_reader(directory)
-    try:
-        metadata = reader.read_metadata()
-    except UserError:
-        raise
-    except Exception as e:
-        raise UserError(f"{directory}: its DCP metadata (.metadata) is missing or damaged ({type(e).__name__}); "
-                        f"restore the directory from a backup or train again") from None
-    shapes = {}
-    for key, entry in metadata.state_dict_metadata.items():
-        if key.startswith("model."):
-            if not isinstance(entry, TensorStorageMetadata):
-                raise not_a_tensor(directory, key, entry)
-            shapes[key[len("model."):]] = (entry.size, entry.properties.dtype)
-    return shapes
-
-
-def not_a_tensor(directory, key, entry):
-    return UserError(f"refusing to load {directory}: its .metadata declares {key} as a "
-                     f"{type(entry).__name__}, not a tensor, which DCP would unpickle (and so could run code); "
-                     f"restore the directory from a backup or train again")
-
-
-# what a DCP directory's .metadata (a pickle) may build: DCP's metadata classes, sizes, paths, and (by
-# the torch module's name) dtypes; anything else could run code
-DCP_METADATA_GLOBALS = {
-    "torch.distributed.checkpoint.metadata": {"Metadata", "MetadataIndex", "StorageMeta", "TensorProperties",
-                                              "TensorStorageMetadata", "BytesStorageMetadata",
-                                              "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING"},
-    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
-    "torch.serialization": {"_get_layout"},  # a layout by its name
-    "torch": {"Size"},
-    "pathlib": {"Path", "PosixPath", "WindowsPath", "PurePath", "PurePosixPath", "PureWindowsPath"},
-}
-
-
-def dcp_metadata_class(module, name):
-    """True for the classes DCP's metadata is built of (RestrictedUnpickler's allow)."""
-    return name in DCP_METADATA_GLOBALS.get(module, ()) or (
-        module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))
-
-
-def dcp_reader(directory):
-    """torch.distributed.checkpoint's reader of directory, reading .metadata with pickles.read_pickle (DCP's
-    own reader unpickles it with pickle, which runs any code the file names) and only regular files
-    inside directory."""
-    return safe_dcp_classes()[0](directory)
-
-
-@functools.cache
-def safe_dcp_classes():
-    """(reader, planner): DCP's FileSystemReader and DefaultLoadPlanner, made to run no code a directory names."""
-    from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
-    from torch.distributed.checkpoint._traverse import set_element
-    from torch.distributed.checkpoint.filesystem import FileSystem
-    from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
-    from torch.distributed.checkpoint.planner import LoadItemType
-
-    class RegularFiles(FileSystem):
-        """Reads only regular files directly inside the checkpoint's directory (never a FIFO, which would block
-        forever, nor a path .metadata names elsewhere)."""
-
-        def __init__(self, directory):
-            self.directory = os.path.realpath(directory)
-
-        @contextlib.contextmanager
-        def create_stream(self, path, mode):
-            if mode != "rb" or os.path.dirname(os.path.realpath(path)) != self.directory:
-                raise UserError(f"refusing to read {path}: it is not a file of the checkpoint {self.directory}")
-            with open_regular(path, mode) as f:
-                yield f
-
-    class SafeReader(FileSystemReader):
-        def __init__(self, directory):
-            super().__init__(directory)
-            self.fs = RegularFiles(directory)
-
-        def read_metadata(self, *args, **kwargs):
-            path = self._get_metadata_path(kwargs.get("rank"))
-            with self.fs.create_stream(path, "rb") as f:
-                try:
-                    metadata = read_pickle(f, path, "restore the directory from a backup or train again",
-                                           dcp_metadata_class)
-                except pickle.UnpicklingError as e:
-                    raise UserError(f"refusing to load {path}: it holds objects other than checkpoint metadata "
-                                    f"({e}), which could run code; only load checkpoints you trust") from None
-            if not isinstance(metadata, Metadata):
-                raise UserError(f"{path} holds a {type(metadata).__name__}, not DCP metadata; restore the "
-                                f"directory from a backup or train again")
-            for info in (metadata.storage_data or {}).values():
-                if getattr(info, "transform_descriptors", None):  # DCP's zstd: a small file, any amount of memory
-                    raise UserError(f"refusing to load {path}: its shards are to be decoded by "
-                                    f"{list(info.transform_descriptors)}, which no save here writes and which can "
-                                    f"expand a small file into any amount of memory; only load checkpoints you trust")
-            if metadata.storage_meta is None:
-                metadata.storage_meta = StorageMeta()
-            metadata.storage_meta.load_id = self.load_id
-            return metadata
-
-    class SafePlanner(DefaultLoadPlanner):
-        """Reads the items DCP stores as pickled bytes (the optimizer's param_groups: numbers, strings, tuples)
-        with torch's weights-only unpickler, where DCP's own planner runs full pickle; and none where the
-        state to fill holds a tensor: a .metadata declaring a weight as bytes is refused."""
-
-        def __init__(self, directory):
-            super().__init__()
-            self.directory = directory
-
-        def create_local_plan(self):
-            plan = super().create_local_plan()
-            for item in plan.items:
-                fqn = item.dest_index.fqn
-                if item.type == LoadItemType.BYTE_IO and isinstance(self.state_dict.get(fqn), torch.Tensor):
-                    raise not_a_tensor(self.directory, fqn, self.metadata.state_dict_metadata[fqn])
-            return plan
-
-        def load_bytes(self, read_item, value):
-            fqn = read_item.dest_index.fqn
-            try:
-                obj = torch_load(value, f"{fqn} in {self.directory}",
-                                 "restore the directory from a backup or train again")
-            except UserError:
-                raise
-            except Exception as e:
-                raise UserError(f"refusing to load {fqn} from {self.directory}: it is not plain data ({load_error(e)}), "
-                                f"and a pickle of anything else could run code; only load checkpoints you trust") from None
-            if self.flatten_state_dict:
-                set_element(self.original_state_dict, self.mappings[fqn], obj)
-            else:
-                self.state_dict[fqn] = obj
-
-    return SafeReader, SafePlanner
-
-
-def dcp_load(state, directory):
-    """Fill state's tensors, in place, from directory's shards (any number of them, any sharding). Each
-    process reads for itself (no_dist): nothing read from the files travels between processes."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
-    reader, planner = safe_dcp_classes()
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*single process")
-            dcp.load(state, checkpoint_id=directory, storage_reader=reader(directory), planner=planner(directory),
-                     no_dist=True)
-    except UserError:
-        raise
-    except (Exception, CheckpointException) as e:
-        failures = getattr(e, "failures", {}).values()
-        refused = [f[0] for f in failures if isinstance(f, tuple) and isinstance(f[0], UserError)]
-        if refused:
-            raise refused[0] from None
-        text = "\n".join(str(f[0] if isinstance(f, tuple) else f) for f in failures) or str(e)
-        if "refusing to" in text:  # ours, from inside DCP's metadata read, which wraps it in an AssertionError
-            raise UserError(text[text.index("refusing to"):].splitlines()[0]) from None
-        if "GLOBAL" in text:  # the weights-only unpickler met a class or function to import
-            raise UserError(f"refusing to load {directory}: a shard holds objects other than tensors and plain data, "
-                            f"which could run code; only load checkpoints you trust") from None
-        lines = [line for line in load_error(e).splitlines() if line.strip()] or [type(e).__name__]
-        raise UserError(f"{directory}: a shard is missing or damaged ({lines[-1].strip()}); restore the directory "
-                        f"from a backup or train again") from None
-
-
 def load_sharded(model, optimizer, directory):
     """Load a sharded checkpoint's weights and optimizer state into model and optimizer, sharded or not,
     whatever the number of processes that wrote it. Every process calls it together."""
@@ -628,103 +393,3 @@ def load_sharded(model, optimizer, directory):
     dcp_load(state, directory)
     set_state_dict(model, optimizer_list(optimizer), model_state_dict=state["model"],
                    optim_state_dict=state["optimizer"])
-
-
-class OutDirLock:
-    """An exclusive lock on out_dir for a writer's lifetime (train.py, consolidate.py): a second writer is refused
-    in one line naming the holder. The lock dies with its process (flock), so a killed run leaves none
-    behind; the file .lock stays, naming the last holder. Only the holder removes stale temporary files of
-    saves. Readers (sample.py, eval_only, trace.py, export.py) take no lock and delete nothing.
-
-    A lock is on the file .lock, not on its name: where .lock is deleted or replaced (a cleanup of
-    dotfiles), a second writer can lock a new one, so the holder checks before each save that .lock
-    still is its file (held)."""
-
-    def __init__(self, out_dir, program="train.py", instead="train into another --out_dir"):
-        self.out_dir, self.program, self.instead, self.file = out_dir, program, instead, None
-        self.path = os.path.join(out_dir, ".lock")
-
-    def acquire(self):
-        try:
-            import fcntl
-        except ImportError:  # no flock (Windows): writers are not guarded
-            return self
-        if self.file is not None:
-            return self
-        for _ in range(3):  # .lock may be deleted between opening and locking it: then lock the new one
-            self.file = self.open_and_lock(fcntl)
-            if self.held():
-                break
-            self.release()
-        else:
-            raise UserError(f"cannot lock {self.path}: it keeps being deleted; stop what removes it and retry")
-        self.file.seek(0)
-        self.file.truncate()
-        self.file.write(f"{self.program} (pid {os.getpid()} on {socket.gethostname()}, since "
-                        f"{time.strftime('%Y-%m-%d %H:%M:%S')})")
-        self.file.flush()
-        remove_partial_saves(self.out_dir)
-        return self
-
-    def open_and_lock(self, fcntl):
-        try:
-            os.makedirs(self.out_dir, exist_ok=True)
-            file = open_to_write(self.path, "a+", encoding="utf-8")
-        except OSError as e:
-            raise UserError(f"cannot write to out_dir {self.out_dir}: {e.strerror or e}; choose another "
-                            f"--out_dir") from None
-        try:
-            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            file.seek(0)
-            holder = file.read().strip() or "another process"
-            file.close()
-            raise UserError(f"{self.out_dir} is in use by {holder}; wait for it to end (or stop it)"
-                            + (f", or {self.instead}" if self.instead else "")) from None
-        return file
-
-    def held(self):
-        """True while .lock is the file this process locked (or no lock is taken): not deleted, not replaced."""
-        if self.file is None:
-            return True
-        try:
-            now = os.stat(self.path)
-        except OSError:
-            return False
-        ours = os.fstat(self.file.fileno())
-        return (now.st_ino, now.st_dev) == (ours.st_ino, ours.st_dev)
-
-    def lost(self):
-        """The error for a writer whose .lock is no longer its own."""
-        return UserError(f"{self.path} was deleted or replaced while this {self.program} held it, so another "
-                         f"writer may be using {self.out_dir}; stopping without saving (the last checkpoint is "
-                         f"kept): leave .lock in place while a run writes there")
-
-    def release(self):
-        if self.file is not None:
-            self.file.close()  # closing releases the flock
-            self.file = None
-
-
-def remove_partial_saves(out_dir):
-    """Delete what saves that a killed run left half done (only the lock holder may: a live run's
-    temporary files look the same): temporary files and directories. A sharded checkpoint moved aside
-    goes back in place where its checkpoint has no visible form, is removed where the new one arrived,
-    and is left alone beside a single file (which of the two is newer is not certain; the next sharded
-    save removes it)."""
-    for name in os.listdir(out_dir):
-        path = os.path.join(out_dir, name)
-        if os.path.islink(path) and name.startswith((".ckpt.", ".best.")):
-            os.remove(path)  # a save's scratch name is never a link: removed as a link, never followed or put in place
-            continue
-        if name.startswith((".ckpt.pt.", ".best.pt.")) and name.endswith(".tmp") or name in (".ckpt.pt.stale",
-                                                                                            ".best.pt.stale"):
-            os.remove(path)
-        elif name in (".ckpt.dcp.tmp", ".best.dcp.tmp", ".ckpt.dcp.stale", ".best.dcp.stale"):
-            shutil.rmtree(path)
-        elif name in (".ckpt.dcp.old", ".best.dcp.old"):
-            final = os.path.join(out_dir, name[1:-len(".old")])
-            if os.path.exists(final):
-                shutil.rmtree(path)
-            elif not os.path.exists(os.path.splitext(final)[0] + ".pt"):
-                os.replace(path, final)

@@ -4,7 +4,7 @@ with nothing left to do. Advice only: nothing here changes what the run does."""
 import os
 
 from nanogpt import REPOSITORY
-from nanogpt.checkpoint import latest_form
+from nanogpt.out_dir import latest_form
 from nanogpt.device import batch_seconds
 from nanogpt.optim import lr_scale
 from nanogpt.pickles import torch_load

@@ -150,3 +150,13 @@ def torch_load(source, path, remedy="restore it from a backup or train again", *
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return torch.load(source, weights_only=True, **kwargs)
+
+
+def load_error(e):
+    """Why torch.load failed, in one line: torch's reason without its advice to retry with weights_only=False,
+    which would run whatever code the file names."""
+    text = str(e)
+    if "WeightsUnpickler error:" in text:  # the reason follows torch's advice
+        text = text.split("WeightsUnpickler error:", 1)[1]
+    lines = [line.strip() for line in text.splitlines() if line.strip() and "weights_only" not in line]
+    return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__

@@ -14,8 +14,9 @@ import torch
 
 from model import GPT, GPTConfig
 from nanogpt.batches import dataset_dir, make_batches
-from nanogpt.checkpoint import (RUNTIME_FIELDS, config_from_model_args, interrupted_save, load_checkpoint, load_sharded,
+from nanogpt.checkpoint import (RUNTIME_FIELDS, config_from_model_args, load_checkpoint, load_sharded,
                                 model_from_checkpoint, set_rng_state)
+from nanogpt.out_dir import interrupted_save
 from nanogpt.device import (autocast, peak_flops_for, resolve_device, resolve_dtype, should_compile,
                             training_kernels)
 from nanogpt.distributed import barrier, from_rank0, micro_batches

@@ -15,7 +15,7 @@ import torch
 from configurator import UserError, parse_args
 from conftest import ROOT, optimizer_settings, run_script
 from model import GPT, GPTConfig
-from nanogpt import checkpoint
+from nanogpt import checkpoint, out_dir
 from nanogpt.checkpoint import load_checkpoint, save_checkpoint
 from nanogpt.optim import configure_optimizers
 from nanogpt.tokenizer import read_meta
@@ -376,11 +376,11 @@ def trained(tmp_path, char_dataset, **overrides):
 
 
 def test_a_deleted_lock_file_is_no_longer_held_and_a_second_writer_gets_its_own(tmp_path):
-    first = checkpoint.OutDirLock(str(tmp_path)).acquire()
+    first = out_dir.OutDirLock(str(tmp_path)).acquire()
     with pytest.raises(UserError, match="is in use by train.py"):
-        checkpoint.OutDirLock(str(tmp_path)).acquire()
+        out_dir.OutDirLock(str(tmp_path)).acquire()
     os.remove(tmp_path / ".lock")  # a cleanup of dotfiles
-    second = checkpoint.OutDirLock(str(tmp_path), "second").acquire()
+    second = out_dir.OutDirLock(str(tmp_path), "second").acquire()
     assert second.held() and not first.held()  # the first writer sees it before its next save
     second.release()
     first.release()
@@ -394,7 +394,7 @@ def test_a_run_whose_lock_file_was_deleted_stops_before_saving(tmp_path, char_da
     def estimate_then_lose_the_lock(*args, **kwargs):
         if not second:  # the first evaluation (iter 0): nothing to save yet
             os.remove(tmp_path / "out" / ".lock")
-            second.append(checkpoint.OutDirLock(str(tmp_path / "out"), "second").acquire())
+            second.append(out_dir.OutDirLock(str(tmp_path / "out"), "second").acquire())
         return original(*args, **kwargs)
     monkeypatch.setattr(train_module, "estimate_loss", estimate_then_lose_the_lock)
     cfg = TrainConfig(**TINY, dataset=str(char_dataset), out_dir=str(tmp_path / "out"), max_iters=2, eval_interval=2)
@@ -479,7 +479,7 @@ def test_a_billion_claimed_layers_are_refused_without_counting_to_a_billion(tmp_
 def test_a_link_at_a_saves_scratch_name_is_removed_not_followed(tmp_path, name):
     """A link planted in an out_dir at a sharded save's scratch name (adversarial pass, #31): the next writer
     removes the link itself; its target is neither deleted nor moved into the checkpoint's place."""
-    from nanogpt.checkpoint import remove_partial_saves
+    from nanogpt.out_dir import remove_partial_saves
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "keep.txt").write_text("mine")
@@ -500,7 +500,8 @@ def test_a_sharded_checkpoint_asking_for_decompression_is_refused_before_any_rea
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.filesystem import _StorageInfo
 
-    from nanogpt.checkpoint import UserError, dcp_reader
+    from nanogpt.dcp import dcp_reader
+    from nanogpt.errors import UserError
     directory = tmp_path / "ckpt.dcp"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "assuming the intent is to save in a single process": it is
@@ -514,3 +515,24 @@ def test_a_sharded_checkpoint_asking_for_decompression_is_refused_before_any_rea
         pickle.dump(metadata, f)
     with pytest.raises(UserError, match="refusing to load .*stream.zstd"):
         dcp_reader(str(directory)).read_metadata()
+
+
+@pytest.mark.parametrize("options", [dict(), dict(pos_emb="rope", norm="rmsnorm", tie_weights=False, n_kv_head=1)])
+def test_a_checkpoint_loads_once_into_a_model_built_on_the_meta_device(options):
+    """model_from_checkpoint builds the model's shapes on the meta device and takes the file's tensors as its
+    weights (no initialisation, no copy): the same logits as a model initialised and then loaded, a tied head
+    still one Parameter, RoPE's tables computed as GPT computes them."""
+    torch.manual_seed(0)
+    config = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=11, dropout=0.0, **options)
+    trained = GPT(config)
+    for p in trained.parameters():  # every weight random: an initialisation's zeros would hide a weight left out
+        torch.nn.init.normal_(p, std=0.3)
+    state = {k: v.clone() for k, v in trained.state_dict().items()}
+    loaded = checkpoint.model_from_checkpoint({"model": state, "model_args": checkpoint.model_args(config)})
+    assert all(p.data_ptr() == state[name].data_ptr() for name, p in loaded.named_parameters())  # not copied
+    assert (loaded.lm_head.weight is loaded.transformer.wte.weight) == config.tie_weights
+    assert len(list(loaded.parameters())) == len(list(trained.parameters()))
+    x = torch.randint(0, 11, (2, 16))
+    assert torch.equal(loaded.eval()(x)[0], trained.eval()(x)[0])
+    if config.pos_emb == "rope":
+        assert torch.equal(loaded.rope, trained.rope)

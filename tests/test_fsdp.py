@@ -13,7 +13,8 @@ import torch
 
 from configurator import UserError
 from conftest import ROOT, run_script
-from nanogpt.checkpoint import OutDirLock, load_checkpoint, read_sharded
+from nanogpt.checkpoint import load_checkpoint, read_sharded
+from nanogpt.out_dir import OutDirLock
 from test_ddp import TINY
 from train import TrainConfig, train
 
@@ -279,7 +280,7 @@ def test_sharded_processes_refuse_metadata_that_runs_code(tmp_path, char_dataset
 
 def test_the_metadata_reader_refuses_code_even_where_dcp_load_reads_it(tmp_path, char_dataset):
     """dcp.load reads .metadata itself: through the allow-listed reader, one swapped in after the check runs nothing."""
-    from nanogpt.checkpoint import dcp_load
+    from nanogpt.dcp import dcp_load
     out, marker = tmp_path / "o", tmp_path / "pwned"
     one_process(tmp_path, "o", dataset=str(char_dataset), max_iters=2)
     ckpt = read_sharded(str(out / "ckpt.dcp"), weights=True)
