@@ -17,7 +17,6 @@ Built in, for the Tang requests of data/tangshi/poems.py (藏頭詩：春江花�
 form, rhyme, tone (verse.py: the 平水韻 dictionary) and guard.
 """
 import dataclasses
-import difflib
 import importlib.util
 import math
 import os
@@ -25,7 +24,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-from nanogpt.errors import UserError
+from nanogpt.errors import UserError, nearest
 from nanogpt.verse import regular, rhyme_score, tone_score
 
 REGISTRY = {}  # name -> Reward
@@ -61,8 +60,7 @@ def parse_rewards(spec):
     for item in filter(None, (s.strip() for s in spec.split(","))):
         name, _, weight = item.partition(":")
         if name not in REGISTRY:
-            near = difflib.get_close_matches(name, REGISTRY, n=1, cutoff=0.0)
-            raise UserError(f"unknown reward {name!r} (did you mean {near[0]!r}?); the rewards are "
+            raise UserError(f"unknown reward {name!r}{nearest(name, REGISTRY, cutoff=0.0)}; the rewards are "
                             f"{', '.join(sorted(REGISTRY))}")
         if weight == "gate":  # any reward may gate: it then multiplies the mean of the others
             out.append((dataclasses.replace(REGISTRY[name], gate=True), 1.0))

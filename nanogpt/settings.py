@@ -11,7 +11,6 @@ keys and values of the wrong type are errors that say what to do.
 """
 import ast
 import dataclasses
-import difflib
 import inspect
 import io
 import sys
@@ -19,7 +18,7 @@ import tokenize
 import types
 import typing
 
-from nanogpt.errors import UserError
+from nanogpt.errors import UserError, nearest
 from nanogpt.values import convert
 
 
@@ -118,8 +117,7 @@ def field_layout(cls):
 
 def check_key(key, hints, source):
     if key not in hints:
-        close = difflib.get_close_matches(key, hints, n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else f"; valid keys: {', '.join(hints)}"
+        hint = nearest(key, hints) or f"; valid keys: {', '.join(hints)}"
         raise UserError(f"{source}: unknown key '{key}'{hint}")
 
 
