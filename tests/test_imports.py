@@ -131,3 +131,11 @@ def test_only_errors_suggests_a_nearest_name():
     found = sorted(m for m in MODULES if "difflib" in {a.name for node in ast.walk(parse(m))
                                                        if isinstance(node, ast.Import) for a in node.names})
     assert found == ["nanogpt.errors", "nanogpt.openai_api"], found
+
+
+def test_only_files_searches_for_a_folder_beside_the_repository():
+    """A folder named as given, else beside the repository, is looked up by nanogpt.files.find_folder alone:
+    no other module loops over candidate paths joined to REPOSITORY (datasets, chat bases, task folders)."""
+    found = sorted(m for m in MODULES if m != "nanogpt.files" for node in ast.walk(parse(m))
+                   if isinstance(node, ast.For) and "REPOSITORY" in ast.unparse(node.iter))
+    assert found == [], found
