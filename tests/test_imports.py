@@ -139,3 +139,15 @@ def test_only_files_searches_for_a_folder_beside_the_repository():
     found = sorted(m for m in MODULES if m != "nanogpt.files" for node in ast.walk(parse(m))
                    if isinstance(node, ast.For) and "REPOSITORY" in ast.unparse(node.iter))
     assert found == [], found
+
+
+def test_each_file_name_and_function_name_means_one_thing():
+    """A trained BPE's ranks file is named once for a dataset (dataset.py) and once for an export (export.py),
+    under names that say which; write_meta is the dataset's meta.json and meta.pkl alone."""
+    constants = [(m, node.value) for m in MODULES for node in ast.walk(parse(m)) if isinstance(node, ast.Constant)]
+    assert [m for m, v in constants if v == "tokenizer.bpe"] == ["nanogpt.dataset"]
+    assert [m for m, v in constants if v == "ranks.tiktoken"] == ["export"]
+    defined = sorted(m for m in MODULES for node in ast.walk(parse(m))
+                     if isinstance(node, ast.FunctionDef) and node.name == "write_meta")
+    assert defined == ["nanogpt.tokenizer"], defined
+
