@@ -71,7 +71,12 @@ def help_text(cls, doc=None):
         for title, names in own_groups:
             names = [n for n in names if n not in listed]
             if names:
-                groups.append((title or (f"model ({klass.__name__})" if klass is not cls else ""), names))
+                title = title or (f"model ({klass.__name__})" if klass is not cls else "")
+                same = [g for g in groups if g[0] == title] if klass is not cls and title else []
+                if same:  # an extended class's group of a title already shown (system: device, dtype) joins it
+                    same[0][1].extend(names)
+                else:
+                    groups.append((title, names))
                 listed.update(names)
         comments = {**own_comments, **comments}
     defaults = {f.name: (f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)

@@ -151,3 +151,16 @@ def test_each_file_name_and_function_name_means_one_thing():
                      if isinstance(node, ast.FunctionDef) and node.name == "write_meta")
     assert defined == ["nanogpt.tokenizer"], defined
 
+
+def test_the_device_and_dtype_keys_are_declared_once():
+    """device and dtype are nanogpt.device's Device and Dtype, which the programs' configs inherit; trace.py and
+    rl.py keep "cpu" as device's default by overriding it in their own class, saying why. serve.py still has its
+    own pair, to inherit them once the work on serve.py lands."""
+    declared = {(m, node.name, st.target.id): [ast.unparse(b) for b in node.bases] for m in MODULES
+                for node in ast.walk(parse(m)) if isinstance(node, ast.ClassDef) for st in node.body
+                if isinstance(st, ast.AnnAssign) and getattr(st.target, "id", None) in ("device", "dtype")
+                and ast.unparse(st.annotation) == "str"}
+    assert sorted(declared) == [("nanogpt.device", "Device", "device"), ("nanogpt.device", "Dtype", "dtype"),
+                                ("rl", "RLConfig", "device"), ("serve", "ServeConfig", "device"),
+                                ("serve", "ServeConfig", "dtype"), ("trace", "TraceConfig", "device")]
+    assert "Device" in declared["rl", "RLConfig", "device"] and "Device" in declared["trace", "TraceConfig", "device"]
