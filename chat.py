@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from configurator import parse_args, report_overrides
-from nanogpt.device import autocast, resolve_device, resolve_dtype
+from nanogpt.device import Device, Dtype, autocast, resolve_device, resolve_dtype
 from nanogpt.errors import UserError
 from nanogpt.generate import Continuation, Sampling, check_sampling, stream
 from nanogpt.program import run_main
@@ -25,12 +25,10 @@ from nanogpt.tokenizer import ChatTokenizer
 
 
 @dataclass
-class ChatConfig(Source, Sampling):
+class ChatConfig(Source, Sampling, Device, Dtype):
     system: str = ""  # a system message that opens every conversation
     prompt: str = ""  # -p: answer this one message and exit
     max_new_tokens: int = 500  # an answer's length at most
-    device: str = "auto"
-    dtype: str = "auto"
 
     def __post_init__(self):
         Source.__post_init__(self)

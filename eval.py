@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 
 from configurator import parse_args, report_overrides
-from nanogpt.device import resolve_device
+from nanogpt.device import Device, resolve_device
 from nanogpt.errors import UserError
 from nanogpt.files import write_text_atomically
 from nanogpt.program import run_main
@@ -24,13 +24,12 @@ from nanogpt.source import Source
 
 
 @dataclass
-class EvalConfig(Source):
+class EvalConfig(Source, Device):
     tasks: str = ""  # lm-eval task names, comma-separated: tangshi_next_line,hellaswag
     include_path: str | None = None  # a folder of task YAMLs added to lm-eval's (ours: tasks)
     limit: float | None = None  # at most this many examples per task (a fraction if below 1): for trying things
     num_fewshot: int | None = None  # examples shown before each question; None: the task's own choice
     batch_size: int = 16  # requests per forward
-    device: str = "auto"
     output_path: str | None = None  # the results JSON; None: out_dir/eval_results.json
 
     def __post_init__(self):

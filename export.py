@@ -31,10 +31,10 @@ from nanogpt.source import Source, check_decodes, read_source
 from nanogpt.tokenizer import tokenizer_from_meta, tokenizer_kind
 
 FORMATS = ("hf", "gguf")
-RANKS_FILE = "ranks.tiktoken"  # a trained BPE's merges, beside meta.json
+EXPORT_RANKS_FILE = "ranks.tiktoken"  # a trained BPE's merges, beside an export's meta.json (a dataset's: dataset.py)
 # what an export writes: a directory holding only these is an earlier export, replaced whole
 EXPORT_FILES = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-                "special_tokens_map.json", "chat_template.jinja", "meta.json", RANKS_FILE}
+                "special_tokens_map.json", "chat_template.jinja", "meta.json", EXPORT_RANKS_FILE}
 
 
 @dataclass
@@ -69,7 +69,7 @@ def check_target(cfg):
                         f"model's files would mix with this one's; choose a new or empty directory")
 
 
-def write_meta(meta, directory):
+def write_our_tokenizer(meta, directory):
     """Our tokenizer's metadata as meta.json (and a trained BPE's ranks), read_meta's layout: --init_from=DIR
     decodes with it."""
     if tokenizer_kind(meta) == "gpt2" and not (meta or {}).get("chat"):
@@ -79,8 +79,8 @@ def write_meta(meta, directory):
         meta["chars"] = [meta.pop("itos")[i] for i in range(len(meta["itos"]))]
         meta.pop("stoi", None)
     if tokenizer_kind(meta) == "bpe":
-        meta["ranks"] = RANKS_FILE
-        with open(os.path.join(directory, RANKS_FILE), "w", encoding="ascii") as f:
+        meta["ranks"] = EXPORT_RANKS_FILE
+        with open(os.path.join(directory, EXPORT_RANKS_FILE), "w", encoding="ascii") as f:
             f.write(ranks)
     with open(os.path.join(directory, "meta.json"), "w", encoding="utf-8") as f:
         json.dump(meta, f, ensure_ascii=False)
@@ -102,7 +102,7 @@ def write_hf(model, tokenizer, meta, hf_dir, kind):
     try:
         hf.save_pretrained(tmp, safe_serialization=True)
         hf_tokenizer(tokenizer, model.config.block_size).save_pretrained(tmp)
-        write_meta(meta, tmp)
+        write_our_tokenizer(meta, tmp)
         if os.path.isdir(hf_dir):
             shutil.rmtree(hf_dir)  # only export.py's files (check_target)
         os.replace(tmp, hf_dir)

@@ -42,6 +42,7 @@ from nanogpt.out_dir import OutDirLock, latest_form
 from nanogpt.device import resolve_device
 from nanogpt.distributed import (collective_device, gather_rng, record_mean_over_ranks, setup_distributed,
                                  sum_over_ranks, teardown)
+from nanogpt.device import Device
 from nanogpt.errors import UserError
 from nanogpt.files import read_named_text
 from nanogpt.generate import check_sampling, sample_seed
@@ -58,7 +59,7 @@ from nanogpt.train_config import check_settings
 
 
 @dataclass
-class RLConfig:
+class RLConfig(Device):
     init_from: str = "out-tangshi-sft"  # a chat model's out_dir (or checkpoint file), or "resume": continue out_dir
     out_dir: str = "out-rl"
     prompts: str = "tangshi"  # "tangshi": requests of the dataset's train split; or FILE:path, one request per line
@@ -88,7 +89,7 @@ class RLConfig:
     eval_top_k: int | None = None  # evaluate.py's sampled row: chat.py's defaults (0.8, every token kept)
     log_interval: int = 1
     seed: int = 1337
-    device: str = "cpu"
+    device: str = "cpu"  # not auto: rl.py takes a torch device as given (cpu, cuda, cuda:N)
     wandb_log: bool = False
     wandb_project: str = "rl"
     wandb_run_name: str = "rl"

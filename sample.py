@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from configurator import parse_args, report_overrides
-from nanogpt.device import autocast, resolve_device, resolve_dtype
+from nanogpt.device import Device, Dtype, autocast, resolve_device, resolve_dtype
 from nanogpt.errors import UserError
 from nanogpt.files import read_named_text
 from nanogpt.generate import Continuation, Sampling, check_sampling, check_stops, continue_rows, sample_seed, stream
@@ -33,13 +33,11 @@ PROMPT_BYTES = 1 << 24  # a prompt file's most: a model reads its last block_siz
 
 
 @dataclass
-class SampleConfig(Source, Sampling):
+class SampleConfig(Source, Sampling, Device, Dtype):
     start: str = "\n"  # the prompt, or FILE:path to read it from a file
     num_samples: int = 10
     max_new_tokens: int = 500
     stop: list[str | int] = field(default_factory=list)  # strings (escapes such as \n work) or token ids that end a sample
-    device: str = "auto"
-    dtype: str = "auto"
     compile: bool = False  # torch.compile the model: for long generations on CUDA; on CPU the decode steps skip it
     stream: bool = False  # print each token as it is generated (samples one after another)
     use_cache: bool = True  # KV cache: one position per step instead of the whole context

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from configurator import parse_args, report_overrides
-from nanogpt.device import resolve_device
+from nanogpt.device import Device, resolve_device
 from nanogpt.errors import UserError
 from nanogpt.files import open_to_write
 from nanogpt.generate import Sampling, generate
@@ -36,7 +36,7 @@ from nanogpt.tracing import Recorder
 
 
 @dataclass
-class TraceConfig(Source, Sampling):
+class TraceConfig(Source, Sampling, Device):
     start: str = "Cats sit on"  # the prompt to follow through the model
     layer: int | None = None  # the layer to trace; None: every layer
     head: int | None = None  # the head to show; None: every head
@@ -44,7 +44,7 @@ class TraceConfig(Source, Sampling):
     top: int = 5  # candidates shown per step, and next-token logits shown
     channels: int = 8  # columns printed per matrix on the console (JSON and HTML hold all)
     precision: int = 4
-    device: str = "cpu"
+    device: str = "cpu"  # not auto: a trace is a few forwards of one prompt, which need no GPU
     json: str | None = None  # also write the whole trace as JSON here (a bare name goes into out_dir)
     html: str | None = None  # also write a page with attention heatmaps here (a bare name goes into out_dir)
 

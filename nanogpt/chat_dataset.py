@@ -9,10 +9,9 @@ import tempfile
 import numpy as np
 from tqdm import tqdm
 
-from nanogpt import REPOSITORY
 from nanogpt.checkpoint import load_checkpoint
 from nanogpt.errors import UserError
-from nanogpt.files import open_regular, open_to_write
+from nanogpt.files import find_folder, open_regular, open_to_write
 from nanogpt.source import checkpoint_file
 from nanogpt.tokenizer import ROLES, chat_meta, read_meta, tokenizer_from_meta
 
@@ -22,9 +21,9 @@ MAX_LINE_BYTES = 1 << 24  # a line longer than this is not a conversation of any
 
 def base_dir(base):
     """data/<base> (beside this repository or under the working directory), or base itself if a directory."""
-    for path in (base, os.path.join("data", base), os.path.join(REPOSITORY, "data", base)):
-        if os.path.isfile(os.path.join(path, "meta.json")) or os.path.isfile(os.path.join(path, "meta.pkl")):
-            return path
+    found = find_folder(base, "data", holding=["meta.json", "meta.pkl"])
+    if found is not None:
+        return found
     raise UserError(f"base dataset {base} has no meta.json; prepare it first (python data/{base}/prepare.py, or "
                     f"python data/prepare.py --input FILE --out data/{base})")
 

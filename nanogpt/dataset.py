@@ -19,8 +19,8 @@ from nanogpt.tokenizer import GPT2BPE, CharTokenizer, TrainedBPE, ranks_text, wr
 
 CHUNK_BYTES = 1 << 22  # 4 MiB of text per read
 DEFAULT_BPE_VOCAB = 4096
-RANKS_FILE = "tokenizer.bpe"  # a trained BPE's merges, beside meta.json
-DATASET_FILES = ("train.bin", "val.bin", RANKS_FILE, "meta.pkl", "meta.json")  # renamed into place in this order
+DATASET_RANKS_FILE = "tokenizer.bpe"  # a trained BPE's merges, beside a dataset's meta.json (an export's: export.py)
+DATASET_FILES = ("train.bin", "val.bin", DATASET_RANKS_FILE, "meta.pkl", "meta.json")  # renamed into place in this order
 TMP = ".tmp"  # the suffix of a file written aside, in the dataset directory
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 
@@ -170,7 +170,7 @@ def prepare(input_path, tokenizer="char", out_dir=".", val_fraction=0.1, log=pri
             meta = {"tokenizer": "gpt2", "encoding": "r50k_base"}
         else:
             tok = train_bpe(files, split_at, vocab_size, bar)
-            meta = tok.meta(RANKS_FILE)
+            meta = tok.meta(DATASET_RANKS_FILE)
         meta["vocab_size"] = tok.vocab_size
         meta["dtype"] = "uint16" if tok.vocab_size <= 1 << 16 else "uint32"
         encode = tok.encode if tokenizer == "char" else tok.encode_ordinary
@@ -179,9 +179,9 @@ def prepare(input_path, tokenizer="char", out_dir=".", val_fraction=0.1, log=pri
         try:
             counts = write_splits(files, encode, tok.eot, split_at, out_dir, np.dtype(meta["dtype"]), bar)
             if tokenizer == "bpe":
-                with open_to_write(os.path.join(out_dir, RANKS_FILE + TMP), "w", encoding="ascii") as f:
+                with open_to_write(os.path.join(out_dir, DATASET_RANKS_FILE + TMP), "w", encoding="ascii") as f:
                     f.write(ranks_text(tok.enc._mergeable_ranks))
-            staged = ["train.bin", "val.bin"] + ([RANKS_FILE] if tokenizer == "bpe" else [])
+            staged = ["train.bin", "val.bin"] + ([DATASET_RANKS_FILE] if tokenizer == "bpe" else [])
             staged += write_meta(out_dir, meta, suffix=TMP)
             if check is not None:
                 check(counts)

@@ -11,6 +11,21 @@ from nanogpt.errors import UserError
 DEVICE_TYPES = ("cpu", "cuda", "mps")  # what the scripts run on; torch knows more (meta, xpu, ...)
 
 
+@dataclass
+class Device:
+    """The device key, declared once: every program's config inherits it (one whose default differs overrides
+    it in its own class, saying why)."""
+    # system
+    device: str = "auto"  # auto (cuda, else mps, else cpu), cpu, cuda, cuda:1, mps
+
+
+@dataclass
+class Dtype:
+    """The dtype key, declared once: the configs of the programs that compute in a chosen dtype inherit it."""
+    # system
+    dtype: str = "auto"  # auto (bfloat16 on CUDA where supported, else float16; float32 on CPU)
+
+
 def resolve_device(name, local_rank=0):
     if name == "auto":
         if torch.cuda.is_available():

@@ -1,5 +1,14 @@
-"""The one exception a user can fix: scripts print it as one line and exit with code 2 (program.run_main)."""
+"""The one exception a user can fix: scripts print it as one line and exit with code 2 (program.run_main);
+and the hint a mistyped name carries, written once for every message that names one."""
+import difflib
 
 
 class UserError(Exception):
     """A mistake the user can fix: scripts print it as one line and exit with code 2."""
+
+
+def nearest(name, choices, cutoff=0.6):
+    """" (did you mean 'x'?)" for the choice closest to name, or "" when none is close (difflib's cutoff; 0.0
+    always names one): a message appends it, or its own fallback with `nearest(...) or "; the keys are ..."`."""
+    close = difflib.get_close_matches(name, choices, n=1, cutoff=cutoff)
+    return f" (did you mean {close[0]!r}?)" if close else ""

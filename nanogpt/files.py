@@ -1,4 +1,5 @@
-"""Opening files in directories a user may have been handed (an out_dir, a dataset, a checkpoint).
+"""Opening files in directories a user may have been handed (an out_dir, a dataset, a checkpoint), and finding
+those directories: a name as given, else beside the repository (find_folder).
 
 Reading: only a regular file is read; a FIFO (whose open or read blocks forever), a device or a
 directory in its place is a UserError naming it. Writing: a file in such a directory is opened
@@ -9,10 +10,21 @@ of those directories opens through open_regular and open_to_write.
 import os
 import stat
 
+from nanogpt import REPOSITORY
 from nanogpt.errors import UserError
 
 NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # a FIFO's open returns at once instead of waiting for a writer
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+def find_folder(path, under="", holding=()):
+    """The first folder of: path as given, under/path (both from the working directory), under/path beside the
+    repository; where holding names files, the first that holds one of them. None if there is none."""
+    for candidate in dict.fromkeys((path, os.path.join(under, path), os.path.join(REPOSITORY, under, path))):
+        if os.path.isdir(candidate) and (not holding or any(os.path.exists(os.path.join(candidate, name))
+                                                            for name in holding)):
+            return candidate
+    return None
 
 
 def kind_of(mode):

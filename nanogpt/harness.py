@@ -11,7 +11,6 @@ one after a prefix token; generate_until decodes with the KV cache (generate.py)
 until a stop string. Inputs longer than block_size keep their last block_size
 tokens. Requests are sorted by length (longest first) and run several to a forward.
 """
-import difflib
 import logging
 import os
 import zlib
@@ -23,7 +22,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.utils import Collator, handle_stop_sequences, normalize_gen_kwargs
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-from nanogpt.errors import UserError
+from nanogpt.errors import UserError, nearest
 from nanogpt.generate import Continuation, continue_rows, stream
 from nanogpt.source import Source, load_model
 
@@ -184,7 +183,5 @@ def task_manager(include_path, names):
 def check_names(names, known, include_path):
     for name in names:
         if name not in known:
-            near = difflib.get_close_matches(name, known, n=1)
-            hint = f" (did you mean {near[0]!r}?)" if near else (
-                "" if include_path else "; ours need --include_path=tasks")
+            hint = nearest(name, known) or ("" if include_path else "; ours need --include_path=tasks")
             raise UserError(f"unknown task {name!r}{hint}; lm-eval's list: python -m lm_eval ls tasks")

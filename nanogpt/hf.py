@@ -1,10 +1,13 @@
-"""Hugging Face's GPT-2 in one place: read its weights into a GPT, write a GPT as its directory.
+"""Hugging Face models in and out: GPT-2 here, Llama and Qwen3 through llama.py.
 
-Both directions use one table: the parameter names are the same on both sides
+load_pretrained is the programs' one entry: a Llama or Qwen3 directory goes to llama.from_llama, anything
+else (gpt2, ..., gpt2-xl, a GPT-2 directory) to from_hf, each failure a one-line UserError; from_pretrained is
+nanoGPT's GPT.from_pretrained (GPT-2 only). hf_architecture says which of the three computes a model exactly.
+
+GPT-2's table, both directions: the parameter names are the same on both sides
 (transformer.h.N.attn.c_attn.weight, ...), four matrices are Conv1D there and
 so stored transposed, and the activations have other names. Needs the optional
-transformers package. Llama and Qwen3 live in llama.py; hf_architecture says which of the three
-computes a model exactly.
+transformers package.
 """
 import os
 import socket
@@ -23,7 +26,6 @@ CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_
 # our activation -> Hugging Face's activation_function; reading, gelu_pytorch_tanh is gelu_tanh too
 ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}
 FROM_HF_ACTIVATIONS = {**{theirs: ours for ours, theirs in ACTIVATIONS.items()}, "gelu_pytorch_tanh": "gelu_tanh"}
-GPT2_EOT = 50256  # <|endoftext|> in GPT-2's BPE
 
 
 def as_theirs(name, tensor):

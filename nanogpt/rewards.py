@@ -17,13 +17,12 @@ The Tang course's rewards (acrostic, form, rhyme, tone and guard, for requests s
 七言絕句：登高) live with the course in data/tangshi/rewards.py, which registers them here; rl.py imports it.
 """
 import dataclasses
-import difflib
 import math
 import os
 import types
 from dataclasses import dataclass
 
-from nanogpt.errors import UserError
+from nanogpt.errors import UserError, nearest
 from nanogpt.files import read_named_text
 
 REGISTRY = {}  # name -> Reward
@@ -70,8 +69,7 @@ def parse_rewards(spec):
     for item in filter(None, (s.strip() for s in spec.split(","))):
         name, _, weight = item.partition(":")
         if name not in REGISTRY:
-            near = difflib.get_close_matches(name, REGISTRY, n=1, cutoff=0.0)
-            raise UserError(f"unknown reward {name!r} (did you mean {near[0]!r}?); the rewards are "
+            raise UserError(f"unknown reward {name!r}{nearest(name, REGISTRY, cutoff=0.0)}; the rewards are "
                             f"{', '.join(sorted(REGISTRY))}")
         if weight == "gate":  # any reward may gate: it then multiplies the mean of the others
             out.append((dataclasses.replace(REGISTRY[name], gate=True), 1.0))

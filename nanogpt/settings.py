@@ -11,7 +11,6 @@ keys and values of the wrong type are errors that say what to do.
 """
 import ast
 import dataclasses
-import difflib
 import inspect
 import io
 import sys
@@ -19,7 +18,7 @@ import tokenize
 import types
 import typing
 
-from nanogpt.errors import UserError
+from nanogpt.errors import UserError, nearest
 from nanogpt.files import open_regular
 from nanogpt.values import convert
 
@@ -73,7 +72,12 @@ def help_text(cls, doc=None):
         for title, names in own_groups:
             names = [n for n in names if n not in listed]
             if names:
-                groups.append((title or (f"model ({klass.__name__})" if klass is not cls else ""), names))
+                title = title or (f"model ({klass.__name__})" if klass is not cls else "")
+                same = [g for g in groups if g[0] == title] if klass is not cls and title else []
+                if same:  # an extended class's group of a title already shown (system: device, dtype) joins it
+                    same[0][1].extend(names)
+                else:
+                    groups.append((title, names))
                 listed.update(names)
         comments = {**own_comments, **comments}
     defaults = {f.name: (f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
@@ -119,8 +123,7 @@ def field_layout(cls):
 
 def check_key(key, hints, source):
     if key not in hints:
-        close = difflib.get_close_matches(key, hints, n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else f"; valid keys: {', '.join(hints)}"
+        hint = nearest(key, hints) or f"; valid keys: {', '.join(hints)}"
         raise UserError(f"{source}: unknown key '{key}'{hint}")
 
 

@@ -6,6 +6,7 @@ without importing the training script.
 from dataclasses import dataclass, fields, replace
 
 from model import GPTConfig
+from nanogpt.device import Device, Dtype
 from nanogpt.generate import check_seed
 from nanogpt.resume import names_code
 from nanogpt.source import check_init_from
@@ -37,8 +38,9 @@ def check_settings(cfg):
 
 
 @dataclass
-class TrainConfig(GPTConfig):
-    """How to train: the model's fields are GPTConfig's (n_layer, block_size, ...), the rest are here."""
+class TrainConfig(Device, Dtype, GPTConfig):
+    """How to train: the model's fields are GPTConfig's (n_layer, block_size, ...), device and dtype are
+    nanogpt.device's, the rest are here."""
 
     # I/O
     out_dir: str = "out"  # checkpoints and log.jsonl go here
@@ -78,8 +80,6 @@ class TrainConfig(GPTConfig):
     lr_decay_iters: int = 600000  # ~ max_iters, per Chinchilla
     min_lr: float = 6e-5  # ~ learning_rate / 10
     # system
-    device: str = "auto"  # auto (cuda, else mps, else cpu), cpu, cuda, cuda:1, mps
-    dtype: str = "auto"  # auto (bfloat16 on CUDA where supported, else float16; float32 on CPU)
     compile: bool | None = None  # torch.compile the model; None: on CUDA yes (it pays off), elsewhere no
     packed_linear: bool | None = None  # CPU, float32: linear layers through oneDNN on packed weights (kernels.py); None: where it applies
     matmul_dtype: str = "float32"  # CPU: training's products (linear layers, Muon) in float32, bfloat16, or auto (bfloat16 where native)

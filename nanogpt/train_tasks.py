@@ -10,16 +10,15 @@ of training (torch, CUDA, numpy, python) is saved before and restored after, so 
 eval_tasks trains the very weights of one without.
 """
 import math
-import os
 import time
 from contextlib import contextmanager
 from functools import partial
 
 import torch
 
-from nanogpt import REPOSITORY
 from nanogpt.checkpoint import rng_state, set_rng_state
 from nanogpt.errors import UserError
+from nanogpt.files import find_folder
 from nanogpt.tokenizer import tokenizer_from_meta
 
 BINARY = ("acc", "acc_norm", "exact_match")  # 0 or 1 per item: the stderr of their mean is sqrt(p (1 - p) / (n - 1))
@@ -36,9 +35,9 @@ def task_scores(cfg, model, meta, rank, sharded):
 
 def include_folder(path):
     """path as given (from the working directory), else beside train.py (the default: tasks)."""
-    for candidate in (path, os.path.join(REPOSITORY, path)):
-        if os.path.isdir(candidate):
-            return candidate
+    found = find_folder(path)
+    if found is not None:
+        return found
     raise UserError(f"eval_tasks_include_path={path} is not a folder of task YAMLs (ours: tasks, beside train.py)")
 
 

@@ -137,3 +137,14 @@ def test_help_groups_keys_as_the_dataclass_does():
     assert text.index("\ndata:\n") < text.index("--dataset=") < text.index("\noptimizer:")
     assert text.index("\nmodel (GPTConfig):\n") < text.index("--n_layer=12 ")
     assert text.count("\n  --") == len(TrainConfig.__dataclass_fields__)  # every key once
+
+
+def test_help_shows_inherited_keys_in_the_group_of_their_title():
+    """device and dtype come from nanogpt.device's Device and Dtype, each a "# system" group: train.py's help
+    shows one system group, its own keys and the inherited two."""
+    from configurator import help_text
+    from train import TrainConfig
+    text = help_text(TrainConfig, doc="")
+    assert text.count("\nsystem:\n") == 1
+    system = text.split("\nsystem:\n")[1].split("\n\n")[0]
+    assert "--compile=None" in system and "--device='auto'" in system and "--dtype='auto'" in system

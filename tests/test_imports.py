@@ -189,3 +189,44 @@ def test_only_data_tangshi_poems_defines_the_tang_task():
         found += [f"{path} defines {name}" for name in sorted(defined_names(tree) & TANG_NAMES)]
         found += [f"{path} writes {s!r}" for s in code_strings(tree) if any(w in s for w in TANG_WORDS)]
     assert found == [], found
+
+
+def test_only_errors_suggests_a_nearest_name():
+    """ "(did you mean 'x'?)" is written once, in nanogpt.errors.nearest: no other module imports difflib.
+    openai_api still has its own copy, to switch to nearest when serve.py's work lands."""
+    found = sorted(m for m in MODULES if "difflib" in {a.name for node in ast.walk(parse(m))
+                                                       if isinstance(node, ast.Import) for a in node.names})
+    assert found == ["nanogpt.errors", "nanogpt.openai_api"], found
+
+
+def test_only_files_searches_for_a_folder_beside_the_repository():
+    """A folder named as given, else beside the repository, is looked up by nanogpt.files.find_folder alone:
+    no other module loops over candidate paths joined to REPOSITORY (datasets, chat bases, task folders)."""
+    found = sorted(m for m in MODULES if m != "nanogpt.files" for node in ast.walk(parse(m))
+                   if isinstance(node, ast.For) and "REPOSITORY" in ast.unparse(node.iter))
+    assert found == [], found
+
+
+def test_each_file_name_and_function_name_means_one_thing():
+    """A trained BPE's ranks file is named once for a dataset (dataset.py) and once for an export (export.py),
+    under names that say which; write_meta is the dataset's meta.json and meta.pkl alone."""
+    constants = [(m, node.value) for m in MODULES for node in ast.walk(parse(m)) if isinstance(node, ast.Constant)]
+    assert [m for m, v in constants if v == "tokenizer.bpe"] == ["nanogpt.dataset"]
+    assert [m for m, v in constants if v == "ranks.tiktoken"] == ["export"]
+    defined = sorted(m for m in MODULES for node in ast.walk(parse(m))
+                     if isinstance(node, ast.FunctionDef) and node.name == "write_meta")
+    assert defined == ["nanogpt.tokenizer"], defined
+
+
+def test_the_device_and_dtype_keys_are_declared_once():
+    """device and dtype are nanogpt.device's Device and Dtype, which the programs' configs inherit; trace.py and
+    rl.py keep "cpu" as device's default by overriding it in their own class, saying why. serve.py still has its
+    own pair, to inherit them once the work on serve.py lands."""
+    declared = {(m, node.name, st.target.id): [ast.unparse(b) for b in node.bases] for m in MODULES
+                for node in ast.walk(parse(m)) if isinstance(node, ast.ClassDef) for st in node.body
+                if isinstance(st, ast.AnnAssign) and getattr(st.target, "id", None) in ("device", "dtype")
+                and ast.unparse(st.annotation) == "str"}
+    assert sorted(declared) == [("nanogpt.device", "Device", "device"), ("nanogpt.device", "Dtype", "dtype"),
+                                ("rl", "RLConfig", "device"), ("serve", "ServeConfig", "device"),
+                                ("serve", "ServeConfig", "dtype"), ("trace", "TraceConfig", "device")]
+    assert "Device" in declared["rl", "RLConfig", "device"] and "Device" in declared["trace", "TraceConfig", "device"]
