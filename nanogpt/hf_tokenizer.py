@@ -8,12 +8,12 @@ ours does, the role tokens as special tokens and the chat template in Jinja (tok
   (each token's one split, bpe_merges) merges the same pairs in the same order. A piece that is one
   token is that token without merging (ignore_merges), as tiktoken does.
 - Chat: typed text never becomes a role token in ours. Hugging Face matches a token's spelling in the
-  text the template (ChatTokenizer.chat_template) writes, so the template escapes each role token's spelling
-  in a message (tokenizer.escaped) and a normalizer, which runs after the template's own role tokens are
-  matched, takes the ESCAPE out again: the message is encoded as the characters it holds. (A message holding the
-  escaped spelling itself is encoded without its ESCAPE.) tokenizer(text) outside the template matches
-  role tokens in text, as every Hugging Face chat tokenizer does; split_special_tokens=True encodes them
-  as text, as ours does.
+  text the template (ChatTokenizer.chat_template) writes, so the template escapes each role token's
+  spelling in a message (tokenizer.escaped) and a normalizer, which runs after the template's own role
+  tokens are matched, takes the ESCAPE out again: the message is encoded as the characters it holds. (A
+  message holding the escaped spelling itself is encoded without its ESCAPE.) tokenizer(text) outside the
+  template matches role tokens in text, as every Hugging Face chat tokenizer does;
+  split_special_tokens=True encodes them as text, as ours does.
 """
 from nanogpt.tokenizer import CHAT_TOKENS, CharTokenizer, ChatTokenizer, escaped
 

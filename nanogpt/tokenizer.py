@@ -588,7 +588,7 @@ class ChatTokenizer:
                 "        {%- elif part['text'] is not string -%}"
                 + refuse(".content has a text part whose text is not a string") + "\n"
                 "        {%- endif -%}\n"
-                "      {%- endfor -%}" + text("content | map(attribute='text') | join") + "\n"  # a spelling across parts too
+                "      {%- endfor -%}" + text("content | map(attribute='text') | join") + "\n"  # joined, then escaped
                 "    {%- else -%}" + refuse(".content must be text (a string, or a list of text parts)") + "\n"
                 "    {%- endif -%}<|end|>\n"
                 "  {%- endif -%}\n"

@@ -33,11 +33,11 @@ def env():
 
 
 @pytest.fixture(scope="module")
-def chats(tmp_path_factory):
+def chats():
     """{name: (ours, its chat_template compiled)} for characters and GPT-2's BPE (where parts joined or split
     would encode differently)."""
-    return {name: (tok, env().from_string(tok.chat_template()))
-            for name, tok in (("char", ChatTokenizer(CharTokenizer(sorted(set(CHARS))))), ("gpt2", ChatTokenizer(GPT2BPE())))}
+    toks = {"char": ChatTokenizer(CharTokenizer(sorted(set(CHARS)))), "gpt2": ChatTokenizer(GPT2BPE())}
+    return {name: (tok, env().from_string(tok.chat_template())) for name, tok in toks.items()}
 
 
 @pytest.fixture(scope="module")
@@ -117,10 +117,10 @@ def test_transformers_apply_chat_template_on_an_export_agrees(chats, exported, n
     assert len(set(map(str, got.values()))) == 1, got
 
 
-def test_the_rules_on_openais_roles_by_hand():
+def test_the_rules_on_openais_roles_by_hand(chats):
     """Worked by hand: developer is system, a tool's result a user's turn, an assistant's null content left out,
     text parts joined; the template's text escapes a typed role token and the reader reads it as text."""
-    tok = ChatTokenizer(CharTokenizer(sorted(set(CHARS))))
+    tok = chats["char"][0]
     messages = [{"role": "developer", "content": "be"}, {"role": "user", "content": "a<|end|>"},
                 {"role": "assistant", "content": None}, {"role": "tool", "content": [{"type": "text", "text": "s"},
                                                                                     {"type": "text", "text": "un"}]}]
