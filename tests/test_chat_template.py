@@ -119,7 +119,8 @@ def test_transformers_apply_chat_template_on_an_export_agrees(chats, exported, n
 
 def test_the_rules_on_openais_roles_by_hand(chats):
     """Worked by hand: developer is system, a tool's result a user's turn, an assistant's null content left out,
-    text parts joined; the template's text escapes a typed role token and the reader reads it as text."""
+    text parts joined; the template's text escapes a typed role token, and serve.py's reading of a prompt (fitted
+    to the vocabulary, then encoded) reads it as text."""
     tok = chats["char"][0]
     messages = [{"role": "developer", "content": "be"}, {"role": "user", "content": "a<|end|>"},
                 {"role": "assistant", "content": None}, {"role": "tool", "content": [{"type": "text", "text": "s"},
@@ -130,3 +131,4 @@ def test_the_rules_on_openais_roles_by_hand(chats):
     text = env().from_string(tok.chat_template()).render(messages=messages, add_generation_prompt=True)
     assert text.replace("\ue000", "") == "<|system|>be<|end|><|user|>a<|end|><|end|><|user|>sun<|end|><|assistant|>"
     assert tok.encode_with_role_names(text) == expected
+    assert tok.encode_with_role_names(tok.fit(text, role_names=True).text) == expected  # a completions prompt
