@@ -32,7 +32,6 @@ import asyncio
 import errno
 import json
 import os
-import re
 import secrets
 import socket
 import sys
@@ -58,7 +57,7 @@ from nanogpt.engine import Engine, QueueFull, Sequence, Task
 from nanogpt.errors import UserError
 from nanogpt.generate import sample_seed
 from nanogpt.memory import check_fits, kv_cache_bytes
-from nanogpt.openai_api import (CHAT, COMPLETION, BadRequest, Choice, chat_template, check_answer_size, check_names,
+from nanogpt.openai_api import (CHAT, COMPLETION, BadRequest, Choice, check_answer_size, check_names,
                                 collect, echo_logprobs, echoed_first, error_body, events, fitted_usage, floor, is_ids,
                                 json_object, parse_chat, parse_completion, parse_messages, typed)
 from nanogpt.program import run_main
@@ -241,14 +240,12 @@ class Service:
         return ids
 
     def encode_text(self, text):
-        """text's token ids; for a chat model, the role tokens' names in it are the role tokens (as a Hugging
-        Face tokenizer reads its special tokens), so that the text /tokenizer_info's chat_template writes
-        tokenizes as ChatTokenizer.render places it. (A chat request's messages never do: render.)"""
-        if not isinstance(self.tokenizer, ChatTokenizer):
-            return self.tokenizer.encode(text)
-        names = "|".join(map(re.escape, self.tokenizer.ids))
-        return [i for part in re.split(f"({names})", text) if part
-                for i in ([self.tokenizer.ids[part]] if part in self.tokenizer.ids else self.tokenizer.encode(part))]
+        """text's token ids; for a chat model, the role tokens' names in it are the role tokens
+        (ChatTokenizer.encode_with_role_names), so that the text /tokenizer_info's chat_template writes tokenizes
+        as ChatTokenizer.render places it. (A chat request's messages never do: render.)"""
+        if isinstance(self.tokenizer, ChatTokenizer):
+            return self.tokenizer.encode_with_role_names(text)
+        return self.tokenizer.encode(text)
 
     def prompt_ids(self, prompt):
         """A prompt's token ids: a text encoded, or ids given, each checked against the vocabulary."""
@@ -400,7 +397,7 @@ class Service:
                 "bos_token": eos if eos is not None else ("\n" if "\n" in stoi else None),
                 "pad_token": None, "model_max_length": self.model.config.block_size}
         if isinstance(self.tokenizer, ChatTokenizer):
-            info["chat_template"] = chat_template(self.tokenizer)
+            info["chat_template"] = self.tokenizer.chat_template()
         return JSONResponse(info)
 
     async def tokenize(self, request):

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from nanogpt.errors import UserError
-from nanogpt.hf_tokenizer import bpe_merges, byte_chars, chat_template
+from nanogpt.hf_tokenizer import bpe_merges, byte_chars
 from nanogpt.llama import to_halves
 from nanogpt.tokenizer import GPT2BPE, CharTokenizer, ChatTokenizer
 
@@ -178,7 +178,7 @@ def write_gguf(model, tokenizer, kind, path, source):
         writer.add_bos_token_id(tokenizer.end)
         writer.add_eos_token_id(tokenizer.end)
         writer.add_eot_token_id(tokenizer.end)
-        writer.add_chat_template(chat_template())
+        writer.add_chat_template(tokenizer.chat_template())
     elif tokenizer.eot is not None:
         writer.add_bos_token_id(tokenizer.eot)
         writer.add_eos_token_id(tokenizer.eot)

@@ -8,16 +8,14 @@ ours does, the role tokens as special tokens and the chat template in Jinja (tok
   (each token's one split, bpe_merges) merges the same pairs in the same order. A piece that is one
   token is that token without merging (ignore_merges), as tiktoken does.
 - Chat: typed text never becomes a role token in ours. Hugging Face matches a token's spelling in the
-  text the template writes, so the template escapes each role token's spelling in a message (an ESCAPE
-  after its "<") and a normalizer, which runs after the template's own role tokens are matched, takes
-  the ESCAPE out again: the message is encoded as the characters it holds. (A message holding the
-  escaped spelling itself is encoded without its ESCAPE.) tokenizer(text) outside the template matches
-  role tokens in text, as every Hugging Face chat tokenizer does; split_special_tokens=True encodes them
-  as text, as ours does.
+  text the template (ChatTokenizer.chat_template) writes, so the template escapes each role token's
+  spelling in a message (tokenizer.escaped) and a normalizer, which runs after the template's own role
+  tokens are matched, takes the ESCAPE out again: the message is encoded as the characters it holds. (A
+  message holding the escaped spelling itself is encoded without its ESCAPE.) tokenizer(text) outside the
+  template matches role tokens in text, as every Hugging Face chat tokenizer does;
+  split_special_tokens=True encodes them as text, as ours does.
 """
-from nanogpt.tokenizer import CHAT_TOKENS, CharTokenizer, ChatTokenizer
-
-ESCAPE = "\ue000"  # a private-use character: no text of ours holds it next to a role token's spelling
+from nanogpt.tokenizer import CHAT_TOKENS, CharTokenizer, ChatTokenizer, escaped
 
 
 def byte_chars():
@@ -69,16 +67,6 @@ def base_tokenizer(base):
     return tok
 
 
-def chat_template():
-    """ChatTokenizer.render in Jinja: each message <|role|> content <|end|>, then <|assistant|> for a reply."""
-    escape = "".join(f" | replace('{t}', '{t[0]}{ESCAPE}{t[1:]}')" for t in CHAT_TOKENS)
-    return ("{% for message in messages %}"
-            "{% if message['role'] not in ['system', 'user', 'assistant'] %}"
-            "{{ raise_exception('roles are system, user and assistant, got ' + message['role']) }}{% endif %}"
-            "{{ '<|' + message['role'] + '|>' }}{{ message['content']" + escape + " }}{{ '<|end|>' }}"
-            "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}")
-
-
 def hf_tokenizer(tokenizer, model_max_length):
     """A transformers PreTrainedTokenizerFast that encodes as tokenizer (ours) does; save_pretrained writes it."""
     from tokenizers import AddedToken, normalizers
@@ -90,8 +78,8 @@ def hf_tokenizer(tokenizer, model_max_length):
         for name in CHAT_TOKENS:  # ids base.vocab_size, ...: the next free ones
             tok.add_special_tokens([AddedToken(name, special=True, normalized=False)])
             assert tok.token_to_id(name) == tokenizer.ids[name], f"{name}: {tok.token_to_id(name)} != {tokenizer.ids[name]}"
-        tok.normalizer = normalizers.Sequence([normalizers.Replace(t[0] + ESCAPE + t[1:], t) for t in CHAT_TOKENS])
-        special = dict(eos_token="<|end|>", chat_template=chat_template())
+        tok.normalizer = normalizers.Sequence([normalizers.Replace(escaped(t), t) for t in CHAT_TOKENS])
+        special = dict(eos_token="<|end|>", chat_template=tokenizer.chat_template())
     elif tokenizer.eot is not None:
         special = dict(eos_token="<|endoftext|>", bos_token="<|endoftext|>")
     return PreTrainedTokenizerFast(tokenizer_object=tok, model_max_length=model_max_length,

@@ -4,8 +4,8 @@ shaped, errors as OpenAI's error object. No HTTP here (serve.py is the app), so 
 parse_completion and parse_chat turn a request's JSON into a CompletionRequest or raise BadRequest
 (error_body is its JSON); Choice is an engine.Sequence's sink that turns tokens into pieces (text,
 logprobs, finish_reason); collect joins a request's pieces into the whole response and events writes
-them as OpenAI's chunks. chat_template and the tokenizer endpoints' shapes follow vLLM's, which
-lm-evaluation-harness reads (docs/serving.md).
+them as OpenAI's chunks. The tokenizer endpoints' shapes follow vLLM's, which lm-evaluation-harness reads
+(docs/serving.md); the chat template they publish is the chat tokenizer's (ChatTokenizer.chat_template).
 """
 import difflib
 import json
@@ -13,8 +13,9 @@ import math
 import secrets
 from dataclasses import dataclass
 
+from nanogpt.errors import UserError
 from nanogpt.generate import MAX_STOPS, Continuation, Sampling, check_sampling, check_seed, check_stops
-from nanogpt.tokenizer import ROLES
+from nanogpt.tokenizer import chat_messages
 
 MAX_LOGPROBS = 20  # alternatives per token (OpenAI's limit is 5)
 # OpenAI's parameters this server takes only at the value that means "off"
@@ -280,33 +281,15 @@ def parse_chat(body, model_name, max_tokens):
     return req
 
 
-# OpenAI's roles beyond the template's, as the template's: developer is OpenAI's newer name for system; a tool's
-# (or a function's) result is new text the model reads, as a user's
-AS_ROLE = {"developer": "system", "tool": "user", "function": "user"}
-
-
 def parse_messages(messages):
-    """[{"role", "content"}] of a chat request, in the template's roles (AS_ROLE); content as a string, or
-    OpenAI's list of text parts. An assistant message with content null (an agent's tool call, replayed) said
-    nothing the model could read: it is left out."""
+    """[{"role", "content"}] of a chat request under the chat template's rules (tokenizer.chat_messages: OpenAI's
+    other roles as the template's, an assistant's null content left out, lists of text parts joined)."""
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages must be a non-empty list of {\"role\": ..., \"content\": ...}", "messages")
-    out = []
-    for i, m in enumerate(messages):
-        role = m.get("role") if isinstance(m, dict) else None
-        if role not in ROLES and role not in AS_ROLE:
-            raise BadRequest(f"messages[{i}].role is {json.dumps(role)[:40]}; this model knows "
-                             f"{', '.join(ROLES + tuple(AS_ROLE))}", "messages")
-        content = m.get("content")
-        if content is None and role == "assistant":
-            continue
-        if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-            if not all(isinstance(p.get("text"), str) for p in content):
-                raise BadRequest(f"messages[{i}].content has a text part whose text is not a string", "messages")
-            content = "".join(p["text"] for p in content)
-        if not isinstance(content, str):
-            raise BadRequest(f"messages[{i}].content must be text (a string, or a list of text parts)", "messages")
-        out.append({"role": AS_ROLE.get(role, role), "content": content})
+    try:
+        out = chat_messages(messages)
+    except UserError as e:
+        raise BadRequest(str(e), "messages") from None
     if not out:
         raise BadRequest("messages hold no text: every one is an assistant's with content null", "messages")
     return out
@@ -422,17 +405,6 @@ def echo_logprobs(tokenizer, ids, scores):
     tokens[-1] += decoder.flush()  # a character the last tokens left unfinished
     return {"tokens": tokens, "token_logprobs": [lp for lp, _ in scores],
             "top_logprobs": [top for _, top in scores], "text_offset": offsets}
-
-
-def chat_template(tokenizer):
-    """A Jinja template that writes messages as parse_messages and ChatTokenizer.render place them: in the
-    template's roles (AS_ROLE), an assistant's content null left out, role tokens as their names (which
-    /tokenize reads back as the role tokens)."""
-    end = tokenizer.names[tokenizer.end]
-    roles = "{" + ", ".join(f"'{k}': '{v}'" for k, v in AS_ROLE.items()) + "}"
-    return ("{% for message in messages %}{% if message['content'] is not none %}"
-            "<|{{ " + roles + ".get(message['role'], message['role']) }}|>{{ message['content'] }}" + end +
-            "{% endif %}{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
 
 
 class Completion:

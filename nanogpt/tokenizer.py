@@ -430,9 +430,49 @@ def load_plain_pickle(data, path):
 
 # --- chat: a base tokenizer with role tokens -----------------------------------------------------------
 
-ROLES = ("system", "user", "assistant")
+# The chat template's rules: render(), chat_template()'s Jinja and the role names read in text
+# (encode_with_role_names) are all written from these, and tests/test_chat_template.py holds them to each other.
+ROLES = ("system", "user", "assistant")  # the roles with a token
 # the role tokens a chat dataset appends after its base vocabulary, in this order; END closes every turn
 CHAT_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
+# OpenAI's roles beyond ours, as ours (what real clients send): developer is OpenAI's newer name for system; a
+# tool's (or a function's) result is new text the model reads, as a user's
+AS_ROLE = {"developer": "system", "tool": "user", "function": "user"}
+# An assistant's message with content null (an agent's tool call, replayed) said nothing the model could read: it
+# is left out. Content is a string or OpenAI's list of text parts (joined); anything else is refused, as is a
+# role outside ROLES and AS_ROLE. A reply opens with <|assistant|>.
+#
+# A role token's spelling inside a message is text, never the token. Whoever reads the template's text as
+# tokens (a Hugging Face tokenizer, serve.py's prompts) reads a role token's name as the token, so the template
+# writes a message's spelling of one escaped (ESCAPE after its "<") and the reader takes the ESCAPE out again.
+ESCAPE = "\ue000"  # a private-use character: no text of ours holds it next to a role token's spelling
+
+
+def escaped(name):
+    """A role token's name as the chat template writes it inside a message."""
+    return name[0] + ESCAPE + name[1:]
+
+
+def chat_messages(messages):
+    """[{"role", "content"}] of messages under the template's rules: roles in ROLES (AS_ROLE's mapped), content
+    a string, an assistant's null content left out. A message the rules refuse is a UserError naming it."""
+    out = []
+    for i, m in enumerate(messages):
+        role = m.get("role") if isinstance(m, dict) else None
+        if not isinstance(role, str) or role not in ROLES + tuple(AS_ROLE):
+            raise UserError(f"messages[{i}].role is {json.dumps(role, default=repr)[:40]}; this model knows "
+                            f"{', '.join(ROLES + tuple(AS_ROLE))}")
+        content = m.get("content")
+        if content is None and role == "assistant":
+            continue
+        if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+            if not all(isinstance(p.get("text"), str) for p in content):
+                raise UserError(f"messages[{i}].content has a text part whose text is not a string")
+            content = "".join(p["text"] for p in content)
+        if not isinstance(content, str):
+            raise UserError(f"messages[{i}].content must be text (a string, or a list of text parts)")
+        out.append({"role": AS_ROLE.get(role, role), "content": content})
+    return out
 
 
 class ChatTokenizer:
@@ -457,12 +497,14 @@ class ChatTokenizer:
         return self.base.encode(text)
 
     def fit(self, text, role_names=False):
-        """The base tokenizer's fit; role_names: the role tokens' names in text are kept as they are (for a
-        prompt that reads them as the role tokens, serve.py's completions), the text around them fitted."""
+        """The base tokenizer's fit; role_names: the role tokens' names in text, and their escaped spellings, are
+        kept as they are (for a prompt that encode_with_role_names reads, serve.py's completions), the text
+        around them fitted."""
         if not role_names:
             return self.base.fit(text)
-        parts = [p for p in re.split("(" + "|".join(map(re.escape, self.ids)) + ")", text) if p]
-        fits = [Fitted(p) if p in self.ids else self.base.fit(p, start=False) for p in parts]
+        kept = [*self.ids, *map(escaped, self.ids)]
+        parts = [p for p in re.split("(" + "|".join(map(re.escape, kept)) + ")", text) if p]
+        fits = [Fitted(p) if p in kept else self.base.fit(p, start=False) for p in parts]
         return Fitted("".join(f.text for f in fits), [c for f in fits for c in f.converted],
                       [c for f in fits for c in f.dropped])
 
@@ -485,12 +527,26 @@ class ChatTokenizer:
     def decoder(self):
         return StreamDecoder(self.token_bytes)
 
+    def encode_with_role_names(self, text):
+        """text's ids with the role tokens' names in it read as the role tokens, as a Hugging Face tokenizer
+        reads its special tokens: the text chat_template() writes encodes as render() places it (serve.py's
+        prompts and /tokenize). A name escaped (as the template writes a message's) is the name's characters."""
+        ids = []
+        for part in re.split("(" + "|".join(map(re.escape, self.ids)) + ")", text):
+            if part in self.ids:
+                ids.append(self.ids[part])
+            elif part:
+                for name in self.ids:
+                    part = part.replace(escaped(name), name)
+                ids += self.encode(part)
+        return ids
+
     def render(self, messages, reply=True):
-        """(ids, mask) of a conversation: each message as <|role|> text <|end|>; mask 1 marks the tokens
-        the loss sees (the assistant's words and its <|end|>). reply: end with <|assistant|>, the prompt
-        a model answers."""
+        """(ids, mask) of a conversation under the template's rules (chat_messages): each message as
+        <|role|> text <|end|>; mask 1 marks the tokens the loss sees (the assistant's words and its <|end|>).
+        reply: end with <|assistant|>, the prompt a model answers."""
         ids, mask = [], []
-        for message in messages:
+        for message in chat_messages(messages):
             role, content = message["role"], message["content"]
             text = self.encode(content)
             learn = int(role == "assistant")
@@ -500,6 +556,42 @@ class ChatTokenizer:
             ids.append(self.ids["<|assistant|>"])
             mask.append(0)
         return ids, mask
+
+    def chat_template(self):
+        """render() in Jinja, for whoever renders messages themselves (a Hugging Face export's
+        tokenizer_config.json, GGUF's tokenizer.chat_template, serve.py's /tokenizer_info): the same rules, a
+        role token's spelling in a message escaped (encode_with_role_names and Hugging Face's normalizer read
+        it back as text). Unknown roles and content that is not text are refused with raise_exception."""
+        def refuse(why):
+            return "{{ raise_exception('messages[' ~ i ~ ']" + why + "') }}"
+
+        def text(value):
+            return "{{ " + value + "".join(f" | replace('{t}', '{escaped(t)}')" for t in self.ids) + " }}"
+        turns = "".join(f"{{%- {'if' if n == 0 else 'elif'} message['role'] in "
+                        f"{[r] + [k for k, v in AS_ROLE.items() if v == r]} -%}}<|{r}|>\n    "
+                        for n, r in enumerate(ROLES))
+        return ("{%- for message in messages -%}\n"
+                "  {%- set i = loop.index0 -%}\n"
+                "  {%- set content = message['content'] if message['content'] is defined else none -%}\n"
+                "  {%- if content is none and message['role'] == 'assistant' -%}\n"  # said nothing
+                "  {%- else -%}\n    " + turns +
+                "{%- else -%}" + refuse(".role is ' ~ message['role'] ~ '; this model knows "
+                                         + ", ".join(ROLES + tuple(AS_ROLE))) + "\n"
+                "    {%- endif -%}\n"
+                "    {%- if content is string -%}" + text("content") + "\n"
+                "    {%- elif content is iterable and content is not mapping -%}\n"
+                "      {%- for part in content -%}\n"
+                "        {%- if part is not mapping or part['type'] != 'text' -%}"
+                + refuse(".content must be text (a string, or a list of text parts)") + "\n"
+                "        {%- elif part['text'] is not string -%}"
+                + refuse(".content has a text part whose text is not a string") + "\n"
+                "        {%- endif -%}\n"
+                "      {%- endfor -%}" + text("content | map(attribute='text') | join") + "\n"  # joined, then escaped
+                "    {%- else -%}" + refuse(".content must be text (a string, or a list of text parts)") + "\n"
+                "    {%- endif -%}<|end|>\n"
+                "  {%- endif -%}\n"
+                "{%- endfor -%}\n"
+                "{%- if add_generation_prompt -%}<|assistant|>{%- endif -%}\n")
 
 
 def chat_meta(meta_of_base):

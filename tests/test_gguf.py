@@ -78,7 +78,6 @@ def test_llama_cpp_answers_as_chat_py_on_the_export_of_a_chat_model(llama_sft, t
 
 
 def test_gguf_holds_the_tokenizer_and_chat_template(llama_sft, tmp_path):  # noqa: F811
-    from nanogpt.hf_tokenizer import chat_template
     from nanogpt.source import Source, load_model
     result = run_script(["export.py", f"--out_dir={llama_sft}", "--format=gguf", f"--gguf_file={tmp_path / 'chat.gguf'}"])
     assert result.returncode == 0, result.stderr
@@ -91,7 +90,7 @@ def test_gguf_holds_the_tokenizer_and_chat_template(llama_sft, tmp_path):  # noq
     assert value("general.architecture") == "llama"
     tokens = value("tokenizer.ggml.tokens")
     assert [tokens[i] for i in tokenizer.ids.values()] == list(tokenizer.ids)
-    assert value("tokenizer.chat_template") == chat_template()
+    assert value("tokenizer.chat_template") == tokenizer.chat_template()
     assert value("tokenizer.ggml.eos_token_id") == tokenizer.end
     assert not [name for name in os.listdir(tmp_path) if name.endswith(".tmp")]
 

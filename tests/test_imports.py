@@ -230,3 +230,22 @@ def test_the_device_and_dtype_keys_are_declared_once():
                                 ("rl", "RLConfig", "device"), ("serve", "ServeConfig", "device"),
                                 ("serve", "ServeConfig", "dtype"), ("trace", "TraceConfig", "device")]
     assert "Device" in declared["rl", "RLConfig", "device"] and "Device" in declared["trace", "TraceConfig", "device"]
+
+
+def test_only_the_chat_tokenizer_writes_the_chat_template():
+    """The chat template has one home, nanogpt.tokenizer (ChatTokenizer and its rule table): no other module
+    writes Jinja, names OpenAI's extra roles, or matches the role tokens' names in text (as serve.py once did);
+    the Hugging Face export, GGUF and serve.py's /tokenizer_info ask ChatTokenizer.chat_template."""
+    def writes_the_template(module):
+        found = []
+        for node in ast.walk(parse(module)):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and (
+                    "{%" in node.value or node.value == "developer"):
+                found.append(f"{module}: {node.value[:30]!r}")
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "map"
+                  and "attr='escape'" in ast.dump(node) and "attr='ids'" in ast.dump(node)):  # map(re.escape, tok.ids)
+                found.append(f"{module}: a pattern of the role tokens' names")
+        return found
+    found = [f for m in sorted(MODULES - {"nanogpt.tokenizer"}) for f in writes_the_template(m)]
+    assert found == [], found
+    assert len(writes_the_template("nanogpt.tokenizer")) >= 3  # the checker sees the home's Jinja, roles and names

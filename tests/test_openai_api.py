@@ -142,12 +142,11 @@ def test_the_chat_template_writes_what_parse_messages_reads():
     """lm-eval renders /tokenizer_info's template itself: the same roles and the same left-out turns."""
     import jinja2
 
-    from nanogpt.openai_api import chat_template
     from nanogpt.tokenizer import CharTokenizer, ChatTokenizer
     tok = ChatTokenizer(CharTokenizer(list("abc .")))
     messages = [{"role": "developer", "content": "a."}, {"role": "user", "content": "b"},
                 {"role": "assistant", "content": None}, {"role": "tool", "content": "c"}]
-    text = jinja2.Template(chat_template(tok)).render(messages=messages, add_generation_prompt=True)
+    text = jinja2.Template(tok.chat_template()).render(messages=messages, add_generation_prompt=True)
     rendered = "".join(f"<|{m['role']}|>{m['content']}<|end|>" for m in parse_chat({"messages": messages}, "m",
                                                                                    64).prompts[0])
     assert text == rendered + "<|assistant|>" == "<|system|>a.<|end|><|user|>b<|end|><|user|>c<|end|><|assistant|>"

@@ -14,7 +14,7 @@ from reference import next_token_log_probs
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")
 
-from nanogpt.openai_api import chat_template, parse_chat  # noqa: E402
+from nanogpt.openai_api import parse_chat  # noqa: E402
 from serve import Service  # noqa: E402
 from test_serve import CHARS, alone, out_dir, server  # noqa: E402,F401  (the same tiny checkpoint and server)
 
@@ -119,7 +119,7 @@ def test_tokenizer_info_names_end_of_text_and_a_chat_models_template(server):
     assert json.loads(info(GPT2BPE()))["eos_token"] == "<|endoftext|>"
     chat = ChatTokenizer(CharTokenizer(CHARS))
     got = json.loads(info(chat))
-    assert got["eos_token"] == "<|end|>" and got["chat_template"] == chat_template(chat)
+    assert got["eos_token"] == "<|end|>" and got["chat_template"] == chat.chat_template()
     messages = [{"role": "system", "content": "Speak."}, {"role": "user", "content": "All:"},
                 {"role": "assistant", "content": "hear me"}, {"role": "user", "content": "You"}]
     template = jinja2.Environment().from_string(got["chat_template"])
