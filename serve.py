@@ -52,7 +52,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Route
 
 from configurator import parse_args, report_overrides
-from nanogpt.device import autocast, resolve_device, resolve_dtype
+from nanogpt.device import Device, Dtype, autocast, resolve_device, resolve_dtype
 from nanogpt.engine import Engine, QueueFull, Sequence, Task
 from nanogpt.errors import UserError
 from nanogpt.generate import sample_seed
@@ -80,11 +80,9 @@ REMOTE_TOKENIZER_PROBE = "test"
 
 
 @dataclass
-class ServeConfig(Source):
+class ServeConfig(Source, Device, Dtype):
     host: str = "127.0.0.1"  # this machine only; 0.0.0.0 serves every network the machine is on
     port: int = 8000
-    device: str = "auto"
-    dtype: str = "auto"
     max_batch: int = 8  # sequences decoded together: the KV cache holds this many
     max_queue: int = 64  # sequences that may wait for a free slot; beyond, requests get 429
     max_tokens: int = 4096  # the most tokens one request may ask for (past block_size the context shifts)

@@ -7,13 +7,12 @@ logprobs, finish_reason); collect joins a request's pieces into the whole respon
 them as OpenAI's chunks. The tokenizer endpoints' shapes follow vLLM's, which lm-evaluation-harness reads
 (docs/serving.md); the chat template they publish is the chat tokenizer's (ChatTokenizer.chat_template).
 """
-import difflib
 import json
 import math
 import secrets
 from dataclasses import dataclass
 
-from nanogpt.errors import UserError
+from nanogpt.errors import UserError, nearest
 from nanogpt.generate import MAX_STOPS, Continuation, Sampling, check_sampling, check_seed, check_stops
 from nanogpt.tokenizer import chat_messages
 
@@ -156,8 +155,7 @@ class CompletionRequest:
 def check_names(body, model_name, params, off):
     """Every argument is one this endpoint takes (those in off only at their "off" value), for this model."""
     for name in sorted(set(body) - params):
-        close = difflib.get_close_matches(name, params, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else f"; this server takes {', '.join(sorted(params))}"
+        hint = nearest(name, params) or f"; this server takes {', '.join(sorted(params))}"
         raise BadRequest(f"unrecognized request argument: {name}{hint}", name)
     for name, values in off.items():
         if body.get(name) is not None and body[name] not in values:

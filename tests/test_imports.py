@@ -192,11 +192,10 @@ def test_only_data_tangshi_poems_defines_the_tang_task():
 
 
 def test_only_errors_suggests_a_nearest_name():
-    """ "(did you mean 'x'?)" is written once, in nanogpt.errors.nearest: no other module imports difflib.
-    openai_api still has its own copy, to switch to nearest when serve.py's work lands."""
+    """ "(did you mean 'x'?)" is written once, in nanogpt.errors.nearest: no other module imports difflib."""
     found = sorted(m for m in MODULES if "difflib" in {a.name for node in ast.walk(parse(m))
                                                        if isinstance(node, ast.Import) for a in node.names})
-    assert found == ["nanogpt.errors", "nanogpt.openai_api"], found
+    assert found == ["nanogpt.errors"], found
 
 
 def test_only_files_searches_for_a_folder_beside_the_repository():
@@ -220,15 +219,13 @@ def test_each_file_name_and_function_name_means_one_thing():
 
 def test_the_device_and_dtype_keys_are_declared_once():
     """device and dtype are nanogpt.device's Device and Dtype, which the programs' configs inherit; trace.py and
-    rl.py keep "cpu" as device's default by overriding it in their own class, saying why. serve.py still has its
-    own pair, to inherit them once the work on serve.py lands."""
+    rl.py keep "cpu" as device's default by overriding it in their own class, saying why."""
     declared = {(m, node.name, st.target.id): [ast.unparse(b) for b in node.bases] for m in MODULES
                 for node in ast.walk(parse(m)) if isinstance(node, ast.ClassDef) for st in node.body
                 if isinstance(st, ast.AnnAssign) and getattr(st.target, "id", None) in ("device", "dtype")
                 and ast.unparse(st.annotation) == "str"}
     assert sorted(declared) == [("nanogpt.device", "Device", "device"), ("nanogpt.device", "Dtype", "dtype"),
-                                ("rl", "RLConfig", "device"), ("serve", "ServeConfig", "device"),
-                                ("serve", "ServeConfig", "dtype"), ("trace", "TraceConfig", "device")]
+                                ("rl", "RLConfig", "device"), ("trace", "TraceConfig", "device")]
     assert "Device" in declared["rl", "RLConfig", "device"] and "Device" in declared["trace", "TraceConfig", "device"]
 
 

@@ -31,6 +31,18 @@ AGENT = [{"role": "user", "content": "First"},
          {"role": "tool", "tool_call_id": "call_1", "content": "Citizen"}]
 
 
+@pytest.fixture(autouse=True)
+def our_tiktoken_cache():
+    """litellm points TIKTOKEN_CACHE_DIR at its own bundled files when it first counts tokens: ours is put back
+    after each test, or a GPT-2 test run after this file in the same worker looks for r50k_base there, offline."""
+    saved = os.environ.get("TIKTOKEN_CACHE_DIR")
+    yield
+    if saved is None:
+        os.environ.pop("TIKTOKEN_CACHE_DIR", None)
+    else:
+        os.environ["TIKTOKEN_CACHE_DIR"] = saved
+
+
 @pytest.fixture(scope="module")
 def chat_server():
     """(base URL of /v1, Service) of a tiny random chat model (role tokens after the characters)."""
