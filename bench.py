@@ -31,18 +31,18 @@ import torch
 from configurator import parse_args
 from model import GPT
 from nanogpt import cpu
-from nanogpt.batches import dataset_dir
 from nanogpt.checkpoint import model_args, save_checkpoint
 from nanogpt.cpu.kernels import bfloat16_products_supported, onednn_available, pack, packed_product
+from nanogpt.dataset import dataset_dir
 from nanogpt.device import autocast, resolve_device, resolve_dtype, should_compile, training_kernels
 from nanogpt.errors import UserError
 from nanogpt.files import open_to_write
 from nanogpt.generate import generate, window_start
-from nanogpt.metrics import read_log
-from nanogpt.optim import OptimizerSettings, configure_optimizers
 from nanogpt.program import run_main
 from nanogpt.tokenizer import read_meta, tokenizer_from_meta
-from nanogpt.train_config import TrainConfig
+from nanogpt.training.metrics import read_log
+from nanogpt.training.optim import OptimizerSettings, configure_optimizers
+from nanogpt.training.train_config import TrainConfig
 
 
 @dataclass

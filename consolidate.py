@@ -35,7 +35,7 @@ def check_exists(path):
 def consolidate(path):
     """The single-file checkpoint (nanoGPT's keys, optimizer keyed by index) of path's sharded form."""
     from nanogpt.checkpoint import load_checkpoint, load_sharded, model_from_checkpoint
-    from nanogpt.optim import OptimizerSettings, configure_optimizers
+    from nanogpt.training.optim import OptimizerSettings, configure_optimizers
     check_exists(path)
     ckpt = load_checkpoint(path)
     if "sharded" not in ckpt:

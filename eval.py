@@ -53,7 +53,7 @@ def read_caches_if_offline():
     import datasets.config
     from huggingface_hub import constants
 
-    from nanogpt.hf import hub_reachable
+    from nanogpt.interop.hf import hub_reachable
     if constants.is_offline_mode() or hub_reachable():
         return
     os.environ["HF_HUB_OFFLINE"] = "1"  # for what reads it later

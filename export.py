@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from configurator import parse_args
 from nanogpt.errors import UserError
-from nanogpt.hf import hf_architecture
+from nanogpt.interop.hf import hf_architecture
 from nanogpt.program import run_main
 from nanogpt.source import Source, check_decodes, read_source
 from nanogpt.tokenizer import tokenizer_from_meta, tokenizer_kind
@@ -89,9 +89,9 @@ def write_our_tokenizer(meta, directory):
 def write_hf(model, tokenizer, meta, hf_dir, kind):
     """The Hugging Face directory, written beside hf_dir and renamed into place: an earlier export stays whole
     until this one is."""
-    from nanogpt.hf import to_hf
-    from nanogpt.hf_tokenizer import hf_tokenizer, stop_ids
-    from nanogpt.llama import to_llama
+    from nanogpt.interop.hf import to_hf
+    from nanogpt.interop.hf_tokenizer import hf_tokenizer, stop_ids
+    from nanogpt.interop.llama import to_llama
     stops = stop_ids(tokenizer)
     first = stops[0] if isinstance(stops, list) else stops
     hf = to_hf(model, first) if kind == "gpt2" else to_llama(model, kind, bos_token_id=first, eos_token_id=stops)
@@ -119,7 +119,7 @@ def main(argv):
     check_decodes(tokenizer, model.config.vocab_size, cfg.path)
     try:
         if cfg.format == "gguf":
-            from nanogpt.gguf_file import write_gguf
+            from nanogpt.interop.gguf_file import write_gguf
             write_gguf(model, tokenizer, kind, cfg.gguf_file, cfg.path)
             print(f"wrote {cfg.gguf_file}: run it with llama.cpp (llama-cli -m {cfg.gguf_file}) or Ollama; see docs/export.md")
             return

@@ -13,8 +13,8 @@ import os
 import sys
 
 from nanogpt.errors import UserError
-from nanogpt.metrics import read_log
 from nanogpt.program import run_main
+from nanogpt.training.metrics import read_log
 
 
 def last_run(path, quiet=False):

@@ -36,26 +36,25 @@ import data.tangshi.rewards  # noqa: F401  registers the Tang rewards (acrostic,
 import nanogpt.rewards as reward_registry
 from configurator import parse_args, report_overrides
 from data.tangshi.poems import ACROSTIC, held_out_keys, train_requests
-from nanogpt.batches import dataset_dir
 from nanogpt.checkpoint import load_checkpoint, model_args, model_from_checkpoint, save_checkpoint, set_rng_state
-from nanogpt.out_dir import OutDirLock, latest_form
-from nanogpt.device import resolve_device
-from nanogpt.distributed import (collective_device, gather_rng, record_mean_over_ranks, setup_distributed,
-                                 sum_over_ranks, teardown)
-from nanogpt.device import Device
+from nanogpt.dataset import dataset_dir
+from nanogpt.device import Device, resolve_device
 from nanogpt.errors import UserError
 from nanogpt.files import read_named_text
 from nanogpt.generate import check_sampling, sample_seed
 from nanogpt.memory import check_fits, kv_cache_bytes, training_bytes
-from nanogpt.metrics import Metrics
-from nanogpt.optim import OptimizerSettings, Schedule, configure_optimizers, lr_scale, restore_optimizer
+from nanogpt.out_dir import OutDirLock, latest_form
 from nanogpt.policy_gradient import advantages, answer_batch, pg_loss, sample_answers, token_log_probs
 from nanogpt.program import run_main
-from nanogpt.resume import names_code, resume_command, saved_settings
 from nanogpt.source import checkpoint_file, init_from_kind, tokenizer_meta
-from nanogpt.stopping import Interrupted, StopFlag
 from nanogpt.tokenizer import ChatTokenizer, tokenizer_from_meta
-from nanogpt.train_config import check_settings
+from nanogpt.training.distributed import (collective_device, gather_rng, record_mean_over_ranks, setup_distributed,
+                                          sum_over_ranks, teardown)
+from nanogpt.training.metrics import Metrics
+from nanogpt.training.optim import OptimizerSettings, Schedule, configure_optimizers, lr_scale, restore_optimizer
+from nanogpt.training.resume import names_code, resume_command, saved_settings
+from nanogpt.training.stopping import Interrupted, StopFlag
+from nanogpt.training.train_config import check_settings
 
 
 @dataclass

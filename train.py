@@ -11,7 +11,7 @@ out_dir/log.jsonl (one JSON object per log line); with --parallel=fsdp the
 checkpoints are sharded directories, ckpt.dcp and best.dcp (checkpoint.py). Ctrl-C saves the last
 completed iteration and exits; a second Ctrl-C exits at once.
 
-Read top to bottom: the config (TrainConfig), the model (nanogpt.startup.start_run: new, resumed, fine-tuned
+Read top to bottom: the config (TrainConfig), the model (nanogpt.training.startup.start_run: new, resumed, fine-tuned
 or GPT-2's, with every check of a resume), the loop (evaluate, step, save), the summary.
 """
 import time
@@ -32,20 +32,20 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from configurator import parse_args
-from nanogpt.batches import TRAINING, estimate_loss
 from nanogpt.checkpoint import model_args, rng_state, save_training
-from nanogpt.out_dir import OutDirLock, latest_form
-from nanogpt.distributed import (all_ranks, barrier, gather_rng, local_gradients, mean_over_ranks,
-                                 micro_batches, setup_distributed, teardown)
 from nanogpt.errors import UserError
-from nanogpt.metrics import Clock, Metrics
-from nanogpt.notes import cpu_time_of, startup_notes
-from nanogpt.optim import OptimizerSettings, configure_optimizers, lr_scale
-from nanogpt.resume import resume_command
-from nanogpt.sharding import first_non_finite, held_bytes
-from nanogpt.startup import start_run
-from nanogpt.stopping import Interrupted, StopFlag
-from nanogpt.train_config import TrainConfig
+from nanogpt.out_dir import OutDirLock, latest_form
+from nanogpt.training.batches import TRAINING, estimate_loss
+from nanogpt.training.distributed import (all_ranks, barrier, gather_rng, local_gradients, mean_over_ranks,
+                                          micro_batches, setup_distributed, teardown)
+from nanogpt.training.metrics import Clock, Metrics
+from nanogpt.training.notes import cpu_time_of, startup_notes
+from nanogpt.training.optim import OptimizerSettings, configure_optimizers, lr_scale
+from nanogpt.training.resume import resume_command
+from nanogpt.training.sharding import first_non_finite, held_bytes
+from nanogpt.training.startup import start_run
+from nanogpt.training.stopping import Interrupted, StopFlag
+from nanogpt.training.train_config import TrainConfig
 
 
 def train(cfg, overrides=None, log=print, t_start=None, config_files=()):

@@ -2,7 +2,7 @@
 repository's top share. The course's model (model.py) and the config parser's entrance (configurator.py, over
 nanogpt/settings.py) stay at the top, beside the programs; of the top's files the package imports only model.py.
 
-Where nanoGPT's names went: `GPT.from_pretrained("gpt2")` is `nanogpt.hf.from_pretrained("gpt2")`, and the
+Where nanoGPT's names went: `GPT.from_pretrained("gpt2")` is `nanogpt.interop.hf.from_pretrained("gpt2")`, and the
 fast generation loop (KV cache, top-p, stops) is `nanogpt.generate.generate(model, idx, ...)`;
 `model.generate(...)` is nanoGPT's plain loop, unchanged.
 """

@@ -13,7 +13,7 @@ from tqdm import tqdm
 
 from nanogpt import REPOSITORY
 from nanogpt.errors import UserError
-from nanogpt.files import open_regular, open_to_write
+from nanogpt.files import find_folder, open_regular, open_to_write
 from nanogpt.settings import read_config_file  # a recipe's assignments: what train.py would run
 from nanogpt.tokenizer import GPT2BPE, CharTokenizer, TrainedBPE, ranks_text, write_meta
 
@@ -23,6 +23,11 @@ DATASET_RANKS_FILE = "tokenizer.bpe"  # a trained BPE's merges, beside a dataset
 DATASET_FILES = ("train.bin", "val.bin", DATASET_RANKS_FILE, "meta.pkl", "meta.json")  # renamed into place in this order
 TMP = ".tmp"  # the suffix of a file written aside, in the dataset directory
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+
+
+def dataset_dir(dataset):
+    """data/<dataset> (beside train.py or under the working directory), or dataset itself if a directory."""
+    return find_folder(dataset, "data", holding=["train.bin"]) or os.path.join(REPOSITORY, "data", dataset)
 
 
 def find_or_download(argv, here, url=SHAKESPEARE_URL):

@@ -13,11 +13,11 @@ lacks or holds wrongly is one UserError.
 import os
 from dataclasses import dataclass
 
-from nanogpt.batches import dataset_dir
 from nanogpt.checkpoint import GPT2_NAMES, load_checkpoint, model_from_checkpoint
-from nanogpt.out_dir import latest_form
+from nanogpt.dataset import dataset_dir
 from nanogpt.errors import UserError
-from nanogpt.hf import load_pretrained
+from nanogpt.interop.hf import load_pretrained
+from nanogpt.out_dir import latest_form
 from nanogpt.tokenizer import CharTokenizer, check_meta, read_meta, tokenizer_from_meta
 
 

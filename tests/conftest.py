@@ -49,7 +49,7 @@ def char_dataset(tmp_path):
 
 def optimizer_settings(**changes):
     """The OptimizerSettings train.py builds for TrainConfig(**changes)."""
-    from nanogpt.optim import OptimizerSettings
+    from nanogpt.training.optim import OptimizerSettings
     from train import TrainConfig
     return OptimizerSettings.of(TrainConfig(**changes))
 

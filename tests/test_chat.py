@@ -11,10 +11,10 @@ import torch
 
 from configurator import UserError, parse_args
 from conftest import run_script
-from nanogpt.batches import ChatBatches
 from nanogpt.chat_dataset import prepare_chat
 from nanogpt.checkpoint import load_checkpoint
 from nanogpt.tokenizer import CHAT_TOKENS, GPT2BPE, CharTokenizer, ChatTokenizer, read_meta, tokenizer_from_meta
+from nanogpt.training.batches import ChatBatches
 from reference import next_token_log_probs
 from train import TrainConfig, startup_notes, train
 

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nanogpt.errors import UserError
-from nanogpt.tokenizer import AS_ROLE, CHAT_TOKENS, ROLES, CharTokenizer, ChatTokenizer, GPT2BPE
+from nanogpt.tokenizer import AS_ROLE, CHAT_TOKENS, GPT2BPE, ROLES, CharTokenizer, ChatTokenizer
 
 jinja2 = pytest.importorskip("jinja2")
 from jinja2.sandbox import ImmutableSandboxedEnvironment  # noqa: E402
@@ -45,7 +45,7 @@ def exported(chats, tmp_path_factory):
     """{name: AutoTokenizer of ours as export.py writes it}."""
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("tokenizers")
-    from nanogpt.hf_tokenizer import hf_tokenizer
+    from nanogpt.interop.hf_tokenizer import hf_tokenizer
     out = {}
     for name, (tok, _) in chats.items():
         directory = tmp_path_factory.mktemp(f"hf-{name}")

@@ -17,8 +17,8 @@ from conftest import ROOT, optimizer_settings, run_script
 from model import GPT, GPTConfig
 from nanogpt import checkpoint, out_dir
 from nanogpt.checkpoint import load_checkpoint, save_checkpoint
-from nanogpt.optim import configure_optimizers
 from nanogpt.tokenizer import read_meta
+from nanogpt.training.optim import configure_optimizers
 from train import TrainConfig, train
 
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, batch_size=4, gradient_accumulation_steps=1,
@@ -199,7 +199,7 @@ def interrupting_forward(monkeypatch, at_call):
     the call has drawn its dropout masks, so that the abandoned iteration has moved the RNG on."""
     original, calls = GPT.forward, []
     # start-up times the model on a CPU (the slow-CPU note): those passes are not the loop's calls
-    monkeypatch.setattr("nanogpt.notes.batch_seconds", lambda *a: 0.0)
+    monkeypatch.setattr("nanogpt.training.notes.batch_seconds", lambda *a: 0.0)
 
     def forward(self, idx, targets=None, **kw):
         calls.append(1)

@@ -7,7 +7,7 @@ import torch
 from conftest import optimizer_settings
 from model import GPT, CausalSelfAttention
 from nanogpt.generate import generate
-from nanogpt.optim import configure_optimizers
+from nanogpt.training.optim import configure_optimizers
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

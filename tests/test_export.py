@@ -72,7 +72,7 @@ def test_exported_greedy_text_is_sample_pys_and_the_export_reads_back(tmp_path, 
 
 def test_rope_pairs_become_halves_per_head():
     """Worked by hand: head 0 has channels 0..3, pairs (0, 1), (2, 3) -> halves (0, 2 | 1, 3); head 1 likewise."""
-    from nanogpt.llama import from_halves, to_halves
+    from nanogpt.interop.llama import from_halves, to_halves
     rows = torch.arange(8.0)
     assert to_halves(rows, 2).tolist() == [0, 2, 1, 3, 4, 6, 5, 7]
     w = torch.randn(8, 3)
@@ -94,7 +94,7 @@ REFUSED = {
 def test_an_option_no_architecture_expresses_is_named_with_recipes_that_export(options, reason):
     from model import GPTConfig
     from nanogpt.errors import UserError
-    from nanogpt.hf import hf_architecture
+    from nanogpt.interop.hf import hf_architecture
     config = GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=64, block_size=16, **options)
     with pytest.raises(UserError) as e:
         hf_architecture(config, "ckpt.pt")
@@ -106,7 +106,7 @@ def test_an_option_no_architecture_expresses_is_named_with_recipes_that_export(o
                                            (dict(activation="relu", bias=False, tie_weights=False), "gpt2")])
 def test_each_recipe_exports_as_its_architecture(options, kind):
     from model import GPTConfig
-    from nanogpt.hf import hf_architecture
+    from nanogpt.interop.hf import hf_architecture
     assert hf_architecture(GPTConfig(n_layer=1, n_head=2, n_embd=32, **options), "ckpt.pt") == kind
 
 
@@ -172,7 +172,7 @@ def test_a_qwen3_directory_with_trained_qk_gains_is_refused_on_reading(tmp_path,
     import export
     from model import GPT, GPTConfig
     from nanogpt.errors import UserError
-    from nanogpt.hf import load_pretrained
+    from nanogpt.interop.hf import load_pretrained
     from nanogpt.tokenizer import read_meta, tokenizer_from_meta
     meta = read_meta(str(char_dataset))
     model = randomize(GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=len(meta["chars"]),

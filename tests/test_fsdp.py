@@ -207,7 +207,7 @@ def test_fsdp_in_one_process_says_there_is_nothing_to_shard(tmp_path, char_datas
 
 def test_activation_checkpointing_without_fsdp_follows_the_plain_run(tmp_path, char_dataset, monkeypatch):
     """Recomputing each Block in backward (dropout included: its RNG state is replayed) changes nothing."""
-    from nanogpt import sharding
+    from nanogpt.training import sharding
     calls, real = [], sharding.checkpoint
     monkeypatch.setattr(sharding, "checkpoint", lambda *a, **k: calls.append(1) or real(*a, **k))
     for name, on in (("plain", False), ("recomputed", True)):

@@ -76,7 +76,7 @@ def make_dataset(root, meta_text, train_bytes, val_bytes):
 
 def read_dataset(root, vocab_size=65):
     """What train.py does with a dataset before training: metadata, tokenizer, a batch of each split."""
-    from nanogpt.batches import Batches
+    from nanogpt.training.batches import Batches
     from nanogpt.tokenizer import read_meta, tokenizer_from_meta
     meta = read_meta(str(root))
     if meta is not None and meta.get("tokenizer", "char") == "char":

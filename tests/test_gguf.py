@@ -59,7 +59,7 @@ def check_against_llama_cpp(model, tokenizer, path, prompt, text):
                                            ("bpe", dict(n_kv_head=1, tie_weights=False))],
                          ids=["char-llama", "char-qwen3", "bpe-llama-gqa-untied"])
 def test_llama_cpp_writes_our_greedy_tokens(tmp_path, kind, options):
-    from nanogpt.gguf_file import write_gguf
+    from nanogpt.interop.gguf_file import write_gguf
     from nanogpt.tokenizer import tokenizer_from_meta
     tokenizer = tokenizer_from_meta(dataset(tmp_path, kind))
     model = random_model(tokenizer.vocab_size, **options)
@@ -110,7 +110,7 @@ def test_gguf_role_and_special_tokens_are_control_tokens(tmp_path, kind, chat):
     forged turn, which ChatTokenizer forbids). So role tokens and <|endoftext|> are CONTROL, named as ours; every
     other token text encodes to is NORMAL (llama.cpp's byte-level BPE decodes no BYTE token); padding UNUSED."""
     from model import GPT, GPTConfig
-    from nanogpt.gguf_file import write_gguf
+    from nanogpt.interop.gguf_file import write_gguf
     from nanogpt.tokenizer import ChatTokenizer
     base = base_tokenizer(tmp_path, kind)
     tokenizer = ChatTokenizer(base) if chat else base
@@ -133,7 +133,7 @@ def test_gguf_of_two_tokens_spelled_alike_is_refused():
     """A BPE whose ranks hold <|end|> (a damaged or crafted ranks file: the split patterns keep punctuation from
     letters) under a chat's <|end|>: llama.cpp would abort loading the file, so export refuses it in one line."""
     from nanogpt.errors import UserError
-    from nanogpt.gguf_file import GPT4_PATTERN, vocabulary
+    from nanogpt.interop.gguf_file import GPT4_PATTERN, vocabulary
     from nanogpt.tokenizer import ChatTokenizer, TrainedBPE
     ranks = {bytes([b]): b for b in range(256)}
     for n in range(2, len(b"<|end|>") + 1):
@@ -196,7 +196,7 @@ def test_a_gpt2_style_model_as_gguf_computes_our_logits(tmp_path, options):
     """llama.cpp's gpt2 graph, transcribed in numpy over the file's tensors, gives our logits: every weight in its
     place, biases of zero where the model has none, the head tied or not."""
     from model import GPT, GPTConfig
-    from nanogpt.gguf_file import write_gguf
+    from nanogpt.interop.gguf_file import write_gguf
     from nanogpt.tokenizer import tokenizer_from_meta
     tokenizer = tokenizer_from_meta(dataset(tmp_path, "char"))
     torch.manual_seed(0)
@@ -304,8 +304,8 @@ def test_a_llama_style_model_as_gguf_computes_our_logits(tmp_path, options):
     weight in its place and orientation, q and k in the order the architecture's RoPE pairs them, the rope base
     (not llama.cpp's default) and the RMS epsilon written, kv heads shared as ours share them, the head tied or
     not. Two kv heads for four: one would hide which q heads share it."""
-    from nanogpt.gguf_file import write_gguf
-    from nanogpt.hf import hf_architecture
+    from nanogpt.interop.gguf_file import write_gguf
+    from nanogpt.interop.hf import hf_architecture
     from nanogpt.tokenizer import tokenizer_from_meta
     tokenizer = tokenizer_from_meta(dataset(tmp_path, "char"))
     model = random_model(tokenizer.vocab_size, n_kv_head=2, rope_base=5000.0, **options)
@@ -322,7 +322,7 @@ def test_a_llama_style_model_as_gguf_computes_our_logits(tmp_path, options):
 def test_llama_cpp_writes_our_greedy_tokens_for_a_gpt2_style_model(tmp_path, activation):
     """The Tang and Shakespeare recipes' architecture (learned positions, LayerNorm, GELU, biases): llama.cpp's
     gpt2 computes GELU's tanh form through a float16 table, close enough to both of ours for the same tokens."""
-    from nanogpt.gguf_file import write_gguf
+    from nanogpt.interop.gguf_file import write_gguf
     from nanogpt.tokenizer import tokenizer_from_meta
     tokenizer = tokenizer_from_meta(dataset(tmp_path, "char"))
     model = random_model(tokenizer.vocab_size, pos_emb="learned", norm="layernorm", activation=activation, bias=True)

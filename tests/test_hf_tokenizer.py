@@ -26,7 +26,7 @@ def corpus(path):
 
 def saved(tokenizer, directory):
     """tokenizer as an export writes it, read back the way a user reads it: AutoTokenizer.from_pretrained."""
-    from nanogpt.hf_tokenizer import hf_tokenizer
+    from nanogpt.interop.hf_tokenizer import hf_tokenizer
     hf_tokenizer(tokenizer, 1024).save_pretrained(directory)
     return transformers.AutoTokenizer.from_pretrained(directory)
 

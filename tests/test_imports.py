@@ -44,7 +44,7 @@ def imported_names(tree):
 
 
 def imports_of(module):
-    """The repository's modules that module imports: `from nanogpt import hf` names nanogpt.hf."""
+    """The repository's modules that module imports: `from nanogpt import hf` names nanogpt.interop.hf."""
     return {n for n in imported_names(parse(module)) if n in MODULES} - {module}
 
 
@@ -72,7 +72,7 @@ def test_no_module_imports_in_a_circle():
 def test_the_graph_is_read_from_the_files():
     """The checker sees the package's modules and function-level imports: hf.py's own import of checkpoint
     is in the graph, and so is the fused step's import of the model at the top."""
-    assert "nanogpt.checkpoint" in imports_of("nanogpt.hf") and "model" in imports_of("nanogpt.cpu.fused_step")
+    assert "nanogpt.checkpoint" in imports_of("nanogpt.interop.hf") and "model" in imports_of("nanogpt.cpu.fused_step")
     assert "nanogpt.cpu.kernels" in MODULES and "nanogpt.generate" in imports_of("sample")
 
 
@@ -115,7 +115,8 @@ def test_the_library_imports_no_root_file_but_the_course_model():
     found = sorted(f"{m} imports {s}" for m in MODULES if m.startswith(PACKAGE)
                    for s in imports_of(m) if "." not in s and s not in (PACKAGE, "model"))
     assert found == [], found
-    assert "nanogpt.settings" in imports_of("configurator") and "nanogpt.settings" in imports_of("nanogpt.notes")
+    assert "nanogpt.settings" in imports_of("configurator")
+    assert "nanogpt.settings" in imports_of("nanogpt.training.notes")
 
 
 def test_no_library_parses_a_command_line():
@@ -246,3 +247,21 @@ def test_only_the_chat_tokenizer_writes_the_chat_template():
     found = [f for m in sorted(MODULES - {"nanogpt.tokenizer"}) for f in writes_the_template(m)]
     assert found == [], found
     assert len(writes_the_template("nanogpt.tokenizer")) >= 3  # the checker sees the home's Jinja, roles and names
+
+
+def test_training_and_interop_are_subsystems_a_reader_can_skip():
+    """nanogpt/training (what train.py and rl.py share) and nanogpt/interop (Hugging Face and GGUF formats) are
+    used from outside only by the programs and by the loaders that accept a Hugging Face directory; the rest of
+    the library (generation, serving, checkpoints, tokenizers) imports neither."""
+    found = []
+    for m in sorted(MODULES):
+        if not m.startswith(PACKAGE + "."):
+            continue
+        home = m.split(".")[1]
+        for dep in sorted(imports_of(m)):
+            group = dep.split(".")[1] if dep.count(".") >= 2 else None
+            if group in ("training", "interop") and group != home:
+                found.append(f"{m} imports {dep}")
+    assert found == ["nanogpt.source imports nanogpt.interop.hf",
+                     "nanogpt.training.startup imports nanogpt.interop.hf"], found
+    assert {"nanogpt.training.optim", "nanogpt.interop.gguf_file"} <= MODULES

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import run_script
-from nanogpt.hf import from_pretrained
+from nanogpt.interop.hf import from_pretrained
 
 transformers = pytest.importorskip("transformers")
 
@@ -233,8 +233,8 @@ def test_a_config_json_claiming_more_than_its_weights_is_refused_before_building
     import shutil
 
     from configurator import UserError
-    from nanogpt import hf
-    from nanogpt.hf import load_pretrained
+    from nanogpt.interop import hf
+    from nanogpt.interop.hf import load_pretrained
     claimed = tmp_path / "claimed"
     shutil.copytree(hf_dir, claimed)
     config = json.loads((claimed / "config.json").read_text())

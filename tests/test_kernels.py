@@ -195,7 +195,7 @@ def test_bfloat16_linear_rounds_the_products_inputs_and_outputs_only(bias):
 def test_training_with_bfloat16_products_follows_the_float32_run(tmp_path, char_dataset, monkeypatch):
     """matmul_dtype=bfloat16: the linear layers and Muon's iteration run in bfloat16, the losses stay within
     bfloat16's rounding of the float32 run's."""
-    from nanogpt import optim
+    from nanogpt.training import optim
     from train import TrainConfig, train
     calls, apply = [], kernels.BFloat16Linear.apply
     monkeypatch.setattr(kernels.BFloat16Linear, "apply", lambda *a: calls.append(1) or apply(*a))

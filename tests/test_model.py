@@ -9,7 +9,7 @@ import torch
 import reference
 from conftest import optimizer_settings
 from model import GPT, CausalSelfAttention, GPTConfig
-from nanogpt.optim import configure_optimizers
+from nanogpt.training.optim import configure_optimizers
 from test_model_options import spread
 
 

@@ -7,8 +7,8 @@ import torch
 
 from conftest import optimizer_settings
 from model import GPT
-from nanogpt.optim import Muon, configure_optimizers, orthogonalize
 from nanogpt.tokenizer import read_meta
+from nanogpt.training.optim import Muon, configure_optimizers, orthogonalize
 
 
 def test_orthogonalize_pushes_singular_values_towards_one():
@@ -180,7 +180,7 @@ def test_bench_and_fsdp_py_build_the_optimizer_train_py_builds(tmp_path, char_da
     import bench
     import consolidate
     import train
-    from nanogpt import optim
+    from nanogpt.training import optim
     built = {}
 
     def recording(caller, real):

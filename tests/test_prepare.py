@@ -120,7 +120,7 @@ def test_openwebtext_recipe_on_a_local_dataset(tmp_path):
 def test_vocabularies_over_65536_use_uint32_and_train_reads_them(tmp_path):
     import torch
 
-    from nanogpt.batches import Batches
+    from nanogpt.training.batches import Batches
     text = "".join(chr(0x10000 + i) for i in range(70_000)) * 2  # 70,000 symbols: too many for uint16
     (tmp_path / "in.txt").write_text(text, encoding="utf-8")
     counts = prep.prepare(str(tmp_path / "in.txt"), "char", str(tmp_path / "out"), 0.1, log=lambda *a: None)

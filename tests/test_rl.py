@@ -197,7 +197,7 @@ def test_the_printed_resume_command_continues_the_run_with_its_own_settings(star
     import shlex
 
     from configurator import parse_args
-    from nanogpt.resume import resume_command
+    from nanogpt.training.resume import resume_command
     rl(cfg_for(start, max_iters=4, out_dir=str(start / "whole")), log=quiet)
     rl(cfg_for(start, max_iters=2, out_dir=str(start / "half")), log=quiet)
     printed = shlex.split(resume_command("rl.py", cfg_for(start, out_dir=str(start / "half")), 1))
@@ -296,7 +296,7 @@ def test_every_value_train_py_refuses_for_a_shared_key_rl_py_refuses_too():
     norm flips the gradient), beta1=2 was a traceback and seed=-1 was taken, where train.py refuses each."""
     from dataclasses import fields
 
-    from nanogpt.train_config import TrainConfig
+    from nanogpt.training.train_config import TrainConfig
     shared = {f.name for f in fields(RLConfig)} & {f.name for f in fields(TrainConfig)}
     numeric = sorted(k for k in shared if isinstance(getattr(RLConfig(), k), (int, float)) and k != "wandb_log")
     assert {"grad_clip", "beta1", "beta2", "seed", "learning_rate", "weight_decay", "batch_size"} <= set(numeric)

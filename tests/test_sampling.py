@@ -12,7 +12,7 @@ from model import GPT, GPTConfig
 from nanogpt.checkpoint import model_args
 from nanogpt.generate import Penalties, Sampling, check_sampling, sample_next, stream
 from nanogpt.tokenizer import CHAT_TOKENS, CharTokenizer
-from nanogpt.train_config import TrainConfig
+from nanogpt.training.train_config import TrainConfig
 from sample import SampleConfig
 from test_model_options import perturbed
 

@@ -267,7 +267,7 @@ def edited(llama_dir, tmp_path, **changes):
 
 def test_a_llama_directory_loads_and_computes_transformers_logits(llama_dir):
     """The check passes what transformers writes: the same logits as transformers' own model (independent)."""
-    from nanogpt.hf import load_pretrained
+    from nanogpt.interop.hf import load_pretrained
     model = load_pretrained(str(llama_dir[0])).eval()
     idx = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -292,8 +292,8 @@ def test_a_llama_directory_loads_and_computes_transformers_logits(llama_dir):
 ], ids=lambda v: str(v) if isinstance(v, dict) else "")
 def test_a_llama_config_json_is_checked_before_anything_is_built(llama_dir, tmp_path, monkeypatch, changes, expected):
     """Each in one line, before any model is built (GPT off the meta device) or any weight is read."""
-    from nanogpt import llama
-    from nanogpt.hf import load_pretrained
+    from nanogpt.interop import llama
+    from nanogpt.interop.hf import load_pretrained
     real = llama.GPT
 
     def guarded(config):

@@ -12,7 +12,7 @@ import torch
 from configurator import parse_args
 from conftest import CORPUS, run_script
 from nanogpt.checkpoint import load_checkpoint
-from nanogpt.optim import lr_scale
+from nanogpt.training.optim import lr_scale
 from train import TrainConfig, train
 
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, batch_size=4, gradient_accumulation_steps=1,
@@ -198,7 +198,7 @@ def test_gpu_recipe_on_a_cpu_says_so_and_does_not_compile(tmp_path, char_dataset
 
 
 def test_notes_name_the_laptop_recipe_a_short_warmup_and_a_checkpoint_about_to_be_replaced(tmp_path):
-    from nanogpt.notes import earlier_run, startup_notes
+    from nanogpt.training.notes import earlier_run, startup_notes
     from train import TrainConfig
     cfg = TrainConfig(dataset="shakespeare_char", batch_size=64, block_size=256, n_layer=6, n_head=6, n_embd=384,
                       max_iters=50, warmup_iters=100, learning_rate=1e-3, out_dir=str(tmp_path))
@@ -224,7 +224,7 @@ def test_notes_name_the_laptop_recipe_a_short_warmup_and_a_checkpoint_about_to_b
 
 def test_slow_cpu_note_never_suggests_the_recipe_being_run(tmp_path, monkeypatch):
     from nanogpt import REPOSITORY as ROOT
-    from nanogpt.notes import cpu_time_note
+    from nanogpt.training.notes import cpu_time_note
     from train import TrainConfig
     gpu = TrainConfig(dataset="shakespeare_char", max_iters=5000, eval_interval=250)
     laptop = os.path.join(ROOT, "config", "shakespeare_char_cpu.py")
@@ -253,7 +253,7 @@ def test_slow_cpu_note_never_suggests_the_recipe_being_run(tmp_path, monkeypatch
 
 
 def test_run_times_its_own_model_for_the_cpu_note_and_leaves_training_as_it_was(tmp_path, char_dataset, monkeypatch):
-    import nanogpt.notes as startup_module
+    import nanogpt.training.notes as startup_module
     from nanogpt.device import batch_seconds
     timed = []
 
@@ -346,7 +346,7 @@ def muon_cfg(tmp_path, dataset, **kw):
 
 
 def test_muon_through_train_py_trains_the_blocks_matrices(tmp_path, char_dataset, monkeypatch):
-    from nanogpt.optim import Muon
+    from nanogpt.training.optim import Muon
     before, calls = {}, []
     original = Muon.step
 
@@ -464,7 +464,7 @@ def test_val_bpb_counts_the_utf8_bytes_of_the_targets(tmp_path):
 
     import numpy as np
 
-    from nanogpt.batches import Batches, estimate_loss
+    from nanogpt.training.batches import Batches, estimate_loss
     from nanogpt.dataset import prepare
     from nanogpt.tokenizer import CharTokenizer, read_meta, token_byte_lengths
     rng = random.Random(0)
@@ -496,9 +496,9 @@ def test_val_bpb_counts_no_bytes_for_endoftext(tmp_path):
     characters counted as bytes would lower val_bpb."""
     import numpy as np
 
-    from nanogpt.batches import Batches, estimate_loss
+    from nanogpt.training.batches import Batches, estimate_loss
     from nanogpt.dataset import prepare
-    from nanogpt.startup import bytes_per_token
+    from nanogpt.training.startup import bytes_per_token
     from nanogpt.tokenizer import read_meta, tokenizer_from_meta
     (tmp_path / "docs").mkdir()
     for i, line in enumerate(CORPUS.splitlines()[:100]):
@@ -525,7 +525,7 @@ def test_val_bpb_counts_no_bytes_for_endoftext(tmp_path):
 
 def test_accumulation_splits_over_processes_or_is_refused_with_the_values():
     from configurator import UserError
-    from nanogpt.distributed import micro_batches
+    from nanogpt.training.distributed import micro_batches
     assert [micro_batches(6, w) for w in (1, 2, 3, 6)] == [6, 3, 2, 1]
     with pytest.raises(UserError, match=r"gradient_accumulation_steps \(3\) must be divisible by the number of "
                                         r"processes \(2\).*e\.g\. 4"):
@@ -537,7 +537,7 @@ def test_resume_checks_the_checkpoints_accumulation_against_the_processes(tmp_pa
     """3 micro-batches saved, 2 processes: 1 each would shrink the batch; 2 saved, 3 processes: refused for the
     checkpoint's 2, not the default 40 the command line holds."""
     from configurator import UserError
-    from nanogpt.startup import run_config
+    from nanogpt.training.startup import run_config
     train(tiny_cfg(tmp_path, char_dataset, max_iters=1, gradient_accumulation_steps=saved), log=quiet)
     ckpt = str(tmp_path / "out" / "ckpt.pt")
     cfg, overrides = parse_args(TrainConfig, ["--init_from=resume", f"--out_dir={tmp_path / 'out'}"])
@@ -553,7 +553,7 @@ def test_accumulating_k_micro_batches_gives_the_gradient_of_one_batch_k_times_la
                                                                                      monkeypatch):
     """One iteration's gradients over 3 micro-batches of 2 rows equal those of one batch of the same 6 rows,
     in one process; the rows come from one fixed tensor, split as the micro-step index says."""
-    from nanogpt.batches import Batches
+    from nanogpt.training.batches import Batches
     k, rows = 3, 2
     data = torch.randint(0, 30, (k * rows, TINY["block_size"] + 1), generator=torch.Generator().manual_seed(0))
     original = Batches.get
@@ -610,7 +610,7 @@ def test_resume_checks_the_memory_of_its_batch_before_allocating(tmp_path, char_
     """batch_size=10**7 on resume, given on the command line or saved in the checkpoint's config: refused at
     start-up as a scratch run is (about 10^7 x 16 tokens of activations), and the checkpoint is untouched."""
     from configurator import UserError
-    from nanogpt.batches import Batches
+    from nanogpt.training.batches import Batches
     from nanogpt.checkpoint import save_checkpoint
     train(tiny_cfg(tmp_path, char_dataset, max_iters=1), log=quiet)
     path = tmp_path / "out" / "ckpt.pt"
@@ -653,7 +653,7 @@ def test_a_log_write_that_fails_leaves_no_torn_line_and_the_next_run_appends_who
     log.jsonl, the half is cut back, and the next run's log reads whole."""
     import errno
 
-    from nanogpt import metrics
+    from nanogpt.training import metrics
     real = os.write
 
     def disk_full(fd, data):

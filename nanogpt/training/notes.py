@@ -4,11 +4,11 @@ with nothing left to do. Advice only: nothing here changes what the run does."""
 import os
 
 from nanogpt import REPOSITORY
-from nanogpt.out_dir import latest_form
 from nanogpt.device import batch_seconds
-from nanogpt.optim import lr_scale
+from nanogpt.out_dir import latest_form
 from nanogpt.pickles import torch_load
 from nanogpt.settings import read_config_file
+from nanogpt.training.optim import lr_scale
 
 # an iter slower than this on a CPU gets a note with its estimated time
 SLOW_CPU_ITER = 1.0  # seconds
@@ -17,7 +17,7 @@ SLOW_CPU_ITER = 1.0  # seconds
 def cpu_time_of(start, accum, iter_num):
     """Rough seconds of an iter and of an evaluation on this CPU, from a few passes over the run's first
     micro-batch (one process only: timing a sharded model would need every rank to time it in step)."""
-    from nanogpt.batches import TRAINING
+    from nanogpt.training.batches import TRAINING
     cfg = start.cfg
     x, y = start.batches.get("train", (TRAINING, iter_num, 0))
     micro = batch_seconds(start.model, x, y, start.ctx)

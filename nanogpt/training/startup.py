@@ -13,24 +13,24 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from model import GPT, GPTConfig
-from nanogpt.batches import dataset_dir, make_batches
 from nanogpt.checkpoint import (RUNTIME_FIELDS, config_from_model_args, load_checkpoint, load_sharded,
                                 model_from_checkpoint, set_rng_state)
-from nanogpt.out_dir import interrupted_save
-from nanogpt.device import (autocast, peak_flops_for, resolve_device, resolve_dtype, should_compile,
-                            training_kernels)
-from nanogpt.distributed import barrier, from_rank0, micro_batches
+from nanogpt.dataset import dataset_dir
+from nanogpt.device import autocast, peak_flops_for, resolve_device, resolve_dtype, should_compile, training_kernels
 from nanogpt.errors import UserError
-from nanogpt.hf import load_pretrained
+from nanogpt.interop.hf import load_pretrained
 from nanogpt.memory import check_fits, param_count, training_bytes
-from nanogpt.notes import earlier_run
-from nanogpt.optim import check_optimizer_state, restore_optimizer
-from nanogpt.resume import saved_settings
-from nanogpt.sharding import checkpoint_activations, first_non_finite, load_optimizer_state, shard
+from nanogpt.out_dir import interrupted_save
 from nanogpt.source import checkpoint_file
 from nanogpt.tokenizer import base_meta, read_meta, token_byte_lengths, tokenizer_from_meta, tokenizer_kind
-from nanogpt.train_config import TrainConfig
-from nanogpt.train_tasks import task_scores
+from nanogpt.training.batches import make_batches
+from nanogpt.training.distributed import barrier, from_rank0, micro_batches
+from nanogpt.training.notes import earlier_run
+from nanogpt.training.optim import check_optimizer_state, restore_optimizer
+from nanogpt.training.resume import saved_settings
+from nanogpt.training.sharding import checkpoint_activations, first_non_finite, load_optimizer_state, shard
+from nanogpt.training.train_config import TrainConfig
+from nanogpt.training.train_tasks import task_scores
 from nanogpt.values import report_overrides
 
 # the model's fields that fix what its weights mean: a resumed run keeps the checkpoint's

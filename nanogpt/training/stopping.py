@@ -2,7 +2,7 @@
 import signal
 from contextlib import contextmanager
 
-from nanogpt.distributed import any_rank
+from nanogpt.training.distributed import any_rank
 
 
 class Interrupted(Exception):

@@ -18,7 +18,7 @@ import torch
 from model import GPT, GPTConfig
 from nanogpt.errors import UserError
 from nanogpt.files import check_regular, read_regular
-from nanogpt.hf_files import header_shapes, read_config
+from nanogpt.interop.hf_files import header_shapes, read_config
 
 # our parameter suffix (per block) -> Llama's; c_attn and c_fc split into several of theirs
 BLOCK = {"ln_1.weight": "input_layernorm.weight", "ln_2.weight": "post_attention_layernorm.weight",

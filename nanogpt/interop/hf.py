@@ -18,8 +18,8 @@ import torch
 from model import GPT, GPTConfig
 from nanogpt.checkpoint import check_shapes
 from nanogpt.errors import UserError
-from nanogpt.hf_files import header_shapes, read_config
-from nanogpt.llama import ARCHITECTURES, from_llama, model_type
+from nanogpt.interop.hf_files import header_shapes, read_config
+from nanogpt.interop.llama import ARCHITECTURES, from_llama, model_type
 
 # ours (nn.Linear, (out, in)) <-> Hugging Face's Conv1D ((in, out)): the same matrix, transposed
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")

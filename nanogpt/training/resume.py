@@ -10,7 +10,7 @@ import dataclasses
 import shlex
 import typing
 
-from nanogpt.distributed import launcher
+from nanogpt.training.distributed import launcher
 from nanogpt.values import convert
 
 

@@ -18,7 +18,7 @@ import functools
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from nanogpt.distributed import all_ranks
+from nanogpt.training.distributed import all_ranks
 
 
 def shard(model, device, dtype, compile_blocks=False):

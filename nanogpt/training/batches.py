@@ -12,19 +12,12 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from nanogpt import REPOSITORY
 from nanogpt.errors import UserError
-from nanogpt.files import find_folder
 
 # the first element of a batch key: which stream of draws it belongs to, so that training's
 # (TRAINING, iter, micro-step) and evaluation's (EVAL[split], k) never draw the same windows
 TRAINING = 0
 EVAL = {"train": 1, "val": 2}
-
-
-def dataset_dir(dataset):
-    """data/<dataset> (beside train.py or under the working directory), or dataset itself if a directory."""
-    return find_folder(dataset, "data", holding=["train.bin"]) or os.path.join(REPOSITORY, "data", dataset)
 
 
 class Batches:

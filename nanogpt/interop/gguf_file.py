@@ -18,8 +18,8 @@ import numpy as np
 import torch
 
 from nanogpt.errors import UserError
-from nanogpt.hf_tokenizer import bpe_merges, byte_chars
-from nanogpt.llama import to_halves
+from nanogpt.interop.hf_tokenizer import bpe_merges, byte_chars
+from nanogpt.interop.llama import to_halves
 from nanogpt.tokenizer import GPT2BPE, CharTokenizer, ChatTokenizer
 
 # a trained BPE's split pattern -> llama.cpp's name for it (the pre-tokenizers it implements)

@@ -8,8 +8,8 @@ from dataclasses import dataclass, fields, replace
 from model import GPTConfig
 from nanogpt.device import Device, Dtype
 from nanogpt.generate import check_seed
-from nanogpt.resume import names_code
 from nanogpt.source import check_init_from
+from nanogpt.training.resume import names_code
 
 
 # The rules of the settings train.py shares with the other programs that train (rl.py), kept in one place so
