@@ -4,7 +4,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import train  # noqa: E402
-from nanogpt import batches  # noqa: E402
+from nanogpt.training import batches  # noqa: E402
 
 if os.environ.get("RANK") == "1":
     original = batches.Batches.get

@@ -44,7 +44,7 @@ def imported_names(tree):
 
 
 def imports_of(module):
-    """The repository's modules that module imports: `from nanogpt import hf` names nanogpt.interop.hf."""
+    """The repository's modules that module imports: `from nanogpt.interop import hf` names nanogpt.interop.hf."""
     return {n for n in imported_names(parse(module)) if n in MODULES} - {module}
 
 
