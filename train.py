@@ -43,7 +43,7 @@ from nanogpt.training.notes import cpu_time_of, startup_notes
 from nanogpt.training.optim import OptimizerSettings, configure_optimizers, lr_scale
 from nanogpt.training.resume import resume_command
 from nanogpt.training.sharding import first_non_finite, held_bytes
-from nanogpt.training.startup import start_run
+from nanogpt.training.startup import Start, start_run
 from nanogpt.training.stopping import Interrupted, StopFlag
 from nanogpt.training.train_config import TrainConfig
 
@@ -62,7 +62,8 @@ def train(cfg, overrides=None, log=print, t_start=None, config_files=()):
         rank, local_rank, world = setup_distributed(cfg.device, cfg.backend)
         stop.abandon = world == 1  # DDP ranks stop together, at a log iteration
         log = log if rank == 0 else (lambda *a, **k: None)
-        run = Run(cfg, overrides or {}, rank, local_rank, world, log, t_start, stop, lock, config_files)
+        run = start_run(cfg, overrides or {}, rank, local_rank, world, log, lock, into=Run)
+        run.begin(local_rank, t_start, stop, lock, config_files)
         with run.kernels.applied(run.raw_model):
             loop(run, stop)
         summary = run.finish(stop)
@@ -99,23 +100,20 @@ def loop(run, stop):
         run.close()
 
 
-class Run:
-    """One training run: what start-up builds, and the steps the loop takes."""
+class Run(Start):
+    """One training run: what start-up built (a Start: the config, the model on its device, the batches), then
+    the optimizer, and the steps the loop takes."""
 
-    def __init__(self, cfg, overrides, rank, local_rank, world, log, t_start, stop, lock, config_files=()):
-        self.rank, self.world, self.log, self.stop, self.lock = rank, world, log, stop, lock
-        self.master = rank == 0
-        start = start_run(cfg, overrides, rank, local_rank, world, log, lock)
-        self.cfg = cfg = start.cfg  # a resume's is the checkpoint's; a fine-tune's has the weights' shape
-        self.raw_model, self.device, self.batches, self.ctx = start.model, start.device, start.batches, start.ctx
-        self.sharded, self.kernels, self.tasks, self.token_bytes = (start.sharded, start.kernels, start.tasks,
-                                                                     start.token_bytes)
-        self.tokenizer_meta, self.ckpt_path, self.peak = start.tokenizer_meta, start.ckpt_path, start.peak_flops
+    def begin(self, local_rank, t_start, stop, lock, config_files=()):
+        """The optimizer (a resumed run's state restored), the model compiled or wrapped in DDP, the notes worth a
+        line, and out_dir's log and lock."""
+        cfg, log, world = self.cfg, self.log, self.world
+        self.stop, self.lock, self.master = stop, lock, self.rank == 0
         self.optimizer = configure_optimizers(self.raw_model, OptimizerSettings.of(cfg, self.kernels.ns_dtype))
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=start.dtype == torch.float16)
-        self.iter_num, self.best_val_loss, trained = start.restore(self.optimizer, self.scaler)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.dtype == torch.float16)
+        self.iter_num, self.best_val_loss, trained = self.restore(self.optimizer, self.scaler)
         self.model = self.raw_model
-        if start.compile:
+        if self.compile:
             log("compiling the model... (takes a minute)")
             if not self.sharded:  # sharded Blocks were compiled one by one
                 self.model = torch.compile(self.model)
@@ -124,10 +122,8 @@ class Run:
         self.accum = micro_batches(cfg.gradient_accumulation_steps, world)
         self.tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
         log(f"model: {self.raw_model.get_num_params() / 1e6:.2f}M parameters; device {self.device}, "
-            f"{str(start.dtype)[6:]}, {world} process(es); {self.tokens_per_iter:,} tokens per iter")
-        # an earlier run's checkpoint that this new run replaces: kept until this run saves at an evaluation
-        self.replacing = start.replacing
-        cpu_time = (cpu_time_of(start, self.accum, self.iter_num)
+            f"{str(self.dtype)[6:]}, {world} process(es); {self.tokens_per_iter:,} tokens per iter")
+        cpu_time = (cpu_time_of(self, self.accum, self.iter_num)
                     if self.device.type == "cpu" and not cfg.eval_only and world == 1 else None)
         for note in startup_notes(cfg, self.ckpt_path, self.iter_num, self.replacing, cpu_time, config_files):
             log(f"note: {note}")

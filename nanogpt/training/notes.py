@@ -20,7 +20,7 @@ def cpu_time_of(start, accum, iter_num):
     from nanogpt.training.batches import TRAINING
     cfg = start.cfg
     x, y = start.batches.get("train", (TRAINING, iter_num, 0))
-    micro = batch_seconds(start.model, x, y, start.ctx)
+    micro = batch_seconds(start.raw_model, x, y, start.ctx)
     eval_rows = cfg.eval_iters * cfg.batch_size + (cfg.eval_windows or cfg.eval_iters * cfg.batch_size)
     return micro * accum, micro * eval_rows / x.size(0) / 3  # a forward is about a third of training
 

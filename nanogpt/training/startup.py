@@ -1,8 +1,9 @@
 """How a training run starts: the config it trains with and the model it trains (new, resumed from
 out_dir, fine-tuned from another checkpoint, or GPT-2's), with every check of a resume or a fine-tune.
 
-train.py calls start_run once; the Start it returns holds what the loop needs, and Start.restore
-puts a resumed run's optimizer, scaler and RNG state back once train.py has built the optimizer.
+train.py calls start_run once; the Start it returns (train.py's Run, a Start with the loop's steps) holds what
+the loop needs, and Start.restore puts a resumed run's optimizer, scaler and RNG state back once the optimizer
+is built.
 """
 import math
 import os
@@ -48,7 +49,7 @@ class Start:
     """What a training run starts with: its config (the shape its weights have), its data, and its model on
     device, sharded where the run is (not yet compiled or wrapped in DDP)."""
     cfg: TrainConfig
-    model: GPT
+    raw_model: GPT  # the model itself: train.py's model is it compiled or wrapped in DDP
     device: torch.device
     dtype: torch.dtype
     batches: object  # batches.Batches or ChatBatches
@@ -59,7 +60,7 @@ class Start:
     tasks: object  # train_tasks.TaskScores, or None without eval_tasks
     token_bytes: torch.Tensor | None  # (vocab_size,) UTF-8 bytes per token, for val_bpb
     ctx: object  # the autocast context of a forward pass (FSDP casts per unit itself)
-    peak_flops: float | None  # the device's, for MFU
+    peak: float | None  # the device's peak FLOP/s, for MFU
     ckpt_path: str  # out_dir/ckpt.pt
     replacing: str | None  # the earlier run in out_dir that this new run replaces when it first saves
     ckpt: dict | None  # the checkpoint a resume continues (restore() takes what the model did not)
@@ -77,15 +78,15 @@ class Start:
         peaks = [group["initial_lr"] for group in optimizer.param_groups]  # this run's peaks, not the saved ones
         try:
             if "sharded" in ckpt:  # whatever number of processes wrote it
-                load_sharded(self.model, optimizer, path)
+                load_sharded(self.raw_model, optimizer, path)
             elif self.sharded:
-                load_optimizer_state(self.model, optimizer, ckpt["optimizer"])
+                load_optimizer_state(self.raw_model, optimizer, ckpt["optimizer"])
             else:
-                restore_optimizer(self.model, optimizer, ckpt["optimizer"], path, f"optimizer={self.cfg.optimizer}")
+                restore_optimizer(self.raw_model, optimizer, ckpt["optimizer"], path, f"optimizer={self.cfg.optimizer}")
         except DAMAGED as e:
             raise UserError(f"{path}: its optimizer state does not fit optimizer={self.cfg.optimizer} ({e})") from None
-        check_optimizer_state(self.model, optimizer, path)
-        if "sharded" in ckpt and first_non_finite(self.model, self.world):
+        check_optimizer_state(self.raw_model, optimizer, path)
+        if "sharded" in ckpt and first_non_finite(self.raw_model, self.world):
             raise UserError(f"{path} holds non-finite weights: the run that wrote it diverged; use an earlier "
                             f"checkpoint (best.dcp?) or train again")
         for group, peak in zip(optimizer.param_groups, peaks):
@@ -112,10 +113,11 @@ class Start:
         return iter_num, best_val_loss, trained_before(ckpt, path)
 
 
-def start_run(cfg, overrides, rank, local_rank, world, log, lock):
+def start_run(cfg, overrides, rank, local_rank, world, log, lock, into=Start):
     """The Start of a run of cfg (overrides: the keys the user set, for a resume), as rank of world
     processes: from scratch, a resume of out_dir's checkpoint, a fine-tune or GPT-2's weights, as
-    cfg.init_from says. lock: out_dir's, which a resume takes at once where a save was interrupted."""
+    cfg.init_from says. lock: out_dir's, which a resume takes at once where a save was interrupted.
+    into: Start, or a class that extends it (train.py's Run)."""
     ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
     if cfg.init_from == "resume":
         if rank == 0 and not cfg.eval_only and interrupted_save(ckpt_path):
@@ -145,10 +147,10 @@ def start_run(cfg, overrides, rank, local_rank, world, log, lock):
     # agrees on whether an interrupt saves
     replacing = from_rank0(earlier_run(ckpt_path) if rank == 0 and cfg.init_from != "resume" and not cfg.eval_only
                            else None, world)
-    return Start(cfg, model, device, dtype, batches, meta, sharded, compile, kernels, tasks, token_bytes,
-                 ctx=nullcontext() if sharded else autocast(device, dtype),
-                 peak_flops=cfg.peak_flops or peak_flops_for(device, dtype), ckpt_path=ckpt_path,
-                 replacing=replacing, ckpt=ckpt, rank=rank, world=world, log=log)
+    return into(cfg, model, device, dtype, batches, meta, sharded, compile, kernels, tasks, token_bytes,
+                ctx=nullcontext() if sharded else autocast(device, dtype),
+                peak=cfg.peak_flops or peak_flops_for(device, dtype), ckpt_path=ckpt_path,
+                replacing=replacing, ckpt=ckpt, rank=rank, world=world, log=log)
 
 
 def build_model(cfg, ckpt, meta, data_dir, overrides, device, ckpt_path, log):
