@@ -9,6 +9,7 @@ ckpt.pt's name with .dcp for .pt: each process's shards of the weights and
 optimizer state, written by torch.distributed.checkpoint (DCP), and meta.pt
 with the other fields. Readers take either; the one saved last wins.
 """
+import collections
 import os
 import random
 import re
@@ -188,7 +189,9 @@ def model_from_checkpoint(ckpt, path="checkpoint", **runtime):
     with torch.device("meta"):  # shapes only: the weights are the file's, not an initialisation's
         model = GPT(config)
     dtypes = {name: t.dtype for name, t in model.state_dict().items()}
-    state = {name: t.to(dtypes[name]) for name, t in state.items()}  # the model's own dtypes, as a copy would
+    shared = shared_bytes(state, config)
+    state = {name: (t.clone(memory_format=torch.contiguous_format) if name in shared or not t.is_contiguous() else t)
+             .to(dtypes[name]) for name, t in state.items()}  # a parameter of its own bytes, in the model's dtype
     try:
         model.load_state_dict(state, assign=True)  # the tensors read are the weights: loaded once, where they are
     except RuntimeError as e:
@@ -204,6 +207,15 @@ def model_from_checkpoint(ckpt, path="checkpoint", **runtime):
         raise UserError(f"{path} holds non-finite weights ({bad[0]}): the run that wrote it diverged; "
                         f"use an earlier checkpoint (best.pt?) or train again")
     return model
+
+
+def shared_bytes(state, config):
+    """The weights whose bytes another weight uses too (a tied head's are wte's by design: not counted). A
+    file may lay weights out over one storage (check_storage counts bytes, not which), and parameters on
+    such bytes would write each other at every step."""
+    names = [n for n, t in state.items() if t.numel() and not (config.tie_weights and n == "lm_head.weight")]
+    count = collections.Counter(state[n].untyped_storage().data_ptr() for n in names)
+    return {n for n in names if count[state[n].untyped_storage().data_ptr()] > 1}
 
 
 def check_storage(state, path):

@@ -37,12 +37,20 @@ def sharded_shapes(directory):
     except Exception as e:
         raise UserError(f"{directory}: its DCP metadata (.metadata) is missing or damaged ({type(e).__name__}); "
                         f"restore the directory from a backup or train again") from None
+    damaged = UserError(f"{directory}: its DCP metadata (.metadata) is damaged (a weight's size or dtype is not one); "
+                        f"restore the directory from a backup or train again")
+    entries = getattr(metadata, "state_dict_metadata", None)
+    if not isinstance(entries, dict):
+        raise damaged
     shapes = {}
-    for key, entry in metadata.state_dict_metadata.items():
-        if key.startswith("model."):
+    for key, entry in entries.items():
+        if isinstance(key, str) and key.startswith("model."):
             if not isinstance(entry, TensorStorageMetadata):
                 raise not_a_tensor(directory, key, entry)
-            shapes[key[len("model."):]] = (entry.size, entry.properties.dtype)
+            size, dtype = entry.size, getattr(entry.properties, "dtype", None)
+            if not (isinstance(size, torch.Size) and all(n >= 0 for n in size) and isinstance(dtype, torch.dtype)):
+                raise damaged  # the pickle builds only allowed classes, but any values in them
+            shapes[key[len("model."):]] = (size, dtype)
     return shapes
 
 

@@ -536,3 +536,28 @@ def test_a_checkpoint_loads_once_into_a_model_built_on_the_meta_device(options):
     assert torch.equal(loaded.eval()(x)[0], trained.eval()(x)[0])
     if config.pos_emb == "rope":
         assert torch.equal(loaded.rope, trained.rope)
+
+
+def test_weights_laid_over_each_others_bytes_load_as_weights_of_their_own():
+    """A file may lay two weights over one storage, or one weight over itself (stride 0), with as many bytes as
+    they claim: loaded as they are, a step on one would write the other (or fail on the overlap). Each becomes
+    a parameter of its own bytes; the tied head alone shares wte's."""
+    torch.manual_seed(0)
+    config = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=11, dropout=0.0)
+    state = {k: v.clone() for k, v in GPT(config).state_dict().items()}
+    fc = state["transformer.h.0.mlp.c_fc.weight"]
+    padded = torch.randn(2 * fc.numel())  # twice the bytes, so that the file's storages hold what it claims
+    state["transformer.h.0.mlp.c_fc.weight"] = padded[:fc.numel()].view(fc.shape)
+    state["transformer.h.1.mlp.c_fc.weight"] = padded[:fc.numel()].view(fc.shape)
+    row = torch.randn(config.n_embd * 16)
+    state["transformer.wpe.weight"] = row[:config.n_embd].expand(16, config.n_embd)  # stride 0, its storage padded
+    model = checkpoint.model_from_checkpoint({"model": state, "model_args": checkpoint.model_args(config)})
+    h0, h1 = model.transformer.h[0].mlp.c_fc.weight, model.transformer.h[1].mlp.c_fc.weight
+    assert torch.equal(h0, h1) and h0.data_ptr() != h1.data_ptr()
+    assert model.transformer.wpe.weight.is_contiguous()
+    assert model.lm_head.weight is model.transformer.wte.weight
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    x = torch.randint(0, 11, (2, 16))
+    model(x, x)[1].backward()
+    optimizer.step()  # fails on a self-overlapping parameter
+    assert not torch.equal(model.transformer.h[0].mlp.c_fc.weight, model.transformer.h[1].mlp.c_fc.weight)

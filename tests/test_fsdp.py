@@ -419,3 +419,31 @@ def test_fsdp_py_refuses_a_saved_config_that_describes_no_optimizer(tmp_path, ch
     with pytest.raises(UserError, match=r"ckpt.pt: its config does not describe an optimizer \((KeyError|ValueError)"):
         consolidate(str(out / "ckpt.pt"))
     assert not (out / "ckpt.pt").exists()
+
+
+@pytest.mark.parametrize("damage", ["negative size", "size not a Size", "no dtype", "entries not a dict"])
+def test_metadata_of_allowed_classes_with_damaged_values_is_one_line(tmp_path, char_dataset, damage):
+    """.metadata builds only DCP's classes, but with whatever values a file gives them: a negative or non-Size
+    weight size, properties without a dtype, or entries that are not a dict are refused in one line before
+    any tensor is made from them."""
+    import pickle
+
+    out = tmp_path / "o"
+    one_process(tmp_path, "o", dataset=str(char_dataset), max_iters=2)
+    path = out / "ckpt.dcp" / ".metadata"
+    metadata = pickle.loads(path.read_bytes())  # trusted: the test's own checkpoint
+    entry = metadata.state_dict_metadata["model.transformer.wte.weight"]
+    if damage == "negative size":
+        entry.size = torch.Size([-64, *entry.size[1:]])
+    elif damage == "size not a Size":
+        entry.size = (3, 4)
+    elif damage == "no dtype":
+        entry.properties = None
+    else:
+        metadata.state_dict_metadata = [1, 2]
+    path.write_bytes(pickle.dumps(metadata))
+    with pytest.raises(UserError, match=r"\.metadata\) is damaged|missing or damaged"):
+        read_sharded(str(out / "ckpt.dcp"), weights=False)
+    result = run_script(["sample.py", f"--out_dir={out}", "--max_new_tokens=5", "--num_samples=1"])
+    errors = [line for line in result.stderr.splitlines() if not line.startswith("override:")]
+    assert result.returncode == 2 and len(errors) == 1 and "damaged" in errors[0], result.stderr[-2000:]

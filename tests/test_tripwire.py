@@ -223,8 +223,8 @@ MARKER_CODE = "import pathlib\npathlib.Path({marker!r}).write_text('ran')\n"
 
 
 def test_the_tripwire_ends_code_from_a_file_the_command_line_does_not_name(tmp_path):
-    """The audit hook itself: importing a file by its path ends the process (97) unless the command line names it;
-    the repository's own modules import as always."""
+    """The audit hook itself: importing a file by its path, or compiling its text, ends the process (97) unless
+    the command line names it; the repository's own modules import as always."""
     (tmp_path / "user.py").write_text(MARKER_CODE.format(marker=str(tmp_path / "ran")))
     (tmp_path / "elsewhere").mkdir()
     code = ("import importlib.util, sys\nimport nanogpt.checkpoint\n"
@@ -237,6 +237,11 @@ def test_the_tripwire_ends_code_from_a_file_the_command_line_does_not_name(tmp_p
     result = run_script(["-c", code.replace("sys.argv[-1].partition('=')[2]", repr(str(tmp_path / "user.py")))],
                         env=tripwire_env(log))
     assert result.returncode == 97 and "user.py, a file the command line does not name" in log.read_text()
+    assert not (tmp_path / "ran").exists()
+    log.unlink()
+    result = run_script(["-c", f"import nanogpt.checkpoint\nexec(open({str(tmp_path / 'user.py')!r}).read())"],
+                        env=tripwire_env(log))  # the file's text compiled under a name made in memory
+    assert result.returncode == 97 and "user.py (its text, compiled in memory)" in log.read_text()
     assert not (tmp_path / "ran").exists()
 
 

@@ -74,23 +74,68 @@ places = []  # [trusted roots, named files], found on the first file's code
 busy = []  # the hook's own imports raise events too: those run unchecked (they are Python's own modules)
 
 
+read_files = {}  # file read that may not run -> its size: text compiled in memory is compared with these
+
+
 def code_hook(event, args):
+    if busy:
+        return
+    if event == "open":
+        return note_read(*args[:3])
     if event == "exec":
         filename = getattr(args[0], "co_filename", None)
     elif event == "compile":
         filename = args[1] if len(args) > 1 else None
+        if isinstance(filename, str) and filename.startswith("<") and isinstance(args[0], (str, bytes)):
+            return check_text(args[0])  # exec(open(path).read()): a file's code under a name made in memory
     else:
         return
-    if busy or not isinstance(filename, str) or not filename or filename.startswith("<"):  # made in memory
+    if not isinstance(filename, str) or not filename or filename.startswith("<"):  # made in memory
         return
+    if checked(filename) is False:
+        trip(f"code from {filename}, a file the command line does not name,")
+
+
+def checked(filename):
+    """Whether filename's code may run, decided once per file."""
     if filename not in decided:
         busy.append(1)
         try:
             decided[filename] = may_run(filename)
         finally:
             busy.pop()
-    if not decided[filename]:
-        trip(f"code from {filename}, a file the command line does not name,")
+    return decided[filename]
+
+
+def note_read(path, mode, flags):
+    """A regular file opened for reading whose code may not run: remembered with its size."""
+    reading = ("r" in mode and "+" not in mode) if isinstance(mode, str) else (flags or 0) & os.O_ACCMODE == os.O_RDONLY
+    if not isinstance(path, str) or not reading or path in read_files or checked(path):
+        return
+    busy.append(1)
+    try:
+        read_files[path] = os.stat(path).st_size if os.path.isfile(path) else None
+    except OSError:
+        read_files[path] = None
+    finally:
+        busy.pop()
+
+
+def check_text(source):
+    """Source compiled under a name made in memory: it must not be the text of a file read that may not run."""
+    text = source.decode("utf-8", "replace") if isinstance(source, bytes) else source
+    if not text.strip():
+        return
+    busy.append(1)
+    try:
+        for path, size in list(read_files.items()):
+            if size is not None and len(text) <= size <= 4 * len(text) + 3:  # UTF-8: 1 to 4 bytes a character
+                with open(path, encoding="utf-8-sig", errors="replace") as f:
+                    if f.read() == text:
+                        trip(f"code from {path} (its text, compiled in memory), a file the command line does not "
+                             f"name,")
+    finally:
+        busy.pop()
 
 
 def may_run(filename):
