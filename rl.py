@@ -51,7 +51,8 @@ from nanogpt.tokenizer import ChatTokenizer, tokenizer_from_meta
 from nanogpt.training.distributed import (collective_device, gather_rng, record_mean_over_ranks, setup_distributed,
                                           sum_over_ranks, teardown)
 from nanogpt.training.metrics import Metrics
-from nanogpt.training.optim import OptimizerSettings, Schedule, configure_optimizers, lr_scale, restore_optimizer
+from nanogpt.training.optim import (DAMAGED, OptimizerSettings, Schedule, configure_optimizers, lr_scale,
+                                   restore_optimizer)
 from nanogpt.training.resume import names_code, resume_command, saved_settings
 from nanogpt.training.stopping import Interrupted, StopFlag
 from nanogpt.training.train_config import check_settings
@@ -288,8 +289,9 @@ class Run:
     def restore(self, ckpt, path):
         state = ckpt["rl"]
         self.iter_num = int(ckpt["iter_num"])
-        restore_optimizer(self.model, self.optimizer, one_group_state_regrouped(self.model, self.optimizer,
-                                                                                ckpt["optimizer"]), path, "rl.py's AdamW")
+        moments = one_group_state_regrouped(self.model, self.optimizer, ckpt["optimizer"])
+        restore_optimizer(self.model, self.optimizer, lambda: self.optimizer.load_state_dict(moments), path,
+                          "rl.py's AdamW")
         if self.reference is not None:
             if state.get("reference") is None:
                 raise UserError(f"{path} has no reference model: its run had kl=0; resume with --kl=0")
@@ -367,7 +369,7 @@ def one_group_state_regrouped(model, optimizer, state):
     whole = torch.optim.AdamW(model.parameters())
     try:
         whole.load_state_dict(state)
-    except (ValueError, KeyError, TypeError, IndexError, RuntimeError):
+    except DAMAGED:
         return state  # damaged: restore_optimizer says so
     index = {id(p): i for i, p in enumerate(p for group in optimizer.param_groups for p in group["params"])}
     return {"state": {index[id(p)]: s for p, s in whole.state.items()},

@@ -129,13 +129,18 @@ def lr_scale(it, cfg):
     return floor + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (1.0 - floor)
 
 
-def restore_optimizer(model, optimizer, state, path, what):
-    """A checkpoint's optimizer state loaded into optimizer, checked against the model's shapes, or a UserError
-    naming what (the optimizer this run builds). The rates stay this run's (initial_lr: the schedule's peaks)."""
+# what loading a damaged optimizer, scaler or RNG state raises
+DAMAGED = (ValueError, KeyError, TypeError, IndexError, RuntimeError, AttributeError, OverflowError)
+
+
+def restore_optimizer(model, optimizer, load, path, what):
+    """A checkpoint's optimizer state put into optimizer by load() (optimizer.load_state_dict, or a sharded
+    loader), checked against the model's shapes, or a UserError naming what (the optimizer this run builds).
+    The rates stay this run's: initial_lr, the schedule's peaks, is put back over the saved one."""
     peaks = [group.get("initial_lr") for group in optimizer.param_groups]
     try:
-        optimizer.load_state_dict(state)
-    except (ValueError, KeyError, TypeError, IndexError, RuntimeError, AttributeError, OverflowError) as e:  # damaged
+        load()
+    except DAMAGED as e:
         raise UserError(f"{path}: its optimizer state does not fit {what} ({e})") from None
     check_optimizer_state(model, optimizer, path)
     for group, peak in zip(optimizer.param_groups, peaks):

@@ -27,7 +27,7 @@ from nanogpt.tokenizer import base_meta, read_meta, token_byte_lengths, tokenize
 from nanogpt.training.batches import make_batches
 from nanogpt.training.distributed import barrier, from_rank0, micro_batches
 from nanogpt.training.notes import earlier_run
-from nanogpt.training.optim import check_optimizer_state, restore_optimizer
+from nanogpt.training.optim import DAMAGED, restore_optimizer
 from nanogpt.training.resume import saved_settings
 from nanogpt.training.sharding import checkpoint_activations, first_non_finite, load_optimizer_state, shard
 from nanogpt.training.train_config import TrainConfig
@@ -40,8 +40,6 @@ FIXED_ON_RESUME = SHAPE_FIELDS + ("optimizer",)  # the optimizer state must fit 
 # fields about this machine and this invocation: a resumed run never takes them from the checkpoint
 LOCAL_FIELDS = ("out_dir", "init_from", "eval_only", "device", "dtype", "compile", "backend", "peak_flops",
                 "packed_linear", "matmul_dtype")
-# what loading a damaged optimizer, scaler or RNG state raises
-DAMAGED = (ValueError, KeyError, TypeError, IndexError, RuntimeError, AttributeError, OverflowError)
 
 
 @dataclass
@@ -75,22 +73,16 @@ class Start:
         if ckpt is None:
             return 0, float("inf"), 0.0
         path = ckpt.get("sharded", self.ckpt_path)
-        peaks = [group["initial_lr"] for group in optimizer.param_groups]  # this run's peaks, not the saved ones
-        try:
-            if "sharded" in ckpt:  # whatever number of processes wrote it
-                load_sharded(self.raw_model, optimizer, path)
-            elif self.sharded:
-                load_optimizer_state(self.raw_model, optimizer, ckpt["optimizer"])
-            else:
-                restore_optimizer(self.raw_model, optimizer, ckpt["optimizer"], path, f"optimizer={self.cfg.optimizer}")
-        except DAMAGED as e:
-            raise UserError(f"{path}: its optimizer state does not fit optimizer={self.cfg.optimizer} ({e})") from None
-        check_optimizer_state(self.raw_model, optimizer, path)
+        if "sharded" in ckpt:  # whatever number of processes wrote it; the weights load with the state
+            load = lambda: load_sharded(self.raw_model, optimizer, path)  # noqa: E731
+        elif self.sharded:
+            load = lambda: load_optimizer_state(self.raw_model, optimizer, ckpt["optimizer"])  # noqa: E731
+        else:
+            load = lambda: optimizer.load_state_dict(ckpt["optimizer"])  # noqa: E731
+        restore_optimizer(self.raw_model, optimizer, load, path, f"optimizer={self.cfg.optimizer}")
         if "sharded" in ckpt and first_non_finite(self.raw_model, self.world):
             raise UserError(f"{path} holds non-finite weights: the run that wrote it diverged; use an earlier "
                             f"checkpoint (best.dcp?) or train again")
-        for group, peak in zip(optimizer.param_groups, peaks):
-            group["initial_lr"] = peak
         if ckpt.get("iter_num") is None:
             raise UserError(f"{path} has no iter_num: it cannot be resumed (sample from it, or train anew)")
         best = ckpt.get("best_val_loss")  # nanoGPT writes a tensor
