@@ -34,7 +34,7 @@ from nanogpt import cpu
 from nanogpt.checkpoint import model_args, save_checkpoint
 from nanogpt.cpu.kernels import bfloat16_products_supported, onednn_available, pack, packed_product
 from nanogpt.dataset import dataset_dir
-from nanogpt.device import autocast, resolve_device, resolve_dtype, should_compile, training_kernels
+from nanogpt.device import autocast, resolve_device, resolve_dtype, should_compile, sync, training_kernels
 from nanogpt.errors import UserError
 from nanogpt.files import open_to_write
 from nanogpt.generate import generate, window_start
@@ -42,6 +42,7 @@ from nanogpt.program import run_main
 from nanogpt.tokenizer import read_meta, tokenizer_from_meta
 from nanogpt.training.metrics import read_log
 from nanogpt.training.optim import OptimizerSettings, configure_optimizers
+from nanogpt.training.plan import step_times
 from nanogpt.training.train_config import TrainConfig
 
 
@@ -65,13 +66,6 @@ class BenchConfig(TrainConfig):
             raise ValueError(f"processes must be at least 1, got {self.processes}")
         if self.gen_repeats < 1:
             raise ValueError(f"gen_repeats must be at least 1, got {self.gen_repeats}")
-
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
 
 
 def best_time(fn, device, repeats=5):
@@ -144,22 +138,8 @@ def plain_loop_ms(cfg, model, device, dtype, log=print):
 
 def timed_steps(cfg, model, step_model, optimizer, device, ctx):
     """The median ms of cfg.bench_iters iterations after cfg.bench_warmup."""
-    x = torch.randint(0, model.config.vocab_size, (cfg.batch_size, cfg.block_size), device=device)
-    times = []
-    for i in range(cfg.bench_warmup + cfg.bench_iters):
-        sync(device)
-        t0 = time.perf_counter()
-        for _ in range(cfg.gradient_accumulation_steps):
-            with ctx:
-                _, loss = step_model(x, x)
-            (loss / cfg.gradient_accumulation_steps).backward()
-        if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        sync(device)
-        if i >= cfg.bench_warmup:
-            times.append(time.perf_counter() - t0)
+    times = step_times(model, step_model, optimizer, cfg.batch_size, cfg.block_size, cfg.gradient_accumulation_steps,
+                       cfg.grad_clip, device, ctx, cfg.bench_warmup, cfg.bench_iters)
     return 1000 * statistics.median(times)
 
 

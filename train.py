@@ -36,11 +36,12 @@ from nanogpt.checkpoint import model_args, rng_state, save_training
 from nanogpt.errors import UserError
 from nanogpt.out_dir import OutDirLock, latest_form
 from nanogpt.training.batches import TRAINING, estimate_loss
-from nanogpt.training.distributed import (all_ranks, barrier, gather_rng, local_gradients, mean_over_ranks,
-                                          micro_batches, setup_distributed, teardown)
+from nanogpt.training.distributed import (all_ranks, barrier, from_rank0, gather_rng, local_gradients,
+                                          mean_over_ranks, micro_batches, setup_distributed, teardown)
 from nanogpt.training.metrics import Clock, Metrics
 from nanogpt.training.notes import cpu_time_of, startup_notes
 from nanogpt.training.optim import OptimizerSettings, configure_optimizers, lr_scale
+from nanogpt.training.plan import Deadline
 from nanogpt.training.resume import resume_command
 from nanogpt.training.sharding import first_non_finite, held_bytes
 from nanogpt.training.startup import Start, start_run
@@ -62,7 +63,8 @@ def train(cfg, overrides=None, log=print, t_start=None, config_files=()):
         rank, local_rank, world = setup_distributed(cfg.device, cfg.backend)
         stop.abandon = world == 1  # DDP ranks stop together, at a log iteration
         log = log if rank == 0 else (lambda *a, **k: None)
-        run = start_run(cfg, overrides or {}, rank, local_rank, world, log, lock, into=Run)
+        run = start_run(cfg, overrides or {}, rank, local_rank, world, log, lock, into=Run,
+                        elapsed=lambda: time.time() - t_start)
         run.begin(local_rank, t_start, stop, lock, config_files)
         with run.kernels.applied(run.raw_model):
             loop(run, stop)
@@ -129,6 +131,14 @@ class Run(Start):
             log(f"note: {note}")
         writer = self.master and not cfg.eval_only  # eval_only only reads out_dir
         self.metrics = Metrics(os.path.join(cfg.out_dir, "log.jsonl"), cfg, log, record=writer, iter=self.iter_num)
+        # --minutes: the budget runs from process start to exit; a resumed run's from its own start, less the
+        # training time before it
+        kept = (self.plan or {}).get("kept", [])
+        self.deadline = None if cfg.minutes is None else Deadline(t_start + cfg.minutes * 60 - trained,
+                                                                   cfg.max_iters if "max_iters" in kept else None)
+        self.best_bpb = None
+        if self.plan is not None and self.iter_num == 0 and writer:
+            self.metrics.record(kind="plan", iter=0, **self.plan)
         if writer:
             lock.acquire()  # out_dir is ours until the run ends
         self.start_iter, self.last_val = self.iter_num, None
@@ -146,6 +156,7 @@ class Run(Start):
         """Losses now, logged; ckpt.pt and best.pt saved as configured. True when the run should end here."""
         cfg, it = self.cfg, self.iter_num
         wall, train_time = self.clock.wall(), self.clock.train_time()
+        began = time.time()
         self.clock.pause()  # evaluating and saving is not training time
         losses = estimate_loss(self.model, self.batches, cfg, self.ctx, self.rank, self.world, self.token_bytes,
                                collective=self.sharded)
@@ -168,13 +179,18 @@ class Run(Start):
             return True
         improved = losses["val"] < self.best_val_loss
         self.best_val_loss = min(self.best_val_loss, losses["val"])
+        if improved:
+            self.best_bpb = bpb
         if it > self.start_iter:
-            if improved or cfg.always_save_checkpoint or last:
+            # a planned run ends with ckpt.pt at its best val loss: a small corpus is overfitted by the end
+            if improved or cfg.always_save_checkpoint or (last and cfg.minutes is None):
                 self.save("ckpt.pt")
                 self.replacing = None  # this run's own checkpoint now
             if improved and cfg.keep_best:
                 self.save("best.pt")
         self.clock.resume()
+        if self.deadline is not None:
+            self.deadline.evaluated(time.time() - began)
         return last
 
     def forward_backward(self):
@@ -229,10 +245,24 @@ class Run(Start):
         tok_s = self.tokens_per_iter / dt
         mfu = self.raw_model.estimate_mfu(self.cfg.gradient_accumulation_steps * self.cfg.batch_size, dt,
                                           self.peak) if self.peak else None
+        if self.deadline is not None:
+            self.keep_budget()
         self.metrics.write(f"iter {self.iter_num}: loss {lossf:.4f}, lr {lr:.2e}, {dt * 1000:.1f} ms/iter, "
                            f"{tok_s:,.0f} tok/s" + (f", mfu {mfu * 100:.1f}%" if mfu is not None else ""),
                            kind="train", iter=self.iter_num, loss=lossf, lr=lr, ms=dt * 1000, tok_s=tok_s, mfu=mfu,
                            time=self.clock.wall(), train_time=self.clock.train_time())
+
+    def keep_budget(self):
+        """--minutes: the iterations left fitted to the time left, as measured so far (rank 0's, on every rank);
+        the schedule's decay follows."""
+        target = self.deadline.update(self.iter_num, self.clock.train_time(), self.cfg) if self.master else None
+        target = from_rank0(target, self.world)
+        if target is None:
+            return
+        before, self.cfg.max_iters, self.cfg.lr_decay_iters = self.cfg.max_iters, target, target
+        self.bar.total = target
+        self.metrics.write(f"budget: {before} -> {target} iterations to end within {self.cfg.minutes:g} minutes",
+                           kind="budget", iter=self.iter_num, max_iters=target, previous=before)
 
     def save(self, name, rng=None):
         """ckpt.pt or best.pt (with --parallel=fsdp: ckpt.dcp or best.dcp), atomically; never non-finite weights.
@@ -279,6 +309,13 @@ class Run(Start):
             total = f" ({self.iter_num} in all)" if self.start_iter else ""
             log(f"done: {ran} iters in {summary['time']:.1f} s{total}; val loss {self.last_val:.4f} "
                 f"(best {self.best_val_loss:.4f}); checkpoint {latest_form(self.ckpt_path)}")
+            if self.plan is not None and self.best_bpb is not None:
+                p = self.plan
+                log(f"plan: predicted val bpb {p['predicted_val_bpb']:.3f} +- {p['predicted_sigma']:.3f}, measured "
+                    f"{self.best_bpb:.3f} (the best checkpoint's); {summary['time']:.0f} s of the {cfg.minutes * 60:.0f} s "
+                    f"budget so far")
+                self.metrics.record(kind="plan_result", iter=self.iter_num, predicted_val_bpb=p["predicted_val_bpb"],
+                                    measured_val_bpb=self.best_bpb, seconds=summary["time"], budget=cfg.minutes * 60)
         return summary
 
 

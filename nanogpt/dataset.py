@@ -301,8 +301,10 @@ def recipe_settings(recipe):
     return read_config_file(os.path.join(REPOSITORY, recipe))
 
 
-def train_command(out, counts, cuda=False):
-    """A train.py command for this dataset on this machine: a recipe sized for it, with a context that fits."""
+def train_command(out, counts, cuda=False, minutes=10):
+    """A train.py command for this dataset on this machine. On a CPU, a dataset without a recipe of its own gets
+    a plan (--minutes: the shape, schedule and context fitted to it and to this machine); otherwise its recipe,
+    with a context that fits."""
     recipe = recipe_for(out, cuda)
     block = recipe_settings(recipe).get("block_size", 1024)
     fits = min(counts["train"], counts["val"]) - 1  # a window needs block_size + 1 tokens
@@ -310,7 +312,10 @@ def train_command(out, counts, cuda=False):
         raise UserError(f"{out} has {counts['train']} train and {counts['val']} val tokens: too few to train on "
                         f"(a context of 8 needs 9 in each); give more text or a larger --val_fraction")
     name = os.path.basename(os.path.normpath(out))
-    command = f"python train.py {recipe} --dataset={shlex.quote(out)} --out_dir={shlex.quote('out-' + name)}"
+    where = f"--dataset={shlex.quote(out)} --out_dir={shlex.quote('out-' + name)}"
+    if not cuda and recipe == "config/shakespeare_char_cpu.py" and name != "shakespeare_char":
+        return f"python train.py {where} --minutes={minutes}"
+    command = f"python train.py {recipe} {where}"
     if fits < block:
         command += f" --block_size={1 << (fits.bit_length() - 1)}"  # the largest power of 2 that fits
     return command

@@ -70,6 +70,14 @@ def autocast(device, dtype):
     return torch.autocast(device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
 
 
+def sync(device):
+    """Wait for device's queued work: a timing on a GPU must not stop its clock before the kernels end."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
 def should_compile(setting, device):
     """compile=True/False as given; None means on CUDA, where it pays for itself, and not elsewhere."""
     return setting if setting is not None else device.type == "cuda"

@@ -42,9 +42,27 @@ def run_main(main, argv=None):
     except OSError as e:
         print(f"error: {describe_os_error(e)}", file=sys.stderr)
         sys.exit(2)
+    except RuntimeError as e:
+        if not device_failure(e):
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"error: the device failed ({first}); checkpoints already written are intact: check the device "
+              f"(nvidia-smi), then resume with --init_from=resume, or use --device=cpu", file=sys.stderr)
+        sys.exit(2)
     except KeyboardInterrupt as e:
         print(f"interrupted: {e}" if str(e) else "interrupted", file=sys.stderr)
         sys.exit(130)
+
+
+DEVICE_FAILURES = ("CUDA error", "CUDA driver", "no CUDA GPUs are available", "MPS backend", "device-side assert",
+                   "CUBLAS_STATUS", "CUDNN_STATUS", "NCCL error")
+
+
+def device_failure(e):
+    """Whether a RuntimeError is the device failing (lost, reset, out of memory), not a bug in the program: torch
+    raises those as RuntimeError subclasses (AcceleratorError, OutOfMemoryError) or with these words."""
+    return (type(e).__name__ in ("AcceleratorError", "OutOfMemoryError")
+            or any(words in str(e) for words in DEVICE_FAILURES))
 
 
 OS_ERROR_HINTS = {

@@ -138,7 +138,7 @@ def test_suggested_command_trains_on_this_data_on_this_machine(tmp_path):
     result = run_script(["data/prepare.py", "--input", str(tmp_path / "mine.txt"), "--out", str(tmp_path / "my texts")])
     assert result.returncode == 0, result.stderr
     command = result.stdout.strip().splitlines()[-1].split("train on it with: ")[1]
-    assert command.startswith("python train.py config/shakespeare_char_cpu.py --dataset=")
+    assert command.startswith("python train.py --dataset=") and command.endswith("--minutes=10")  # a plan
     import shlex
     args = shlex.split(command)[1:] + ["--max_iters=2", "--eval_iters=1", f"--out_dir={tmp_path / 'out'}"]
     trained = run_script(args)
@@ -150,7 +150,9 @@ def test_suggested_context_fits_the_smallest_split():
     # 300 val tokens leave 299 for a window: the GPU recipe's 256 fits, the CPU recipe's 64 too
     assert "--block_size" not in prep.train_command("data/x", {"train": 2700, "val": 300}, cuda=True)
     # 40 val tokens: the largest power of 2 below 40 is 32
-    assert prep.train_command("data/x", {"train": 400, "val": 40}).endswith("--out_dir=out-x --block_size=32")
+    assert prep.train_command("data/x", {"train": 400, "val": 40}, cuda=True).endswith("--out_dir=out-x --block_size=32")
+    # on a CPU the plan fits the context itself (plan.largest_block)
+    assert prep.train_command("data/x", {"train": 400, "val": 40}).endswith("--out_dir=out-x --minutes=10")
     with pytest.raises(prep.UserError, match="too few to train on"):
         prep.train_command("data/x", {"train": 100, "val": 5})
 
@@ -365,8 +367,10 @@ def test_the_suggested_recipe_is_the_datasets_own_where_there_is_one(tmp_path):
     assert result.returncode == 0, result.stderr
     command, notes = suggestion(result)
     assert command.startswith("python train.py config/tangshi_cpu.py --dataset=") and not notes
-    assert prep.train_command("data/poems", {"train": 900, "val": 100}).startswith(
-        "python train.py config/shakespeare_char_cpu.py")  # no recipe of its own
+    assert prep.train_command("data/poems", {"train": 900, "val": 100}) == (
+        "python train.py --dataset=data/poems --out_dir=out-poems --minutes=10")  # no recipe of its own: a plan
+    assert prep.train_command("data/shakespeare_char", {"train": 900, "val": 100}).startswith(
+        "python train.py config/shakespeare_char_cpu.py")  # the course's own recipe stays
     assert prep.train_command("data/shakespeare_char", {"train": 900, "val": 100}, cuda=True).startswith(
         "python train.py config/shakespeare_char.py")
 
@@ -379,7 +383,7 @@ def test_the_gpt2_suggestion_names_the_vocabulary_as_what_makes_it_slow_on_a_cpu
                          "--out", str(tmp_path / "en")])
     assert result.returncode == 0, result.stderr
     command, notes = suggestion(result)
-    assert command.startswith("python train.py config/shakespeare_char_cpu.py")
+    assert command.startswith("python train.py --dataset=") and command.endswith("--minutes=10")
     # config/shakespeare_char_cpu.py: 4 layers, 128 wide. Multiply-adds per token, by hand: blocks 12 * 4 * 128^2
     # = 786,432; output layer 50,257 * 128 = 6,432,896, of 7,219,328 in all (89%); with 4,096 tokens 1,310,720 (5.5x)
     assert len(notes) == 1 and notes[0].startswith("note: the 50,257-token vocabulary makes the output layer 89% of "

@@ -67,6 +67,10 @@ class Metrics:
     def write(self, line, **record):
         """Say line, and record the event (kind, iter and the numbers)."""
         self.say(line)
+        self.record(**record)
+
+    def record(self, **record):
+        """Record an event (kind, iter, ...) in the log without a line on the console."""
         if not self.active:
             return
         text = json.dumps(record) + "\n"
@@ -81,7 +85,7 @@ class Metrics:
         self.append(text.encode("utf-8"))
         if self.wandb is not None:  # e.g. train/loss, eval/val_loss, at step iter
             self.wandb.log({f"{record['kind']}/{k}": v for k, v in record.items() if k not in ("kind", "iter")},
-                           step=record["iter"])
+                           step=record.get("iter"))
 
     def append(self, data):
         """data, whole lines, at the end of the log in one write, or nothing: a failed write is cut back."""

@@ -28,6 +28,7 @@ from nanogpt.training.batches import make_batches
 from nanogpt.training.distributed import barrier, from_rank0, micro_batches
 from nanogpt.training.notes import earlier_run
 from nanogpt.training.optim import DAMAGED, restore_optimizer
+from nanogpt.training.plan import last_plan, plan_run
 from nanogpt.training.resume import saved_settings
 from nanogpt.training.sharding import checkpoint_activations, first_non_finite, load_optimizer_state, shard
 from nanogpt.training.train_config import TrainConfig
@@ -65,6 +66,7 @@ class Start:
     rank: int = 0
     world: int = 1
     log: typing.Callable = print
+    plan: dict | None = None  # --minutes: what the plan chose and predicted (plan.py)
 
     def restore(self, optimizer, scaler):
         """(iter_num, best_val_loss, train_time) of the run: a resumed one's from its checkpoint, with the
@@ -105,11 +107,12 @@ class Start:
         return iter_num, best_val_loss, trained_before(ckpt, path)
 
 
-def start_run(cfg, overrides, rank, local_rank, world, log, lock, into=Start):
+def start_run(cfg, overrides, rank, local_rank, world, log, lock, into=Start, elapsed=lambda: 0.0):
     """The Start of a run of cfg (overrides: the keys the user set, for a resume), as rank of world
     processes: from scratch, a resume of out_dir's checkpoint, a fine-tune or GPT-2's weights, as
-    cfg.init_from says. lock: out_dir's, which a resume takes at once where a save was interrupted.
-    into: Start, or a class that extends it (train.py's Run)."""
+    cfg.init_from says; with cfg.minutes, a new run's keys are first planned (plan.py). lock: out_dir's, which a
+    resume takes at once where a save was interrupted. into: Start, or a class that extends it (train.py's Run).
+    elapsed: the seconds since the process started (a plan's budget counts them)."""
     ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
     if cfg.init_from == "resume":
         if rank == 0 and not cfg.eval_only and interrupted_save(ckpt_path):
@@ -121,6 +124,12 @@ def start_run(cfg, overrides, rank, local_rank, world, log, lock, into=Start):
     dtype = resolve_dtype(cfg.dtype, device)
     data_dir = dataset_dir(cfg.dataset)
     meta = read_meta(data_dir)
+    plan = None
+    if cfg.minutes is not None:
+        if ckpt is None:
+            cfg, plan = plan_run(cfg, overrides, meta, data_dir, device, dtype, rank, world, elapsed, log)
+        else:
+            plan = last_plan(cfg.out_dir)
     batches = make_batches(data_dir, cfg.block_size, cfg.batch_size, device, cfg.seed, meta, log)
     batches.check_windows("val", cfg.eval_windows)
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
@@ -142,7 +151,7 @@ def start_run(cfg, overrides, rank, local_rank, world, log, lock, into=Start):
     return into(cfg, model, device, dtype, batches, meta, sharded, compile, kernels, tasks, token_bytes,
                 ctx=nullcontext() if sharded else autocast(device, dtype),
                 peak=cfg.peak_flops or peak_flops_for(device, dtype), ckpt_path=ckpt_path,
-                replacing=replacing, ckpt=ckpt, rank=rank, world=world, log=log)
+                replacing=replacing, ckpt=ckpt, rank=rank, world=world, log=log, plan=plan)
 
 
 def build_model(cfg, ckpt, meta, data_dir, overrides, device, ckpt_path, log):
@@ -237,6 +246,8 @@ def run_config(cfg, overrides, ckpt_path, world, log=print):
     ckpt = load_checkpoint(ckpt_path, weights=False)  # a sharded one's weights load once sharded (restore)
     base, resumed = resume_config(ckpt, overrides, ckpt_path, log)
     cfg = replace(resumed, **{k: getattr(cfg, k) for k in LOCAL_FIELDS})  # this invocation's, as given
+    if cfg.minutes is not None and "matmul_dtype" not in overrides:
+        cfg = replace(cfg, matmul_dtype="auto")  # a planned run's products, on whatever machine resumes it
     given = "gradient_accumulation_steps" in overrides
     micro_batches(cfg.gradient_accumulation_steps, world, "" if given else f", {ckpt.get('sharded', ckpt_path)}'s")
     return cfg, base, ckpt
@@ -255,6 +266,12 @@ def resume_config(ckpt, overrides, path, log=print):
         raise UserError(f"--embedding_lr={overrides['embedding_lr']!r} would add or remove the embeddings' own "
                         f"optimizer group, which the checkpoint's optimizer state {'lacks' if saved.get('embedding_lr') is None else 'has'} "
                         f"({path}); change its value, not whether it is set, or train anew in a new out_dir")
+    if "minutes" in overrides and overrides["minutes"] != saved.get("minutes"):
+        if saved.get("minutes") is None:
+            raise UserError(f"--minutes: {path} is not from a planned run (--minutes), so there is no plan to keep; "
+                            f"resume without --minutes, or plan a new run in a new --out_dir")
+        raise UserError(f"--minutes={overrides['minutes']:g}: {path} was planned for --minutes={saved['minutes']:g}, "
+                        f"and a resumed run keeps its plan; resume without --minutes")
     for key, value in overrides.items():
         if key in FIXED_ON_RESUME and value != saved[key]:
             raise UserError(f"--{key}={value!r} contradicts the checkpoint's {key}={saved[key]!r} ({path}); "

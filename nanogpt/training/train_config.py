@@ -91,6 +91,8 @@ class TrainConfig(Device, Dtype, GPTConfig):
     # measurement: val loss over fixed windows, and stopping at a target
     eval_windows: int = 0  # > 0: val loss over this many fixed block_size windows spread over val, not eval_iters batches
     target_loss: float | None = None  # stop once val loss <= target_loss (and report the training time it took)
+    # --minutes=N: the plan chooses every key you did not set for the best model in N minutes (plan.py, docs/minutes.md)
+    minutes: float | None = None  # wall-clock budget from process start to exit; None: train as configured
     # lm-eval tasks scored at each evaluation (train_tasks.py, docs/eval.md)
     eval_tasks: str = ""  # lm-eval task names, comma-separated: tangshi_next_line; "" for none
     eval_tasks_limit: int = 100  # the first this many items of each task, the same ones at every evaluation
@@ -113,6 +115,8 @@ class TrainConfig(Device, Dtype, GPTConfig):
         check_settings(self)
         if self.eval_tasks_limit < 1:
             raise ValueError(f"eval_tasks_limit must be at least 1, got {self.eval_tasks_limit}")
+        if self.minutes is not None and not (0 < self.minutes < float("inf")):
+            raise ValueError(f"minutes must be a positive number of minutes, got {self.minutes}")
         if self.peak_flops is not None and self.peak_flops <= 0:
             raise ValueError(f"peak_flops must be > 0 (or None), got {self.peak_flops}")
 

@@ -1,0 +1,380 @@
+"""train.py --minutes=N: the recipe for this corpus on this machine in N minutes (docs/minutes.md).
+
+The shapes the plan chooses among (LADDER), the keys every planned run shares (RECIPE: the speedrun's
+architecture and optimizer, docs/speedrun.md), and the schedule fitted to the iterations a budget allows.
+"""
+import math
+import os
+import time
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from nanogpt.device import sync
+from nanogpt.errors import UserError
+from nanogpt.source import init_from_kind
+from nanogpt.tokenizer import token_byte_lengths, tokenizer_from_meta
+from nanogpt.training.distributed import from_rank0
+from nanogpt.training.metrics import read_log
+from nanogpt.training.train_config import TrainConfig
+
+
+# What every planned run shares: the CPU speedrun's model and optimizer (config/shakespeare_char_speedrun.py),
+# which learns most per second here. Muon's rate holds across widths (it normalizes each update); AdamW's part
+# (the head and the gains) follows 1/sqrt(width) from the speedrun's 3e-3 at 128.
+RECIPE = dict(bias=False, pos_emb="rope", norm="layernorm", activation="gelu", tie_weights=False, qk_norm=True,
+              zero_init_proj=True, logit_softcap=15.0, optimizer="muon", muon_lr=0.04, embedding_lr=0.1, beta2=0.99,
+              lr_schedule="cosine", gradient_accumulation_steps=1, block_size=128, batch_size=12)
+
+# The model shapes, smallest first: (layers, width, heads). Heads of 32 channels up to width 192, of 64 above.
+SHAPES = {"S0": (2, 64, 2), "S1": (3, 96, 3), "S2": (4, 128, 4), "S3": (4, 192, 6), "S4": (6, 256, 4),
+          "S5": (6, 384, 6), "S6": (8, 512, 8)}
+
+
+def shape_keys(name):
+    """The config keys of one shape of the ladder: its size, its AdamW rate, its value embeddings."""
+    n_layer, n_embd, n_head = SHAPES[name]
+    return {**RECIPE, "n_layer": n_layer, "n_embd": n_embd, "n_head": n_head,
+            "value_embeds": min(2, n_layer // 2), "learning_rate": round(3e-3 * (128 / n_embd) ** 0.5, 6)}
+
+
+LADDER = {name: shape_keys(name) for name in SHAPES}
+
+# The share of a budget spent on training iterations: the rest is start-up, the probe, evaluations and saves.
+TRAIN_SHARE = 0.9
+
+
+def schedule_keys(keys, tokens):
+    """The schedule for a run of `tokens` training tokens in the shape `keys`: as many iterations, a warm-up of
+    2% of them (10 to 100), cosine decay to a tenth of each peak, about 10 evaluations."""
+    iters = max(1, tokens // (keys["batch_size"] * keys["block_size"] * keys["gradient_accumulation_steps"]))
+    return {"max_iters": iters, "lr_decay_iters": iters, "warmup_iters": min(100, max(10, iters // 50)),
+            "min_lr": keys["learning_rate"] / 10, "eval_interval": max(1, iters // 10)}
+
+# The fitted law (runs/study_fit.py over the study's points, docs/minutes.md): val bpb of the best checkpoint as
+#   E + A * (N / 1e6) ** -alpha + B * (S / 1e6) ** -beta
+# N: the blocks' parameters (12 * layers * width^2); S: the corpus bytes the run could learn from, the bytes it sees
+# (tokens x bytes per token) with repeats counting less: S = U + U * R * (1 - exp(-(epochs - 1) / R)) past one
+# epoch of U unique bytes (Muennighoff et al., 2023), R growing with dropout; E: the corpus's own floor, from how
+# well lzma predicts its val text from its train text (hardness, in bits per byte).
+LAW = dict(e0=0.0, e1=0.6, A=0.10, alpha=0.5, B=1.0, beta=0.3, R=4.0, R_dropout=10.0, rel_sigma=0.05)
+DROPOUTS = (0.0, 0.1, 0.2)  # the dropouts the plan chooses among
+
+
+@dataclass
+class Corpus:
+    """What the plan knows of a dataset: its size in tokens and bytes, and how hard its text is to predict."""
+    path: str
+    train_tokens: int
+    val_tokens: int
+    vocab_size: int
+    bytes_per_token: float  # mean UTF-8 bytes of a train token
+    hardness: float  # lzma's bits per byte on the start of val, given the end of train
+
+    @property
+    def train_bytes(self):
+        return self.train_tokens * self.bytes_per_token
+
+
+def read_corpus(data_dir, meta, token_bytes, sample=200_000):
+    """The Corpus of a prepared dataset. token_bytes: (vocab_size,) UTF-8 bytes of each token."""
+    import lzma
+    dtype = np.dtype((meta or {}).get("dtype", "uint16"))
+    data = {}
+    for split in ("train", "val"):
+        path = os.path.join(data_dir, f"{split}.bin")
+        if not os.path.isfile(path):
+            raise UserError(f"--minutes: {path} is missing; prepare the dataset first (python data/prepare.py "
+                            f"--input YOUR_TEXT --out {data_dir})")
+        data[split] = np.memmap(path, dtype=dtype, mode="r") if os.path.getsize(path) else np.zeros(0, dtype)
+    lengths = np.asarray(token_bytes, dtype=np.float64)
+    train, val = data["train"], data["val"]
+    if len(train) == 0:
+        raise UserError(f"--minutes: {data_dir}/train.bin has no tokens; give prepare more text")
+    tail, head = np.asarray(train[-sample:]), np.asarray(val[:sample // 4])
+    per_token = float(lengths[tail].mean()) if len(tail) else 1.0
+    hardness = 8.0
+    if len(head):
+        alone = len(lzma.compress(tail.tobytes(), preset=6))
+        both = len(lzma.compress(tail.tobytes() + head.tobytes(), preset=6))
+        hardness = 8 * (both - alone) / max(1.0, float(lengths[head].sum()))
+    return Corpus(data_dir, len(train), len(val), len(lengths), per_token, hardness)
+
+
+def blocks_params(keys):
+    """Parameters of the blocks' matrices (attention 4 d^2, MLP 8 d^2 a layer): the N of the law."""
+    return 12 * keys["n_layer"] * keys["n_embd"] ** 2
+
+
+def flops_per_iter(keys, vocab_size):
+    """Training FLOPs of one iteration: 6 per parameter per token for the blocks and the head, and attention's."""
+    d, L, T = keys["n_embd"], keys["n_layer"], keys["block_size"]
+    per_token = 6 * (blocks_params(keys) + d * vocab_size) + 12 * L * d * T
+    return per_token * T * keys["batch_size"] * keys["gradient_accumulation_steps"]
+
+
+def learnable_bytes(seen, unique, dropout, law=LAW):
+    """S of the law: the bytes seen, repeats beyond the first epoch counting less and less."""
+    if seen <= unique:
+        return seen
+    r = law["R"] + law["R_dropout"] * dropout
+    return unique + unique * r * (1 - math.exp(-(seen / unique - 1) / r))
+
+
+def predict_bpb(keys, tokens, corpus, law=LAW):
+    """The law's val bpb for a run of keys on corpus that trains on `tokens` tokens."""
+    n = blocks_params(keys) / 1e6
+    s = learnable_bytes(tokens * corpus.bytes_per_token, corpus.train_bytes, keys.get("dropout", 0.0), law) / 1e6
+    return law["e0"] + law["e1"] * corpus.hardness + law["A"] * n ** -law["alpha"] + law["B"] * max(s, 1e-6) ** -law["beta"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Probing this machine: seconds per iteration of two shapes, measured; the others follow their FLOPs.
+# ---------------------------------------------------------------------------------------------------------------
+
+def step_times(model, step_model, optimizer, batch_size, block_size, accum, grad_clip, device, ctx, warmup, iters):
+    """Seconds of each of `iters` training iterations (forward, backward, clip, optimizer step on a random
+    batch) after `warmup` more: train.py's iteration without its data and logging."""
+    x = torch.randint(0, model.config.vocab_size, (batch_size, block_size), device=device)
+    times = []
+    for i in range(warmup + iters):
+        sync(device)
+        t0 = time.perf_counter()
+        for _ in range(accum):
+            with ctx:
+                _, loss = step_model(x, x)
+            (loss / accum).backward()
+        if grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        sync(device)
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return times
+
+
+PROBE_ITERS = 4  # iterations a probe of one shape runs: one to warm up, three timed
+PROBE_SHARE = 0.02  # of the budget, at most, for timing the larger shape
+
+
+def iteration_seconds(cfg, vocab_size, device, dtype, warmup=1, iters=PROBE_ITERS - 1):
+    """This machine's seconds per training iteration of cfg (a TrainConfig): the fastest of `iters`, as the run
+    will compute it (its matmul kernels and optimizer)."""
+    from model import GPT
+    from nanogpt.device import autocast, training_kernels
+    from nanogpt.training.optim import OptimizerSettings, configure_optimizers
+    model = GPT(cfg.model_config(vocab_size)).to(device)
+    kernels = training_kernels(cfg, device, dtype, log=lambda *a, **k: None)
+    optimizer = configure_optimizers(model, OptimizerSettings.of(cfg, kernels.ns_dtype))
+    with kernels.applied(model):
+        times = step_times(model, model, optimizer, cfg.batch_size, cfg.block_size, cfg.gradient_accumulation_steps,
+                           cfg.grad_clip, device, autocast(device, dtype), warmup, iters)
+    return min(times)
+
+
+@dataclass
+class Speed:
+    """Seconds per iteration as a + b * FLOPs per iteration, from two probed shapes."""
+    a: float
+    b: float
+    probed: dict  # shape name -> measured seconds per iteration
+
+    def seconds(self, flops):
+        return self.a + self.b * flops
+
+
+def probe(candidates, vocab_size, device, dtype, budget):
+    """Speed of this machine: the smallest candidate timed, then the largest whose timing costs at most
+    PROBE_SHARE of the budget (by the first one's speed), and a line through the two in FLOPs."""
+    names = list(candidates)
+    small = names[0]
+    probed = {small: iteration_seconds(candidates[small], vocab_size, device, dtype)}
+    f_small = flops_per_iter(vars(candidates[small]), vocab_size)
+    affordable = [n for n in names[1:] if PROBE_ITERS * probed[small] * flops_per_iter(vars(candidates[n]), vocab_size)
+                  / f_small <= PROBE_SHARE * budget]
+    if not affordable:
+        return Speed(0.0, probed[small] / f_small, probed)  # proportional to FLOPs
+    large = affordable[-1]
+    probed[large] = iteration_seconds(candidates[large], vocab_size, device, dtype)
+    f_large = flops_per_iter(vars(candidates[large]), vocab_size)
+    if probed[large] <= probed[small]:
+        return Speed(0.0, probed[large] / f_large, probed)
+    b = (probed[large] - probed[small]) / (f_large - f_small)
+    return Speed(max(0.0, probed[small] - b * f_small), b, probed)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Choosing: every shape of the ladder with the user's keys over it, at every dropout; the lowest prediction wins.
+# ---------------------------------------------------------------------------------------------------------------
+MIN_ITERS = 50  # fewer iterations than this train nothing worth keeping
+EXIT_SECONDS = 2.0  # the final save, the summary and the interpreter's exit
+EVAL_SHARE = 0.04  # of the training time, for evaluations (and the saves beside them)
+
+
+def largest_block(corpus, wanted=128):
+    """The context: `wanted`, or the largest power of 2 whose windows (block + 1 tokens) fit in each split."""
+    fits = min(corpus.train_tokens, corpus.val_tokens) - 1
+    if fits < 8:
+        raise UserError(f"{corpus.path} has {corpus.train_tokens:,} train and {corpus.val_tokens:,} val tokens: "
+                        f"too few for a val split (a context of 8 needs 9 tokens in each); give prepare more text "
+                        f"or a larger --val_fraction")
+    return min(wanted, 1 << (fits.bit_length() - 1))
+
+
+def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print):
+    """(keys, plan): the config keys of the best run of cfg.minutes for corpus on this machine, and the plan's
+    record (what it chose, why, and its prediction). given: the keys the user set, which stay as they are;
+    elapsed: the seconds already spent since the process started (they count in the budget)."""
+    budget = cfg.minutes * 60
+    block = given.get("block_size") or largest_block(corpus)
+    candidates = {}
+    for name in LADDER:
+        keys = {**LADDER[name], "block_size": block, **given}
+        try:
+            candidates[name] = TrainConfig(**{**vars(cfg), **keys, "minutes": None, "init_from": "scratch"})
+        except ValueError:
+            continue  # the user's keys do not fit this shape (heads that do not divide its width, ...)
+    if not candidates:
+        raise UserError("--minutes: the keys you set fit none of the planned shapes; set n_layer, n_embd and n_head "
+                        "together, or leave them to the plan")
+    t0 = time.time()
+    speed = probe(candidates, corpus.vocab_size, device, dtype, budget)
+    elapsed += time.time() - t0
+    train_seconds = (budget - elapsed - EXIT_SECONDS) * (1 - EVAL_SHARE)
+    choices = []
+    dropouts = (given["dropout"],) if "dropout" in given else DROPOUTS
+    for name, c in candidates.items():
+        keys = vars(c)
+        per_iter = speed.seconds(flops_per_iter(keys, corpus.vocab_size))
+        iters = int(train_seconds / per_iter)
+        tokens = iters * c.batch_size * c.block_size * c.gradient_accumulation_steps
+        for p in dropouts:
+            choices.append((predict_bpb({**keys, "dropout": p}, tokens, corpus), name, p, iters, per_iter))
+    smallest = min(choices, key=lambda ch: ch[4])
+    if smallest[3] < MIN_ITERS:
+        need = (elapsed + EXIT_SECONDS + MIN_ITERS * smallest[4] / (1 - EVAL_SHARE)) / 60
+        raise UserError(f"--minutes={cfg.minutes:g} is too short to train on {corpus.path} here: the shortest "
+                        f"budget this machine allows for it is --minutes={math.ceil(need * 10) / 10:g}")
+    predicted, name, dropout, iters, per_iter = min(c for c in choices if c[3] >= MIN_ITERS)
+    chosen = candidates[name]
+    keys = {k: v for k, v in LADDER[name].items() if k not in given}
+    keys.update(block_size=block, dropout=dropout)
+    tokens_per_iter = chosen.batch_size * chosen.block_size * chosen.gradient_accumulation_steps
+    keys.update(schedule_keys({**vars(chosen), **keys}, iters * tokens_per_iter))
+    # evaluations: fixed windows over val, as many as keep all evaluations within EVAL_SHARE of the training time
+    windows = given.get("eval_windows") or max(1, min(400, corpus.val_tokens // chosen.block_size))
+    eval_seconds = (windows * chosen.block_size / tokens_per_iter + 5) * per_iter / 3  # forward only: a third
+    evals = int(min(20, max(3, EVAL_SHARE * train_seconds / max(eval_seconds, 1e-9))))
+    keys.update(eval_windows=windows, eval_iters=5, eval_interval=max(1, iters // evals), log_interval=max(1, iters // 100),
+                always_save_checkpoint=False, keep_best=True, matmul_dtype="auto")
+    keys = {k: v for k, v in keys.items() if k not in given}
+    final = {**vars(chosen), **keys}
+    epochs = iters * tokens_per_iter / corpus.train_tokens
+    params = blocks_params(final)
+    why = [f"{corpus.train_tokens:,} train tokens ({corpus.train_bytes / 1e6:.2f} MB), vocabulary {corpus.vocab_size:,}"
+           f", {corpus.bytes_per_token:.2f} bytes a token; lzma predicts its val text at {corpus.hardness:.2f} bits "
+           f"a byte",
+           f"this machine: {speed.seconds(flops_per_iter(final, corpus.vocab_size)) * 1000:.1f} ms an iteration of "
+           f"{tokens_per_iter:,} tokens ({', '.join(f'{n} {s * 1000:.1f} ms' for n, s in speed.probed.items())} "
+           f"probed)",
+           f"{final['n_layer']} layers x {final['n_embd']} ({params / 1e6:.2f}M in the blocks): the lowest predicted "
+           f"val bpb of {len(candidates)} shapes at this budget",
+           f"{iters:,} iterations, {iters * tokens_per_iter / 1e6:.2f}M tokens: {epochs:.1f} epochs of the corpus"
+           + (f": dropout {dropout}" if dropout else ": no dropout"),
+           f"warm-up {final['warmup_iters']}, cosine decay to {final['min_lr']:.1e}; an evaluation every "
+           f"{final['eval_interval']} iterations over {final['eval_windows']} fixed val windows; best.pt and ckpt.pt "
+           f"keep the best val loss"]
+    if given:
+        why.append("kept as you set them: " + ", ".join(f"{k}={v}" for k, v in given.items()))
+    plan = {"minutes": cfg.minutes, "shape": name, "params": params, "tokens": iters * tokens_per_iter,
+            "epochs": epochs, "iters": iters, "dropout": dropout, "predicted_val_bpb": predicted,
+            "predicted_sigma": predicted * LAW["rel_sigma"], "seconds_per_iter": per_iter,
+            "probe": speed.probed, "corpus": {k: v for k, v in vars(corpus).items()}, "kept": sorted(given),
+            "why": why, "planned_at": elapsed}
+    return keys, plan
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Keeping the budget: as the run measures its own speed, the iterations left are fitted to the time left.
+# ---------------------------------------------------------------------------------------------------------------
+class Deadline:
+    """The iterations a run of cfg can still complete before `end` (a time.time()), its evaluations and final
+    save included. update() returns a new max_iters, or None to keep the current one; never more than ceiling
+    (a max_iters the user set: the budget may end a run sooner, never make it longer)."""
+
+    def __init__(self, end, ceiling=None):
+        self.end, self.ceiling = end, ceiling
+        self.start = None  # (iter, training seconds) where the measured stretch began
+        self.eval_seconds = 0.0  # the longest evaluation (with its saves) so far
+
+    def evaluated(self, seconds):
+        self.eval_seconds = max(self.eval_seconds, seconds)
+
+    def update(self, iter_num, train_time, cfg, now=None):
+        now = time.time() if now is None else now
+        if self.start is None:
+            self.start = (iter_num, train_time)
+            return None
+        done, spent = iter_num - self.start[0], train_time - self.start[1]
+        if done < 5 or spent <= 0:
+            return None
+        per_iter = spent / done
+        left = self.end - now - EXIT_SECONDS - self.eval_seconds  # the final evaluation is certain
+        per_eval = self.eval_seconds / cfg.eval_interval
+        n = max(0, int(left / (per_iter + per_eval)))
+        target = iter_num + n if self.ceiling is None else min(self.ceiling, iter_num + n)
+        if abs(target - cfg.max_iters) <= max(2, 0.01 * cfg.max_iters):
+            return None
+        return target
+
+
+# The keys a plan sets: a user's own value of any of them is kept (and the plan says so); other keys are not its own.
+PLANNED = (set(LADDER["S0"]) | {"max_iters", "lr_decay_iters", "warmup_iters", "min_lr", "eval_interval", "dropout",
+                                "eval_windows", "eval_iters", "log_interval", "always_save_checkpoint", "keep_best",
+                                "matmul_dtype"})
+
+
+def plan_run(cfg, given, meta, data_dir, device, dtype, rank, world, elapsed, log=print):
+    """(cfg, plan): cfg with the keys the plan chose for cfg.minutes, and the plan's record (rank 0 probes and
+    chooses; every rank takes its plan). given: the keys the user set."""
+    if init_from_kind(cfg.init_from) != "scratch":
+        raise UserError(f"--minutes plans a new model from scratch; with --init_from={cfg.init_from} the model is "
+                        f"the checkpoint's: drop --minutes and set max_iters, or train anew")
+    if meta and meta.get("chat"):
+        raise UserError(f"--minutes plans pretraining on text, and {data_dir} is a chat dataset; fine-tune with a "
+                        f"config (config/tangshi_sft.py) instead")
+    keys = plan = error = None
+    if rank == 0:
+        try:
+            vocab = (meta or {}).get("vocab_size") or cfg.vocab_size
+            try:
+                lengths = token_byte_lengths(tokenizer_from_meta(meta), vocab)
+            except UserError as e:
+                log(f"note: --minutes: counting a byte a token ({e})")
+                lengths = [1] * vocab
+            corpus = read_corpus(data_dir, meta, lengths)
+            keys, plan = make_plan(cfg, {k: v for k, v in given.items() if k in PLANNED}, corpus, device, dtype,
+                                   elapsed(), log)
+        except UserError as e:
+            error = str(e)
+        except RuntimeError as e:  # the device failed while probing (a GPU that went away, out of memory)
+            error = f"--minutes: probing {device} failed ({str(e).splitlines()[0]}); check the device, or use --device=cpu"
+    keys, plan, error = from_rank0((keys, plan, error), world)
+    if error:
+        raise UserError(error)
+    log(f"plan: {cfg.minutes:g} minutes on {data_dir}")
+    for line in plan["why"]:
+        log(f"  {line}")
+    log(f"  predicted val bpb at the end: {plan['predicted_val_bpb']:.3f} +- {plan['predicted_sigma']:.3f}")
+    return replace(cfg, **keys), plan
+
+
+def last_plan(out_dir):
+    """The plan a resumed run keeps: the last one out_dir/log.jsonl records, or None."""
+    path = os.path.join(out_dir, "log.jsonl")
+    if not os.path.isfile(path):
+        return None
+    plans = [r for r in read_log(path, note=lambda *a: None) if r.get("kind") == "plan"]
+    return plans[-1] if plans else None

@@ -1,0 +1,108 @@
+"""The targets of train.py --minutes, measured (docs/minutes.md): a plan against a hand-tuned recipe at the same
+wall time, and a plan at several budgets, each best checkpoint scored the same way.
+
+    python runs/minutes_bench.py --dataset DIR --against config/shakespeare_char_cpu.py --out /tmp/mb/pride
+    python runs/minutes_bench.py --dataset DIR --budgets 1,3,10 --out /tmp/mb/pride
+
+--against: the recipe retargeted to DIR (--dataset, its own out_dir) runs to completion, timed from process start to
+exit; then train.py --dataset=DIR --minutes=(that time) runs, timed the same way. --budgets: one plan per budget.
+Every best.pt is then scored over the whole val split in consecutive windows of --context tokens (64: the shortest
+context of the recipes compared), each token predicted from the window before it, in bits per byte: the same
+tokens and the same contexts for every model. Results go to OUT/results.jsonl, one line a run, and a table.
+Run it on a quiet machine: the budgets are wall time.
+"""
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+def timed(args, log):
+    """Seconds from start to exit of `python train.py args`; raises on failure."""
+    t0 = time.time()
+    r = subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, capture_output=True, text=True)
+    seconds = time.time() - t0
+    with open(log, "w") as f:
+        f.write(r.stdout + r.stderr)
+    if r.returncode != 0:
+        raise SystemExit(f"train.py {' '.join(args)} failed (rc {r.returncode}); see {log}")
+    return seconds
+
+
+def score(ckpt_dir, dataset, context):
+    """Bits per byte of best.pt in ckpt_dir over dataset's whole val split, in windows of `context` tokens."""
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    from nanogpt.source import Source, load_model
+    from nanogpt.tokenizer import read_meta, token_byte_lengths, tokenizer_from_meta
+    model, _ = load_model(Source(init_from=ckpt_dir, ckpt="best.pt"))
+    meta = read_meta(dataset)
+    lengths = torch.tensor(token_byte_lengths(tokenizer_from_meta(meta), model.config.vocab_size), dtype=torch.float64)
+    val = np.fromfile(os.path.join(dataset, "val.bin"), dtype=np.dtype(meta.get("dtype", "uint16"))).astype(np.int64)
+    n = (len(val) - 1) // context
+    x = torch.from_numpy(val[:n * context].reshape(n, context))
+    y = torch.from_numpy(val[1:n * context + 1].reshape(n, context))
+    nats, nbytes = 0.0, 0.0
+    with torch.no_grad():
+        for i in range(0, n, 64):
+            logits, _ = model(x[i:i + 64], y[i:i + 64])
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y[i:i + 64].reshape(-1), reduction="sum")
+            nats += loss.item()
+            nbytes += lengths[y[i:i + 64].reshape(-1)].sum().item()
+    return nats / math.log(2) / nbytes
+
+
+def plan_of(out_dir):
+    with open(os.path.join(out_dir, "log.jsonl")) as f:
+        records = [json.loads(line) for line in f]
+    plan = next(r for r in records if r.get("kind") == "plan")
+    result = next((r for r in records if r.get("kind") == "plan_result"), {})
+    return {"shape": plan["shape"], "iters": plan["iters"], "epochs": plan["epochs"], "dropout": plan["dropout"],
+            "predicted_val_bpb": plan["predicted_val_bpb"], "measured_val_bpb": result.get("measured_val_bpb")}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dataset", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--against", help="a recipe (config file) to retarget and run first; the plan gets its time")
+    p.add_argument("--budgets", help="minutes, comma-separated: a plan at each")
+    p.add_argument("--context", type=int, default=64)
+    args = p.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    dataset = os.path.abspath(args.dataset)
+    rows = []
+    runs = []
+    if args.against:
+        base = os.path.join(args.out, "recipe")
+        seconds = timed([args.against, f"--dataset={dataset}", f"--out_dir={base}"], base + ".log")
+        rows.append({"run": args.against, "seconds": seconds, "bpb": score(base, dataset, args.context)})
+        runs.append(seconds / 60)
+    runs += [float(b) for b in (args.budgets or "").split(",") if b]
+    for minutes in runs:
+        out = os.path.join(args.out, f"plan-{minutes:.3f}m")
+        seconds = timed([f"--dataset={dataset}", f"--out_dir={out}", f"--minutes={minutes:.4f}"], out + ".log")
+        rows.append({"run": f"--minutes={minutes:.3f}", "seconds": seconds, "budget": minutes * 60,
+                     "bpb": score(out, dataset, args.context), **plan_of(out)})
+    with open(os.path.join(args.out, "results.jsonl"), "a") as f:
+        for row in rows:
+            f.write(json.dumps({"dataset": dataset, "context": args.context, **row}) + "\n")
+    print(f"{'run':34s} {'seconds':>8s} {'budget':>7s} {'val bpb':>8s} {'predicted':>9s} {'shape':>5s} {'epochs':>7s}")
+    for r in rows:
+        print(f"{r['run']:34s} {r['seconds']:8.1f} {r.get('budget', float('nan')):7.1f} {r['bpb']:8.4f} "
+              f"{r.get('predicted_val_bpb', float('nan')):9.4f} {r.get('shape', ''):>5s} {r.get('epochs', float('nan')):7.1f}")
+    if args.against:
+        print(f"the plan against {args.against} at {rows[0]['seconds']:.1f} s: val bpb {rows[1]['bpb']:.4f} against "
+              f"{rows[0]['bpb']:.4f} ({(1 - rows[1]['bpb'] / rows[0]['bpb']) * 100:+.1f}% lower)")
+
+
+if __name__ == "__main__":
+    main()

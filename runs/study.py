@@ -1,0 +1,123 @@
+"""The CPU study behind `train.py --minutes`: best val bpb against model size, budget and corpus (docs/minutes.md).
+
+    python runs/study.py --datasets /work/ds --out /work/study --only=clock   # 2 threads, a quiet machine
+    OMP_WAIT_POLICY=PASSIVE python runs/study.py --datasets /work/ds --out /work/study --only=grid
+
+Each point trains one model shape (the ladder in nanogpt/training/plan.py) on one prepared dataset for one budget,
+with the schedule fitted to the iterations the budget allows, and records the best val bpb over its evaluations
+(the checkpoint a run keeps). A budget is minutes of this machine at 2 threads: the clock phase times every shape on
+every dataset (bench.py, the training loop's tokens/s) and a budget becomes iterations through it, so a grid point's
+result does not depend on what else the machine does while it runs (only its wall time does). Two points at a
+time on one thread each ran at 0.4x of one on two threads here, so the grid runs one at a time; OMP_WAIT_POLICY=
+PASSIVE keeps a point from slowing sevenfold when another program takes a core (its threads sleep at a barrier
+instead of spinning on a core the other program needs). Results go to OUT/points.jsonl, one line a point, and
+OUT/clock.json; runs already in points.jsonl are skipped, so a stopped study goes on where it stopped.
+The datasets are read from a folder (prepared by data/prepare.py); none of them is committed (docs/minutes.md
+says where each comes from).
+"""
+import argparse
+import concurrent.futures
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from nanogpt.training.plan import LADDER, TRAIN_SHARE, schedule_keys  # noqa: E402
+
+# (dataset, budget minutes, shape, dropout): the grid. Sizes around each budget's best, more at the small budgets,
+# dropout where a small corpus is seen many times.
+GRID = (
+    [("shakespeare_char", 1, s, 0.0) for s in ("S1", "S2", "S3")]
+    + [("shakespeare_char", 3, s, 0.0) for s in ("S2", "S3")]
+    + [("shakespeare_char", 10, "S3", 0.0)]
+    + [("songshi", 1, s, 0.0) for s in ("S2", "S3")]
+    + [("songshi", 3, s, 0.0) for s in ("S3", "S4")]
+    + [("warpeace_bpe", 1, s, 0.0) for s in ("S2", "S3")]
+    + [("warpeace_bpe", 3, s, 0.0) for s in ("S2", "S3")]
+    + [("warpeace_char", 3, "S3", 0.0)]
+    + [("shijing", 1, s, 0.0) for s in ("S0", "S1")]
+    + [("shijing", 3, "S1", 0.0), ("shijing", 3, "S1", 0.2)]
+    + [("shijing", 10, "S1", 0.2)]
+)
+
+
+def bench(dataset_dir, shape):
+    """Training tokens/s of shape on dataset_dir at 2 threads (bench.py's training-loop figure)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "b.json")
+        keys = [f"--{k}={v}" for k, v in LADDER[shape].items()]
+        subprocess.run([sys.executable, "bench.py", "--only=train", f"--dataset={dataset_dir}", *keys,
+                        "--gradient_accumulation_steps=1", "--matmul_dtype=bfloat16", "--device=cpu", "--compile=False",
+                        "--bench_iters=10", "--bench_warmup=3", f"--json={out}"],
+                       cwd=ROOT, check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "2"})
+        with open(out) as f:
+            b = json.load(f)
+    return b["tokens_per_iter"] / (b["train_ms"] / 1000)
+
+
+def run_point(args, clock, point):
+    dataset, minutes, shape, dropout = point
+    tok_s = clock[dataset][shape]
+    keys = {**LADDER[shape], "dropout": dropout,
+            **schedule_keys(LADDER[shape], int(minutes * 60 * TRAIN_SHARE * tok_s))}
+    name = f"{dataset}-{minutes}m-{shape}-d{dropout}"
+    out_dir = os.path.join(args.out, "runs", name)
+    shutil.rmtree(out_dir, ignore_errors=True)  # a point stopped before: its log would mix with this one's
+    cmd = [sys.executable, "train.py", f"--dataset={os.path.join(args.datasets, dataset)}", f"--out_dir={out_dir}",
+           "--device=cpu", "--compile=False", "--matmul_dtype=bfloat16", "--always_save_checkpoint=False",
+           "--eval_windows=400", "--eval_iters=10", "--log_interval=50", "--gradient_accumulation_steps=1",
+           *[f"--{k}={v}" for k, v in keys.items()]]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
+                       env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
+    if r.returncode != 0:
+        return {"name": name, "error": r.stderr[-2000:]}
+    evals = [json.loads(line) for line in open(os.path.join(out_dir, "log.jsonl"))]
+    evals = [e for e in evals if e.get("kind") == "eval"]
+    best = min(evals, key=lambda e: e["val_loss"])
+    meta = json.load(open(os.path.join(args.datasets, dataset, "meta.json")))
+    return {"name": name, "dataset": dataset, "minutes": minutes, "shape": shape, "dropout": dropout,
+            "tok_s_2threads": tok_s, "vocab_size": meta.get("vocab_size"), **keys,
+            "best_val_bpb": best["val_bpb"], "best_iter": best["iter"], "final_val_bpb": evals[-1]["val_bpb"],
+            "final_train_loss": evals[-1]["train_loss"], "final_val_loss": evals[-1]["val_loss"]}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--datasets", required=True, help="a folder of prepared datasets, one sub-folder each")
+    p.add_argument("--out", required=True)
+    p.add_argument("--jobs", type=int, default=1, help="points run at once")
+    p.add_argument("--threads", type=int, default=2, help="threads of each point")
+    p.add_argument("--only", choices=["clock", "grid"], default=None)
+    args = p.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    clock_path = os.path.join(args.out, "clock.json")
+    clock = json.load(open(clock_path)) if os.path.exists(clock_path) else {}
+    if args.only != "grid":
+        for dataset, _, shape, _ in GRID:
+            if shape not in clock.get(dataset, {}):
+                clock.setdefault(dataset, {})[shape] = bench(os.path.join(args.datasets, dataset), shape)
+                print(f"clock {dataset} {shape}: {clock[dataset][shape]:,.0f} tok/s", flush=True)
+                with open(clock_path, "w") as f:
+                    json.dump(clock, f, indent=1)
+    if args.only == "clock":
+        return
+    points_path = os.path.join(args.out, "points.jsonl")
+    done = set()
+    if os.path.exists(points_path):
+        done = {json.loads(line)["name"] for line in open(points_path)}
+    todo = [pt for pt in GRID if f"{pt[0]}-{pt[1]}m-{pt[2]}-d{pt[3]}" not in done]
+    todo.sort(key=lambda pt: pt[1])  # shortest first: the law can be fitted while the longest run
+    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool, open(points_path, "a") as f:
+        for result in pool.map(lambda pt: run_point(args, clock, pt), todo):
+            f.write(json.dumps(result) + "\n")
+            f.flush()
+            print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

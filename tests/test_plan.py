@@ -1,0 +1,187 @@
+"""train.py --minutes=N: the plan (nanogpt/training/plan.py), its budget and its checkpoint."""
+import json
+import math
+import os
+import re
+import time
+
+import pytest
+import torch
+
+from conftest import run_script
+from nanogpt.errors import UserError
+from nanogpt.training import plan as planning
+from nanogpt.training.plan import (LAW, LADDER, Corpus, Deadline, Speed, blocks_params, flops_per_iter,
+                                   largest_block, learnable_bytes, make_plan, predict_bpb)
+from nanogpt.training.train_config import TrainConfig
+from train import train
+
+
+def corpus(train_tokens=1_000_000, val_tokens=100_000, vocab=65, per_token=1.0, hardness=2.5):
+    return Corpus("data/x", train_tokens, val_tokens, vocab, per_token, hardness)
+
+
+def records(out_dir, kind):
+    with open(os.path.join(out_dir, "log.jsonl")) as f:
+        return [r for r in map(json.loads, f) if r.get("kind") == kind]
+
+
+def test_context_is_128_or_the_largest_power_of_two_that_fits_both_splits():
+    assert largest_block(corpus()) == 128
+    assert largest_block(corpus(val_tokens=100)) == 64  # 99 tokens of context fit: 64
+    assert largest_block(corpus(val_tokens=9)) == 8
+    with pytest.raises(UserError, match="too few for a val split"):
+        largest_block(corpus(val_tokens=8))
+
+
+def test_repeated_bytes_count_less_and_never_more_than_the_law_allows():
+    u = 1e6
+    assert learnable_bytes(0.5 * u, u, 0.0) == 0.5 * u  # within one epoch every byte counts
+    r = LAW["R"]
+    # two epochs: the second counts r * (1 - e^(-1/r)) of an epoch, worked by hand
+    assert learnable_bytes(2 * u, u, 0.0) == pytest.approx(u + u * r * (1 - math.exp(-1 / r)))
+    many = [learnable_bytes(e * u, u, 0.0) for e in (1, 2, 4, 16, 1000)]
+    assert many == sorted(many) and many[-1] <= u * (1 + r)  # saturates at 1 + R epochs' worth
+    assert learnable_bytes(16 * u, u, 0.2) > learnable_bytes(16 * u, u, 0.0)  # dropout makes repeats worth more
+
+
+def test_law_predicts_lower_bpb_for_more_data_and_more_parameters():
+    c = corpus()
+    small, large = LADDER["S1"], LADDER["S4"]
+    assert predict_bpb(large, 10_000_000, c) < predict_bpb(small, 10_000_000, c)
+    assert predict_bpb(small, 10_000_000, c) < predict_bpb(small, 1_000_000, c)
+    assert blocks_params(LADDER["S2"]) == 12 * 4 * 128 ** 2
+
+
+def test_flops_per_iter_counts_blocks_head_and_attention():
+    keys = {**LADDER["S2"], "block_size": 64, "batch_size": 2, "gradient_accumulation_steps": 3}
+    per_token = 6 * (12 * 4 * 128 ** 2 + 128 * 100) + 12 * 4 * 128 * 64
+    assert flops_per_iter(keys, 100) == per_token * 64 * 2 * 3
+
+
+def test_deadline_fits_the_iterations_left_to_the_time_left():
+    class Cfg:
+        max_iters, eval_interval = 10_000, 100
+    d = Deadline(end=1000.0)
+    assert d.update(0, 0.0, Cfg, now=0.0) is None  # the first call only starts the measurement
+    d.evaluated(1.0)
+    # 200 iterations in 20 s of training: 0.1 s each, and 1 s per evaluation every 100: 0.11 s an iteration;
+    # at t=100, 1000 - 100 - 2 (exit) - 1 (the final evaluation) = 897 s left: 8154 more iterations
+    assert d.update(200, 20.0, Cfg, now=100.0) == 200 + 8154
+    Cfg.max_iters = 8354
+    assert d.update(200, 20.0, Cfg, now=100.0) is None  # already right: unchanged
+    assert d.update(9000, 900.0, Cfg, now=1000.0) == 9000  # out of time: stop here
+
+
+@pytest.fixture
+def fixed_speed(monkeypatch):
+    """A machine of 1e-10 s per FLOP and 5 ms an iteration, without timing anything."""
+    probed = []
+
+    def probe(candidates, vocab_size, device, dtype, budget):
+        probed.append(list(candidates))
+        return Speed(0.005, 1e-10, {"S0": 0.01})
+    monkeypatch.setattr(planning, "probe", probe)
+    return probed
+
+
+def test_plan_fits_iterations_to_the_budget_and_keeps_the_users_keys(fixed_speed):
+    cfg = TrainConfig(minutes=3, device="cpu", dropout=0.05, batch_size=4)
+    keys, plan = make_plan(cfg, {"dropout": 0.05, "batch_size": 4}, corpus(), torch.device("cpu"), torch.float32,
+                           elapsed=10.0, log=lambda *a: None)
+    assert "dropout" not in keys and "batch_size" not in keys  # the user's, kept
+    assert plan["kept"] == ["batch_size", "dropout"] and "kept as you set them: dropout=0.05, batch_size=4" in plan["why"]
+    final = {**LADDER[plan["shape"]], "batch_size": 4, "dropout": 0.05, **keys}
+    per_iter = 0.005 + 1e-10 * flops_per_iter(final, 65)
+    train_seconds = (180 - 10 - planning.EXIT_SECONDS) * (1 - planning.EVAL_SHARE)
+    assert keys["max_iters"] == int(train_seconds / per_iter) == plan["iters"]
+    assert keys["lr_decay_iters"] == keys["max_iters"] and keys["block_size"] == 128
+    assert plan["epochs"] == pytest.approx(plan["iters"] * 4 * 128 / 1_000_000)
+    assert plan["predicted_val_bpb"] == pytest.approx(predict_bpb(final, plan["tokens"], corpus()))
+    # the chosen shape is the lowest prediction of all the candidates at their own iterations
+    for name in LADDER:
+        other = {**LADDER[name], "batch_size": 4, "dropout": 0.05, "block_size": 128}
+        iters = int(train_seconds / (0.005 + 1e-10 * flops_per_iter(other, 65)))
+        if iters >= planning.MIN_ITERS:
+            assert plan["predicted_val_bpb"] <= predict_bpb(other, iters * 4 * 128, corpus()) + 1e-12
+
+
+def test_too_short_a_budget_names_the_shortest_one_and_that_one_plans(fixed_speed):
+    cfg = TrainConfig(minutes=0.01, device="cpu")
+    with pytest.raises(UserError, match=r"the shortest budget this machine allows for it is --minutes=") as e:
+        make_plan(cfg, {}, corpus(), torch.device("cpu"), torch.float32, elapsed=3.0, log=lambda *a: None)
+    shortest = float(re.search(r"--minutes=([0-9.]+)$", str(e.value)).group(1))
+    keys, plan = make_plan(TrainConfig(minutes=shortest, device="cpu"), {}, corpus(), torch.device("cpu"),
+                           torch.float32, elapsed=3.0, log=lambda *a: None)
+    assert plan["iters"] >= planning.MIN_ITERS
+
+
+def test_planned_run_holds_its_budget_logs_its_plan_and_keeps_the_best_checkpoint(tmp_path, char_dataset):
+    out = str(tmp_path / "out")
+    start = time.time()
+    cfg = TrainConfig(dataset=str(char_dataset), out_dir=out, minutes=0.3, device="cpu", seed=3)
+    lines = []
+    summary = train(cfg, {"dataset": cfg.dataset, "out_dir": out, "minutes": 0.3, "device": "cpu", "seed": 3},
+                    log=lines.append, t_start=start)
+    took = time.time() - start
+    assert took <= 0.3 * 60 + 10, took  # the budget, within the 10 s the plan promises
+    [plan] = records(out, "plan")
+    assert plan["predicted_val_bpb"] > 0 and plan["iters"] >= planning.MIN_ITERS and plan["why"]
+    assert any("epochs of the corpus" in line for line in plan["why"])
+    assert any(line.startswith("plan: 0.3 minutes on") for line in lines)
+    evals = records(out, "eval")
+    best = min(evals, key=lambda r: r["val_loss"])
+    ckpt = torch.load(os.path.join(out, "ckpt.pt"), map_location="cpu", weights_only=False)
+    assert ckpt["iter_num"] == best["iter"] and ckpt["best_val_loss"] == pytest.approx(best["val_loss"])
+    assert ckpt["config"]["minutes"] == 0.3 and ckpt["config"]["n_layer"] == LADDER[plan["shape"]]["n_layer"]
+    [result] = records(out, "plan_result")
+    assert result["measured_val_bpb"] == pytest.approx(best["val_bpb"])
+    assert summary["best_val_loss"] == pytest.approx(best["val_loss"])
+
+    # a resume keeps the plan: the checkpoint's shape and schedule, no second plan
+    r = run_script(["train.py", "--init_from=resume", f"--out_dir={out}", f"--dataset={char_dataset}"])
+    assert r.returncode == 0, r.stderr
+    assert len(records(out, "plan")) == 1 and "plan:" not in r.stdout.split("resuming")[0]
+    # and a different budget on resume is one line
+    r = run_script(["train.py", "--init_from=resume", f"--out_dir={out}", "--minutes=5"])
+    assert r.returncode == 2 and "a resumed run keeps its plan" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_max_iters_the_user_set_is_a_ceiling_the_budget_never_raises():
+    class Cfg:
+        max_iters, eval_interval = 300, 100
+    d = Deadline(end=1000.0, ceiling=300)
+    d.update(0, 0.0, Cfg, now=0.0)
+    d.evaluated(1.0)
+    assert d.update(200, 20.0, Cfg, now=100.0) is None  # time for 8,000 more, but the user said 300
+    assert d.update(200, 20.0, Cfg, now=998.0) == 200  # and out of time it still stops sooner
+
+
+def test_a_device_that_fails_is_one_line_and_a_bug_is_still_a_traceback(capsys):
+    from nanogpt.program import run_main
+
+    def lost(argv):
+        raise RuntimeError("CUDA error: unspecified launch failure\nCUDA kernel errors might be reported later")
+    with pytest.raises(SystemExit) as e:
+        run_main(lost, [])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1
+    assert err[0].startswith("error: the device failed (CUDA error: unspecified launch failure)")
+
+    def bug(argv):
+        raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):
+        run_main(bug, [])
+
+
+def test_a_device_lost_while_probing_is_one_line(monkeypatch, char_dataset):
+    from nanogpt.tokenizer import read_meta
+    from nanogpt.training.plan import plan_run
+
+    def lost(*a, **k):
+        raise RuntimeError("CUDA error: device not ready")
+    monkeypatch.setattr(planning, "iteration_seconds", lost)
+    cfg = TrainConfig(dataset=str(char_dataset), minutes=1, device="cpu")
+    with pytest.raises(UserError, match=r"--minutes: probing cpu failed \(CUDA error: device not ready\)"):
+        plan_run(cfg, {}, read_meta(str(char_dataset)), str(char_dataset), torch.device("cpu"), torch.float32, 0, 1,
+                 lambda: 0.0, log=lambda *a: None)
