@@ -1,6 +1,7 @@
 """Train a GPT by teacher forcing: every position predicts the next token, all at once.
 
     python train.py config/shakespeare_char_cpu.py
+    python train.py --dataset=data/mytexts --minutes=10     # a plan: the best model for that text in 10 minutes
     python train.py config/shakespeare_char.py --batch_size=32 --compile=False
     python train.py --init_from=resume --out_dir=out-shakespeare-char --max_iters=6000
     torchrun --standalone --nproc_per_node=2 train.py config/shakespeare_char_cpu.py

@@ -185,3 +185,18 @@ def test_a_device_lost_while_probing_is_one_line(monkeypatch, char_dataset):
     with pytest.raises(UserError, match=r"--minutes: probing cpu failed \(CUDA error: device not ready\)"):
         plan_run(cfg, {}, read_meta(str(char_dataset)), str(char_dataset), torch.device("cpu"), torch.float32, 0, 1,
                  lambda: 0.0, log=lambda *a: None)
+
+
+def test_a_plan_under_torchrun_is_rank_0s_on_every_rank_and_holds_the_budget(tmp_path, char_dataset):
+    out = tmp_path / "ddp"
+    start = time.time()
+    r = run_script(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
+                    f"--dataset={char_dataset}", f"--out_dir={out}", "--minutes=0.4", "--device=cpu"], timeout=120)
+    took = time.time() - start
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "2 process(es)" in r.stdout and r.stdout.count("plan: 0.4 minutes on") == 1  # rank 0 speaks
+    [plan] = records(out, "plan")
+    ckpt = torch.load(out / "ckpt.pt", map_location="cpu", weights_only=False)
+    # the micro-batches split over the two processes: 2 of 6 rows, the 1,536 tokens of an iteration kept
+    assert ckpt["config"]["gradient_accumulation_steps"] == 2 and ckpt["config"]["batch_size"] == 6
+    assert took <= 0.4 * 60 + 15, took  # torchrun's own start and end beside the budget's 10 s

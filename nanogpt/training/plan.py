@@ -223,15 +223,17 @@ def largest_block(corpus, wanted=128):
     return min(wanted, 1 << (fits.bit_length() - 1))
 
 
-def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print):
+def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1):
     """(keys, plan): the config keys of the best run of cfg.minutes for corpus on this machine, and the plan's
     record (what it chose, why, and its prediction). given: the keys the user set, which stay as they are;
-    elapsed: the seconds already spent since the process started (they count in the budget)."""
+    elapsed: the seconds already spent since the process started (they count in the budget); world: the processes
+    under torchrun, each taking a share of every iteration's micro-batches."""
     budget = cfg.minutes * 60
     block = given.get("block_size") or largest_block(corpus)
+    split = {"gradient_accumulation_steps": world, "batch_size": -(-RECIPE["batch_size"] // world)} if world > 1 else {}
     candidates = {}
     for name in LADDER:
-        keys = {**LADDER[name], "block_size": block, **given}
+        keys = {**LADDER[name], **split, "block_size": block, **given}
         try:
             candidates[name] = TrainConfig(**{**vars(cfg), **keys, "minutes": None, "init_from": "scratch"})
         except ValueError:
@@ -259,7 +261,7 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print):
                         f"budget this machine allows for it is --minutes={math.ceil(need * 10) / 10:g}")
     predicted, name, dropout, iters, per_iter = min(c for c in choices if c[3] >= MIN_ITERS)
     chosen = candidates[name]
-    keys = {k: v for k, v in LADDER[name].items() if k not in given}
+    keys = {k: v for k, v in {**LADDER[name], **split}.items() if k not in given}
     keys.update(block_size=block, dropout=dropout)
     tokens_per_iter = chosen.batch_size * chosen.block_size * chosen.gradient_accumulation_steps
     keys.update(schedule_keys({**vars(chosen), **keys}, iters * tokens_per_iter))
@@ -356,7 +358,7 @@ def plan_run(cfg, given, meta, data_dir, device, dtype, rank, world, elapsed, lo
                 lengths = [1] * vocab
             corpus = read_corpus(data_dir, meta, lengths)
             keys, plan = make_plan(cfg, {k: v for k, v in given.items() if k in PLANNED}, corpus, device, dtype,
-                                   elapsed(), log)
+                                   elapsed(), log, world)
         except UserError as e:
             error = str(e)
         except RuntimeError as e:  # the device failed while probing (a GPU that went away, out of memory)
