@@ -233,7 +233,7 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1):
     split = {"gradient_accumulation_steps": world, "batch_size": -(-RECIPE["batch_size"] // world)} if world > 1 else {}
     candidates = {}
     for name in LADDER:
-        keys = {**LADDER[name], **split, "block_size": block, **given}
+        keys = {**LADDER[name], **split, "block_size": block, "matmul_dtype": "auto", **given}  # timed as it runs
         try:
             candidates[name] = TrainConfig(**{**vars(cfg), **keys, "minutes": None, "init_from": "scratch"})
         except ValueError:
