@@ -267,13 +267,16 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1):
     keys.update(schedule_keys({**vars(chosen), **keys}, iters * tokens_per_iter))
     # evaluations: fixed windows over val, as many as keep all evaluations within EVAL_SHARE of the training time
     windows = given.get("eval_windows") or max(1, min(400, corpus.val_tokens // chosen.block_size))
+    # about 10 evaluations, or one an epoch where the corpus is seen more often than that (a small corpus peaks
+    # within a few epochs: the best checkpoint must not fall between two evaluations), as many as the share allows
+    epochs = iters * tokens_per_iter / corpus.train_tokens
     eval_seconds = (windows * chosen.block_size / tokens_per_iter + 5) * per_iter / 3  # forward only: a third
-    evals = int(min(20, max(3, EVAL_SHARE * train_seconds / max(eval_seconds, 1e-9))))
+    affordable = EVAL_SHARE * train_seconds / max(eval_seconds, 1e-9)
+    evals = int(max(3, min(affordable, max(10, min(200, epochs)))))
     keys.update(eval_windows=windows, eval_iters=5, eval_interval=max(1, iters // evals), log_interval=max(1, iters // 100),
                 always_save_checkpoint=False, keep_best=True, matmul_dtype="auto")
     keys = {k: v for k, v in keys.items() if k not in given}
     final = {**vars(chosen), **keys}
-    epochs = iters * tokens_per_iter / corpus.train_tokens
     params = blocks_params(final)
     why = [f"{corpus.train_tokens:,} train tokens ({corpus.train_bytes / 1e6:.2f} MB), vocabulary {corpus.vocab_size:,}"
            f", {corpus.bytes_per_token:.2f} bytes a token; lzma predicts its val text at {corpus.hardness:.2f} bits "
