@@ -52,6 +52,7 @@ def schedule_keys(keys, tokens):
     return {"max_iters": iters, "lr_decay_iters": iters, "warmup_iters": min(100, max(10, iters // 50)),
             "min_lr": keys["learning_rate"] / 10, "eval_interval": max(1, iters // 10)}
 
+
 # The fitted law (runs/study_fit.py over the study's points, docs/minutes.md): val bpb of the best checkpoint as
 #   E + A * (N / 1e6) ** -alpha + B * (S / 1e6) ** -beta
 # N: the blocks' parameters (12 * layers * width^2); S: the corpus bytes the run could learn from, the bytes it sees
@@ -250,7 +251,7 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1):
     for name, c in candidates.items():
         keys = vars(c)
         per_iter = speed.seconds(flops_per_iter(keys, corpus.vocab_size))
-        iters = int(train_seconds / per_iter)
+        iters = min(int(train_seconds / per_iter), given.get("max_iters", math.inf))  # yours is a ceiling
         tokens = iters * c.batch_size * c.block_size * c.gradient_accumulation_steps
         for p in dropouts:
             choices.append((predict_bpb({**keys, "dropout": p}, tokens, corpus), name, p, iters, per_iter))
