@@ -21,9 +21,9 @@ sys.path.insert(0, ROOT)
 from nanogpt.tokenizer import read_meta, token_byte_lengths, tokenizer_from_meta  # noqa: E402
 from nanogpt.training.plan import LAW, predict_bpb, read_corpus  # noqa: E402
 
-FREE = ("e0", "e1", "A", "alpha", "B", "beta", "R", "R_dropout")
-LOW = (-5.0, -2.0, 0.0, 0.05, 0.0, 0.05, 0.5, 0.0)
-HIGH = (5.0, 5.0, 10.0, 2.0, 50.0, 2.0, 100.0, 500.0)
+FREE = ("e0", "e1", "e2", "A", "alpha", "B", "beta", "R", "R_dropout")
+LOW = (-5.0, -2.0, -2.0, 0.0, 0.05, 0.0, 0.05, 0.5, 0.0)
+HIGH = (5.0, 5.0, 5.0, 10.0, 2.0, 50.0, 2.0, 100.0, 500.0)
 
 
 def corpus_of(datasets, name, cache={}):
@@ -46,7 +46,7 @@ def fit(points, datasets, start):
     best = None
     for alpha in (0.2, 0.5, 1.0):  # a few starts: the surface has shallow valleys
         for beta in (0.2, 0.5):
-            x0 = np.clip([*start[:3], alpha, start[4], beta, *start[6:]], LOW, HIGH)
+            x0 = np.clip([*start[:4], alpha, start[5], beta, *start[7:]], LOW, HIGH)
             r = least_squares(lambda v: np.log(predictions(v, points, datasets)) - np.log(target), x0,
                               bounds=(LOW, HIGH))
             if best is None or r.cost < best.cost:

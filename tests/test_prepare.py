@@ -441,3 +441,17 @@ def test_help_describes_every_option(script):
     for i in entries:
         described = "  " in lines[i].strip() or (i + 1 < len(lines) and lines[i + 1].startswith("   "))
         assert described, f"{script} --help: {lines[i].strip()} has no description"
+
+
+def test_the_study_advises_a_bpe_for_megabytes_of_latin_letters_and_characters_otherwise(tmp_path):
+    """The tokenizer note follows what the study measured (docs/minutes.md): a few MB of Latin text, a BPE."""
+    notes = []
+    latin = "It was the best of times, it was the worst of times, it was the age of wisdom.\n" * 40_000  # 3.2 MB
+    (tmp_path / "en.txt").write_text(latin, encoding="utf-8")
+    prep.prepare(str(tmp_path / "en.txt"), "char", str(tmp_path / "en"), log=notes.append)
+    assert any(n.startswith("note: 3.2 MB of mostly Latin letters") and "--tokenizer bpe" in n for n in notes)
+    for name, text in (("small", latin[:400_000]), ("cjk", "秦川雄帝宅，函谷壯皇居。綺殿千尋起，離宮百雉餘。" * 50_000)):
+        notes = []
+        (tmp_path / f"{name}.txt").write_text(text, encoding="utf-8")
+        prep.prepare(str(tmp_path / f"{name}.txt"), "char", str(tmp_path / name), log=notes.append)
+        assert not any("--tokenizer bpe" in n for n in notes), (name, notes)  # below 3 MB; Chinese characters
