@@ -318,7 +318,8 @@ class Training:
         self.tokenizer = tokenizer_from_meta(meta)
         self.parts = [Part(folder, self.tokenizer, conversations=bool((meta or {}).get("chat")))]
         if isinstance(self.tokenizer, ChatTokenizer):
-            base = find_folder(meta.get("base", ""), "data", holding=["train.bin"])
+            beside = os.path.join(os.path.dirname(os.path.abspath(folder)), meta.get("base", ""))  # as prepared
+            base = find_folder(beside, holding=["train.bin"]) or find_folder(meta.get("base", ""), "data", ["train.bin"])
             if base is None:
                 raise UserError(f"{folder} is a chat dataset made from {meta.get('base')!r}, which is not found; "
                                 f"prepare it, or copies in the base corpus cannot be found")
@@ -386,3 +387,11 @@ def report(copies):
 
 def one_line(text):
     return text.replace("\n", "⏎")
+
+
+def training_of(dataset, path):
+    """The Training of the dataset a model was trained on (source.load_trained's), for --copies=True."""
+    if dataset is None:
+        raise UserError(f"{path} names no dataset it was trained on (a pretrained model): --copies needs its "
+                        f"training text; python copies.py --dataset=DATASET --text=... compares a text with any dataset")
+    return Training(dataset)
