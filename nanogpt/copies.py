@@ -47,7 +47,7 @@ CJK = re.compile("[\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af\uf900-\ufaff\U0002000
 TRAIN_END, QUERY_END, NO_TOKEN = -1, -2, -3  # beyond train.bin; beyond the text; a character the vocabulary lacks
 FIRST_WINDOW = 32  # tokens compared per search step; positions whose match fills it are searched again, wider
 NEIGHBOURHOOD = 20  # characters of training text shown on each side of a span
-HASH_CHUNK = 1 << 22
+CHUNK = 1 << 18  # entries (and bytes hashed) at a time: small beside the array, so memory stays the array's
 
 
 def min_chars(span):
@@ -65,24 +65,25 @@ def build_command(folder):
 def sha256_of(path):
     digest = hashlib.sha256()
     with open_regular(path) as f:
-        for chunk in iter(lambda: f.read(HASH_CHUNK), b""):
+        for chunk in iter(lambda: f.read(CHUNK), b""):
             digest.update(chunk)
     return digest.digest()
 
 
 def suffix_array(tokens):
-    """The suffix array of tokens (a numpy array of unsigned ints), as int32 or int64 positions.
+    """The suffix array of tokens (a numpy array of unsigned ints, which it overwrites), as int32 or int64
+    positions.
 
     divsufsort sorts bytes: tokens below 256 are sorted as one byte each, wider ones as big-endian bytes (whose
-    order is the tokens' order) with the suffixes that start inside a token dropped in place. Peak memory: the
-    bytes and 4 (8 from 2**31 bytes) per byte, so 5 bytes per token below 256 and 10 for uint16 tokens."""
+    order is the tokens' order; swapped in place) with the suffixes that start inside a token dropped in place.
+    Peak memory: the tokens and 4 (8 from 2**31 bytes) per byte sorted: 7 bytes a token below 256, 10 for uint16."""
     if not len(tokens) or tokens.max() < 256:
         return divsufsort(tokens.astype(np.uint8))
     width = tokens.dtype.itemsize
-    sa = divsufsort(tokens.astype(tokens.dtype.newbyteorder(">")).view(np.uint8))
+    sa = divsufsort(tokens.byteswap(inplace=True).view(np.uint8) if np.little_endian else tokens.view(np.uint8))
     kept = 0
-    for start in range(0, len(sa), 1 << 22):  # compact in place: kept never passes the chunk being read
-        chunk = sa[start:start + (1 << 22)]
+    for start in range(0, len(sa), CHUNK):  # compact in place: kept never passes the chunk being read
+        chunk = sa[start:start + CHUNK]
         whole = chunk[chunk % width == 0] // width
         sa[kept:kept + len(whole)] = whole
         kept += len(whole)
@@ -104,8 +105,8 @@ def write_index(folder, dtype, train="train.bin", out=INDEX_FILE):
     try:
         with open_to_write(tmp, "wb") as f:
             f.write(header)
-            for start in range(0, len(sa), 1 << 22):
-                f.write(sa[start:start + (1 << 22)].astype(entry).tobytes())
+            for start in range(0, len(sa), CHUNK):
+                f.write(sa[start:start + CHUNK].astype(entry).tobytes())
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, os.path.join(folder, out))
