@@ -16,11 +16,11 @@ from dataclasses import dataclass
 import torch
 
 from configurator import parse_args, report_overrides
+from nanogpt.copies import report, training_of
 from nanogpt.device import Device, Dtype, autocast, resolve_device, resolve_dtype
 from nanogpt.errors import UserError
 from nanogpt.generate import Continuation, Sampling, check_sampling, stream
 from nanogpt.program import run_main
-from nanogpt.copies import report, training_of
 from nanogpt.source import Source, load_trained
 from nanogpt.tokenizer import ChatTokenizer
 

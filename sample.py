@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 import torch
 
 from configurator import parse_args, report_overrides
+from nanogpt.copies import marked, report, training_of
 from nanogpt.device import Device, Dtype, autocast, resolve_device, resolve_dtype
 from nanogpt.errors import UserError
 from nanogpt.files import read_named_text
 from nanogpt.generate import Continuation, Sampling, check_sampling, check_stops, continue_rows, sample_seed, stream
 from nanogpt.memory import check_fits, kv_cache_bytes
 from nanogpt.program import run_main
-from nanogpt.copies import marked, report, training_of
 from nanogpt.source import Source, load_trained
 
 SEPARATOR = "---------------"

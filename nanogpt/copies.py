@@ -33,7 +33,7 @@ from pydivsufsort import divsufsort
 
 from nanogpt.errors import UserError
 from nanogpt.files import find_folder, open_regular, open_to_write
-from nanogpt.tokenizer import ChatTokenizer, CharTokenizer, read_meta, tokenizer_from_meta
+from nanogpt.tokenizer import CharTokenizer, ChatTokenizer, read_meta, tokenizer_from_meta
 
 INDEX_FILE = "train.sa"
 MAGIC = b"NGCOPIES"
@@ -167,7 +167,7 @@ class Index:
             if len(raw) < HEADER.size or raw[:len(MAGIC)] != MAGIC:
                 raise UserError(f"{self.path} is not an index of copies (no NGCOPIES header); remove it and it is "
                                 f"rebuilt")
-            magic, version, token_bytes, entry_bytes, count, file_sha = HEADER.unpack(raw)
+            _, version, token_bytes, entry_bytes, count, file_sha = HEADER.unpack(raw)
             if version != VERSION:
                 raise UserError(f"{self.path} is version {version} of the index format, this code reads {VERSION}; "
                                 f"remove it and it is rebuilt")

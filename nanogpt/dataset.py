@@ -12,8 +12,8 @@ import numpy as np
 from tqdm import tqdm
 
 from nanogpt import REPOSITORY
-from nanogpt.errors import UserError
 from nanogpt.copies import INDEX_FILE, build_command, write_index
+from nanogpt.errors import UserError
 from nanogpt.files import find_folder, open_regular, open_to_write
 from nanogpt.settings import read_config_file  # a recipe's assignments: what train.py would run
 from nanogpt.tokenizer import GPT2BPE, CharTokenizer, TrainedBPE, ranks_text, write_meta

@@ -72,7 +72,8 @@ def test_longest_matches_are_the_longest_runs_found_by_brute_force(tmp_path_fact
 
 def test_spans_equal_a_brute_force_search_on_real_poems(tmp_path):
     """Held-out poems and lines from training, cut and spliced, against the Tang poems' train split."""
-    corpus = open(TANG, encoding="utf-8").read()
+    with open(TANG, encoding="utf-8") as f:
+        corpus = f.read()
     train, held_out = corpus[:200_000], corpus[200_000:400_000]
     folder = char_dataset(tmp_path / "tang", train, chars=corpus)
     training = Training(folder)
