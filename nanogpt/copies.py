@@ -363,6 +363,11 @@ class Training:
         return Copies(spans, float(covered[start:].sum() / examined) if examined else 0.0,
                       max((s.end - s.start for s in spans), default=0))
 
+    def mean_copied(self, texts):
+        """The mean over texts of each one's copied share (evaluations' "copied" column: what answers recite
+        rather than write), 0 for none."""
+        return sum(self.find(t).copied for t in texts) / max(len(texts), 1)
+
 
 def marked(text, copies, colour=False, start=0):
     """text[start:] with its copied spans underlined in colour (a terminal) or in [brackets]; spans overlap where
