@@ -267,7 +267,8 @@ class Service:
 
     def model_card(self):
         return {"id": self.name, "object": "model", "created": 0, "owned_by": "nanogpt",
-                "block_size": self.model.config.block_size, "chat": isinstance(self.tokenizer, ChatTokenizer)}
+                "block_size": self.model.config.block_size, "chat": isinstance(self.tokenizer, ChatTokenizer),
+                "copies": self.dataset is not None}  # requests may ask for "copies" (docs/copies.md)
 
     async def models(self, request):
         return JSONResponse({"object": "list", "data": [self.model_card()]})
