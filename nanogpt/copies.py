@@ -363,6 +363,24 @@ class Training:
         return Copies(spans, float(covered[start:].sum() / examined) if examined else 0.0,
                       max((s.end - s.start for s in spans), default=0))
 
+    def running(self, text):
+        """(len(text) + 1,) int64: at each character offset e, the characters of the longest run of text ending at e
+        that the training text holds verbatim (whole tokens; at an offset inside a token, the run ending at the
+        last token end before it). trace.py shows it per generation step: whether a token extends a copy."""
+        ids, offsets = self.tokens_of(text)
+        out = np.zeros(len(text) + 1, np.int64)
+        if not len(ids):
+            return out
+        length = np.max([part.index.longest_matches(ids)[0] for part in self.parts], axis=0)
+        reach = np.arange(len(ids)) + length  # where each start's match ends: never decreasing (a match's tail matches)
+        ends = np.arange(1, len(ids) + 1)
+        first = np.searchsorted(reach, ends)  # the earliest start whose match reaches each token end
+        chars = np.where(first < ends, offsets[ends] - offsets[np.minimum(first, len(ids))], 0)
+        out[offsets[ends]] = chars
+        at = np.zeros(len(text) + 1, np.int64)
+        at[offsets[ends]] = offsets[ends]
+        return out[np.maximum.accumulate(at)]  # an offset inside a token: the last token end before it
+
     def mean_copied(self, texts):
         """The mean over texts of each one's copied share (evaluations' "copied" column: what answers recite
         rather than write), 0 for none."""

@@ -70,6 +70,16 @@ def test_longest_matches_are_the_longest_runs_found_by_brute_force(tmp_path_fact
         assert train[where[i]:where[i] + n] == text[i:i + n]
 
 
+@settings(max_examples=40, deadline=None)
+@given(train=st.text("ab", min_size=1, max_size=200), text=st.text("abX", max_size=60))
+def test_running_runs_are_the_longest_suffixes_found_by_brute_force(tmp_path_factory, train, text):
+    """At each offset, the longest run of the text ending there that train holds (X, outside the vocabulary,
+    ends every run): what trace.py shows per step."""
+    training = Training(char_dataset(tmp_path_factory.mktemp("d"), train, chars="ab"))
+    expected = [max(n for n in range(end + 1) if text[end - n:end] in train) for end in range(len(text) + 1)]
+    assert training.running(text).tolist() == expected
+
+
 def test_spans_equal_a_brute_force_search_on_real_poems(tmp_path):
     """Held-out poems and lines from training, cut and spliced, against the Tang poems' train split."""
     with open(TANG, encoding="utf-8") as f:
