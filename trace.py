@@ -8,8 +8,9 @@ points (HookPoint) record what it computes (embedding, norm, q/k/v, RoPE,
 scores, mask, softmax, head outputs, merge, projection, residuals, MLP, final
 norm, head), and the sampler reports each generation step; nothing is patched
 or recomputed here. With --copies=True each step also says how long a run of
-training text the chosen token extends (docs/copies.md). Prints tables, and writes the same data as JSON (--json) and
-as one self-contained HTML page with attention heatmaps (--html).
+training text the chosen token extends (docs/copies.md). Prints tables, and
+writes the same data as JSON (--json) and as one self-contained HTML page with
+attention heatmaps (--html).
 """
 from nanogpt import program
 
