@@ -247,7 +247,7 @@ def copy_note(step):
     if copy is None or not copy["length"]:
         return "" if copy is None else "  (no run of training text ends here)"
     return (f"  ({'extends a copied span' if copy['copied'] else 'a run of training text, too short to count'}: "
-            f"{copy['length']} characters so far)")
+            f"{copy['length']} character{'s' * (copy['length'] != 1)} so far)")
 
 
 HTML_STYLE = """body{font-family:sans-serif;margin:2em;max-width:70em}table.heatmap{border-collapse:collapse;margin:.5em 0 1.5em}
