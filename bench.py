@@ -282,17 +282,26 @@ def held_per_process(cfg):
     return results, rows
 
 
-def serve_client(url, prompt, max_tokens, seed):
+# runs without and with "copies", in this order: the first run of a pair is measured slower than the second (by
+# 20% on 2 busy cores, either way round), so each is once first and once second
+PAIRED = (False, True, True, False)
+
+
+def serve_client(url, prompt, max_tokens, seed, copies=False):
     """(request sent, first token, last token, tokens) of one streamed completion from serve.py's server:
-    perf_counter times, taken after the client is built."""
+    perf_counter times, taken after the client is built. copies: the request asks for the copied spans."""
     import openai
     client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
-    start, first, tokens = time.perf_counter(), None, 0
+    start, first, tokens, found = time.perf_counter(), None, 0, None
     for chunk in client.completions.create(model="bench", prompt=prompt, max_tokens=max_tokens, seed=seed, stream=True,
-                                           stream_options={"include_usage": True}):
+                                           stream_options={"include_usage": True},
+                                           extra_body={"copies": True} if copies else None):
         if first is None and chunk.choices and chunk.choices[0].text:
             first = time.perf_counter()
+        found = found or (chunk.choices and getattr(chunk.choices[0], "copies", None))
         tokens = chunk.usage.completion_tokens if chunk.usage else tokens
+    if copies and found is None:
+        raise UserError("serve.py sent no copies for a request that asked for them")
     return start, first, time.perf_counter(), tokens
 
 
@@ -306,23 +315,37 @@ def serve_figures(runs):
 
 
 def bench_serve(model, tokenizer, meta, cfg):
-    """python serve.py on model's weights (a checkpoint written for it): serve_figures for 1 and for cfg.gen_batch
-    concurrent openai clients, each streaming cfg.new_tokens from a 1-token prompt."""
+    """python serve.py on model's weights (a checkpoint written for it, naming cfg.dataset): serve_figures for 1
+    and for cfg.gen_batch concurrent openai clients, each streaming cfg.new_tokens from a 1-token prompt; and,
+    where the dataset has a train split, cfg.gen_batch clients' tokens/s in all without and with "copies"
+    (the median of gen_repeats, each the mean of two runs, placed without-with-with-without), or None."""
     from concurrent.futures import ThreadPoolExecutor
     clients, prompt = cfg.gen_batch, tokenizer.decode([0])
     max_tokens = min(cfg.new_tokens, model.config.block_size - len(tokenizer.encode(prompt)))
-    figures = {}
+    figures, data_dir = {}, dataset_dir(cfg.dataset)
+    indexed, copies = os.path.exists(os.path.join(data_dir, "train.bin")), None  # a text to look for copies in
+
+    def run(n, ask=False):
+        with ThreadPoolExecutor(n) as pool:
+            return serve_figures(list(pool.map(lambda i: serve_client(url, prompt, max_tokens, i, ask), range(n))))
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "bench")  # serve.py names the model after its out_dir
-        save_checkpoint({"model": model.state_dict(), "model_args": model_args(model.config), "tokenizer": meta},
+        save_checkpoint({"model": model.state_dict(), "model_args": model_args(model.config), "tokenizer": meta,
+                         "config": {"dataset": os.path.abspath(data_dir)} if indexed else {}},
                         os.path.join(out, "ckpt.pt"))
         with serving(out, cfg, clients) as url:
-            serve_client(url, prompt, 8, 0)  # warm-up
+            serve_client(url, prompt, 8, 0, indexed)  # warm-up (and the index opened)
             for n in sorted({1, clients}):
-                with ThreadPoolExecutor(n) as pool:
-                    runs = list(pool.map(lambda i: serve_client(url, prompt, max_tokens, i), range(n)))
-                figures[n] = serve_figures(runs)
-    return figures
+                figures[n] = run(n)
+            if indexed:
+                rates = {False: [], True: []}
+                for _ in range(cfg.gen_repeats):
+                    runs = [(ask, run(clients, ask)["aggregate_tok_s"]) for ask in PAIRED]
+                    for ask in rates:
+                        rates[ask].append(statistics.mean(rate for a, rate in runs if a == ask))
+                copies = {"plain_tok_s": statistics.median(rates[False]),
+                          "copies_tok_s": statistics.median(rates[True])}
+    return figures, copies
 
 
 @contextlib.contextmanager
@@ -383,11 +406,17 @@ def generation_rows(cfg, model, device, ctx, result):
 
 def serve_rows(cfg, model, meta, result):
     """serve.py's time to first token and tokens/s with 1 and gen_batch clients (into result)."""
-    figures = result["serve"] = bench_serve(model, tokenizer_from_meta(meta), meta, cfg)
+    figures, copies = bench_serve(model, tokenizer_from_meta(meta), meta, cfg)
+    result["serve"], result["serve_copies"] = figures, copies
     one = figures[1]["aggregate_tok_s"]
-    return [(f"serve.py, {n} client{'s' * (n > 1)}", f"first token {f['ttft_ms']:,.0f} ms, {f['tok_s_per_client']:,.1f} "
+    rows = [(f"serve.py, {n} client{'s' * (n > 1)}", f"first token {f['ttft_ms']:,.0f} ms, {f['tok_s_per_client']:,.1f} "
              f"tok/s per client, {f['aggregate_tok_s']:,.1f} tok/s in all ({f['aggregate_tok_s'] / one:.1f}x one client)")
             for n, f in figures.items()]
+    if copies:
+        rows.append((f"serve.py, {cfg.gen_batch} clients asking for copies",
+                     f"{copies['copies_tok_s']:,.1f} tok/s in all against {copies['plain_tok_s']:,.1f} without "
+                     f"({copies['copies_tok_s'] / copies['plain_tok_s'] - 1:+.1%}; medians of {cfg.gen_repeats})"))
+    return rows
 
 
 def bench(cfg, log=print):

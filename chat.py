@@ -16,11 +16,12 @@ from dataclasses import dataclass
 import torch
 
 from configurator import parse_args, report_overrides
+from nanogpt.copies import report, training_of
 from nanogpt.device import Device, Dtype, autocast, resolve_device, resolve_dtype
 from nanogpt.errors import UserError
 from nanogpt.generate import Continuation, Sampling, check_sampling, stream
 from nanogpt.program import run_main
-from nanogpt.source import Source, load_model
+from nanogpt.source import Source, load_trained
 from nanogpt.tokenizer import ChatTokenizer
 
 
@@ -29,6 +30,7 @@ class ChatConfig(Source, Sampling, Device, Dtype):
     system: str = ""  # a system message that opens every conversation
     prompt: str = ""  # -p: answer this one message and exit
     max_new_tokens: int = 500  # an answer's length at most
+    copies: bool = False  # after each answer, the spans it copied verbatim from the training text, and the share
 
     def __post_init__(self):
         Source.__post_init__(self)
@@ -38,19 +40,20 @@ class ChatConfig(Source, Sampling, Device, Dtype):
 
 def load_chat_model(source, device):
     """The model and its chat tokenizer; a one-line refusal for a checkpoint without a chat template."""
-    model, tokenizer = load_model(source, device)
+    model, tokenizer, dataset = load_trained(source, device)
     if not isinstance(tokenizer, ChatTokenizer):
         where = f"--out_dir={source.out_dir}" if source.init_from == "resume" else f"--init_from={source.init_from}"
         raise UserError(f"{source.path} has no chat template (it was not fine-tuned on conversations); sample from "
                         f"it with python sample.py {where}, or fine-tune it: see docs/chat.md")
-    return model, tokenizer
+    return model, tokenizer, dataset
 
 
 class Session:
     """A conversation: its messages, and the model that answers them."""
 
-    def __init__(self, model, tokenizer, cfg, device):
+    def __init__(self, model, tokenizer, cfg, device, training=None):
         self.model, self.tokenizer, self.cfg, self.device = model, tokenizer, cfg, device
+        self.training = training  # where copies are looked for (--copies=True), else None
         self.generator = torch.Generator(device=device).manual_seed(cfg.seed)
         self.reset()
 
@@ -95,6 +98,8 @@ class Session:
         except KeyboardInterrupt:
             out.write(" [stopped]")
         out.write(reply.finish() + "\n")
+        if self.training:
+            out.write("".join(line + "\n" for line in report(self.training.find(reply.text))))
         out.flush()
         self.messages.append({"role": "assistant", "content": reply.text})
         return reply.text
@@ -125,8 +130,8 @@ def main(argv):
     report_overrides({k: v for k, v in overrides.items() if k != "prompt"}, ChatConfig(),
                      log=lambda line: print(line, file=sys.stderr))
     device = resolve_device(cfg.device)
-    model, tokenizer = load_chat_model(cfg, device)
-    session = Session(model, tokenizer, cfg, device)
+    model, tokenizer, dataset = load_chat_model(cfg, device)
+    session = Session(model, tokenizer, cfg, device, training_of(dataset, cfg.path) if cfg.copies else None)
     if cfg.prompt:
         session.answer(cfg.prompt)
     else:

@@ -113,7 +113,7 @@ def write_hf(model, tokenizer, meta, hf_dir, kind):
 def main(argv):
     cfg, _ = parse_args(ExportConfig, argv)
     check_target(cfg)
-    model, meta = read_source(cfg)  # the tokenizer's metadata: export writes it beside the weights
+    model, meta, _ = read_source(cfg)  # the tokenizer's metadata: export writes it beside the weights
     kind = hf_architecture(model.config, cfg.path)
     tokenizer = tokenizer_from_meta(meta)
     check_decodes(tokenizer, model.config.vocab_size, cfg.path)

@@ -37,6 +37,7 @@ import nanogpt.rewards as reward_registry
 from configurator import parse_args, report_overrides
 from data.tangshi.poems import ACROSTIC, held_out_keys, train_requests
 from nanogpt.checkpoint import load_checkpoint, model_args, model_from_checkpoint, save_checkpoint, set_rng_state
+from nanogpt.copies import Training
 from nanogpt.dataset import dataset_dir
 from nanogpt.device import Device, resolve_device
 from nanogpt.errors import UserError
@@ -221,12 +222,16 @@ def generators(seed, it, rank, count):
     return [torch.Generator().manual_seed(sample_seed(seed, (it << 32) + rank * count + j)) for j in range(count)]
 
 
+def answer_texts(tokenizer, answers):
+    """Each answer's text (its ids, the answer's stop tokens left out)."""
+    stops = {s[0] for s in tokenizer.answer_stops}
+    return [tokenizer.decode([t for t in ids if t not in stops]) for ids in answers]
+
+
 def score_answers(rewards, tokenizer, requests, answers, k):
     """(totals tensor, [{name: score}]) of each answer (prompt-major)."""
-    stops = {s[0] for s in tokenizer.answer_stops}
     totals, parts = [], []
-    for n, ids in enumerate(answers):
-        text = tokenizer.decode([t for t in ids if t not in stops])
+    for n, text in enumerate(answer_texts(tokenizer, answers)):
         total, part = reward_registry.score(rewards, requests[n // k], text)
         totals.append(total)
         parts.append(part)
@@ -270,6 +275,8 @@ class Run:
         self.eval_requests = [ACROSTIC + k for k in self.keys] if self.keys else []
         self.eval_prompts = encode_requests(self.tokenizer, self.eval_requests, config.block_size, cfg.max_new_tokens,
                                             "eval prompt") if self.keys else []
+        # the train split, where the held-out answers' copies are looked for (evaluate.py's "copied" column)
+        self.training = Training(dataset_dir(cfg.dataset)) if self.keys else None
         self.reference = copy.deepcopy(self.model).eval().requires_grad_(False) if cfg.kl > 0 else None
         self.optimizer = configure_optimizers(self.model, OptimizerSettings.adamw(cfg.learning_rate, cfg.weight_decay,
                                                                                   cfg.beta1, cfg.beta2))
@@ -337,7 +344,8 @@ class Run:
         return record_mean_over_ranks(record, self.world)
 
     def evaluate(self):
-        """The rewards' rates on the held-out keys, sampled at eval_temperature (one seed per key)."""
+        """The rewards' rates on the held-out keys, sampled at eval_temperature (one seed per key), and the mean
+        share of each answer copied verbatim from the train split."""
         cfg = self.cfg
         gens = [torch.Generator().manual_seed(sample_seed(cfg.seed, j)) for j in range(len(self.eval_prompts))]
         answers = sample_answers(self.model, self.eval_prompts, 1, gens, cfg.max_new_tokens, cfg.eval_temperature,
@@ -345,7 +353,8 @@ class Run:
         totals, parts = score_answers(self.rewards, self.tokenizer, self.eval_requests, answers, 1)
         passed = {f"{name}_pass": sum(p.get(name) == 1 for p in parts) / len(parts) for name in means(parts)}
         passed["all_pass"] = sum(all(v == 1 for v in p.values()) for p in parts) / len(parts)
-        return {"reward": totals.mean().item(), **means(parts), **passed}
+        copied = self.training.mean_copied(answer_texts(self.tokenizer, answers))
+        return {"reward": totals.mean().item(), **means(parts), **passed, "copied": copied}
 
     def save(self):
         meta = {"model_args": model_args(self.model.config), "iter_num": self.iter_num, "best_val_loss": None,
@@ -378,8 +387,9 @@ def one_group_state_regrouped(model, optimizer, state):
 
 
 def pass_rates(rates):
-    """'acrostic_pass 90.0%, ...': an evaluation's shares of held-out answers that pass each reward."""
-    return ", ".join(f"{k} {v:.1%}" for k, v in rates.items() if k.endswith("_pass"))
+    """'acrostic_pass 90.0%, ..., copied 2.0%': an evaluation's shares of held-out answers that pass each reward,
+    and the share of their characters copied from the train split."""
+    return ", ".join(f"{k} {v:.1%}" for k, v in rates.items() if k.endswith("_pass") or k == "copied")
 
 
 def loop(run):

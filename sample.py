@@ -19,13 +19,14 @@ from dataclasses import dataclass, field
 import torch
 
 from configurator import parse_args, report_overrides
+from nanogpt.copies import marked, report, training_of
 from nanogpt.device import Device, Dtype, autocast, resolve_device, resolve_dtype
 from nanogpt.errors import UserError
 from nanogpt.files import read_named_text
 from nanogpt.generate import Continuation, Sampling, check_sampling, check_stops, continue_rows, sample_seed, stream
 from nanogpt.memory import check_fits, kv_cache_bytes
 from nanogpt.program import run_main
-from nanogpt.source import Source, load_model
+from nanogpt.source import Source, load_trained
 
 SEPARATOR = "---------------"
 
@@ -41,6 +42,7 @@ class SampleConfig(Source, Sampling, Device, Dtype):
     compile: bool = False  # torch.compile the model: for long generations on CUDA; on CPU the decode steps skip it
     stream: bool = False  # print each token as it is generated (samples one after another)
     use_cache: bool = True  # KV cache: one position per step instead of the whole context
+    copies: bool = False  # mark the spans copied verbatim from the training text, and print the copied share
 
     def __post_init__(self):
         Source.__post_init__(self)
@@ -74,7 +76,8 @@ def main(argv):
     report_overrides(overrides, SampleConfig(), log=lambda line: print(line, file=sys.stderr))  # stdout is the text
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
-    model, tokenizer = load_model(cfg, device)
+    model, tokenizer, dataset = load_trained(cfg, device)
+    training = training_of(dataset, cfg.path) if cfg.copies else None  # before generating: a missing index is built now
     if cfg.compile:
         if device.type == "cpu":
             print("note: compile=True on CPU compiles only what fused_step.FusedStep leaves to the model: the prompt, "
@@ -117,12 +120,19 @@ def main(argv):
                     if text.done:
                         break
                 print(text.finish())
+                if training:
+                    print("\n".join(report(training.find(prompt + text.text, start=len(prompt)))))
                 print(SEPARATOR)
         else:
             texts = continue_rows([Continuation(tokenizer, stop_texts, stop_ids) for _ in range(num_samples)],
                                   stream(model, x.expand(num_samples, -1), generator=generators, **args))  # one batch
             for text in texts:
-                print(prompt + text.text)
+                if training:  # after generating: the search costs generation nothing
+                    found = training.find(prompt + text.text, start=len(prompt))
+                    print(prompt + marked(prompt + text.text, found, sys.stdout.isatty(), start=len(prompt)))
+                    print("\n".join(report(found)))
+                else:
+                    print(prompt + text.text)
                 print(SEPARATOR)
 
 

@@ -18,8 +18,10 @@ local-completions model reads: docs/serving.md). A request joins the running bat
 leaves it when it ends; the same seed gives the same text whatever else is being served.
 logprobs are the model's own (temperature 1, before top-k and top-p), so greedy text has them too;
 with echo the prompt's tokens have theirs, each given the tokens before it (prompt_logprobs).
-Only requests addressed to this server's own names, with JSON bodies as application/json, and with
---api_key=KEY only those carrying Authorization: Bearer KEY, are served (Guard; docs/serving.md).
+With "copies": true (this server's extension) each choice carries the spans it copied from the
+training text (docs/copies.md). Only requests addressed to this server's own names, with JSON bodies
+as application/json, and with --api_key=KEY only those carrying Authorization: Bearer KEY, are
+served (Guard; docs/serving.md).
 This file is the HTTP app; OpenAI's protocol (reading requests, shaping answers and events) is
 nanogpt/openai_api.py.
 """
@@ -52,6 +54,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Route
 
 from configurator import parse_args, report_overrides
+from nanogpt.copies import Training
 from nanogpt.device import Device, Dtype, autocast, resolve_device, resolve_dtype
 from nanogpt.engine import Engine, QueueFull, Sequence, Task
 from nanogpt.errors import UserError
@@ -61,7 +64,7 @@ from nanogpt.openai_api import (CHAT, COMPLETION, BadRequest, Choice, check_answ
                                 collect, echo_logprobs, echoed_first, error_body, events, fitted_usage, floor, is_ids,
                                 json_object, parse_chat, parse_completion, parse_messages, typed)
 from nanogpt.program import run_main
-from nanogpt.source import Source, load_model
+from nanogpt.source import Source, load_trained
 from nanogpt.tokenizer import ChatTokenizer
 from nanogpt.tracing import Recorder
 
@@ -167,9 +170,11 @@ class Service:
     """A model and its tokenizer behind the HTTP endpoints; the engine thread runs while the app does."""
 
     def __init__(self, model, tokenizer, name, device, dtype, max_batch=8, max_queue=64, max_tokens=4096,
-                 api_key=None, host="127.0.0.1"):
+                 api_key=None, host="127.0.0.1", dataset=None):
         self.model, self.tokenizer, self.name, self.device, self.dtype = model, tokenizer, name, device, dtype
         self.max_tokens, self.api_key, self.host = max_tokens, api_key, host
+        self.dataset = dataset  # the directory of the training text, where "copies" are looked for (or None)
+        self.training, self.training_lock = None, threading.Lock()  # its index, opened by the first request asking
         self.engine = Engine(model, max_batch, max_queue, device, autocast(device, dtype))
         self.texts = {}
         with open(PAGE, encoding="utf-8") as f:
@@ -179,12 +184,12 @@ class Service:
     def load(cls, cfg):
         device = resolve_device(cfg.device)
         dtype = resolve_dtype(cfg.dtype, device)
-        model, tokenizer = load_model(cfg, device)
+        model, tokenizer, dataset = load_trained(cfg, device)
         check_fits(kv_cache_bytes(model.config, cfg.max_batch, model.lm_head.weight.element_size()), device,
                    f"a KV cache of {cfg.max_batch} sequences", "lower max_batch")
         name = cfg.init_from if cfg.init_from != "resume" else os.path.basename(os.path.abspath(cfg.out_dir))
         return cls(model, tokenizer, name, device, dtype, cfg.max_batch, cfg.max_queue, cfg.max_tokens, cfg.api_key,
-                   cfg.host)
+                   cfg.host, dataset)
 
     def app(self):
         @asynccontextmanager
@@ -262,7 +267,8 @@ class Service:
 
     def model_card(self):
         return {"id": self.name, "object": "model", "created": 0, "owned_by": "nanogpt",
-                "block_size": self.model.config.block_size, "chat": isinstance(self.tokenizer, ChatTokenizer)}
+                "block_size": self.model.config.block_size, "chat": isinstance(self.tokenizer, ChatTokenizer),
+                "copies": self.dataset is not None}  # requests may ask for "copies" (docs/copies.md)
 
     async def models(self, request):
         return JSONResponse({"object": "list", "data": [self.model_card()]})
@@ -280,8 +286,8 @@ class Service:
         texts = [p if isinstance(p, str) else self.tokenizer.decode(ids) for p, ids in zip(prompts, prompt_ids)]
         head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                 "model": self.name}
-        return await self.answer(request, req, prompt_ids, [len(t) for t in texts], head, (), COMPLETION,
-                                 texts if req.echo else None, fits)
+        return await self.answer(request, req, prompt_ids, texts, head, (), COMPLETION, texts if req.echo else None,
+                                 fits)
 
     async def chat_completions(self, request):
         if not isinstance(self.tokenizer, ChatTokenizer):
@@ -292,10 +298,11 @@ class Service:
         ids = self.chat_ids([{**m, "content": self.fit(m["content"], fits)} for m in req.prompts[0]])
         head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
                 "model": self.name}
-        return await self.answer(request, req, [ids], [0], head, self.tokenizer.answer_stops, CHAT, fits=fits)
+        return await self.answer(request, req, [ids], [""], head, self.tokenizer.answer_stops, CHAT, fits=fits)
 
-    async def answer(self, request, req, prompt_ids, prompt_chars, head, stop_ids, shape, echoes=None, fits=()):
+    async def answer(self, request, req, prompt_ids, prompt_texts, head, stop_ids, shape, echoes=None, fits=()):
         """Decode each prompt n times in the engine's batch; the response, whole or streamed, in shape's format.
+        prompt_texts: each prompt's text, where text offsets (logprobs', copies') count from ("" for a chat).
         echoes: None, or each prompt's text, the first piece of its choices; with logprobs, the engine scores
         the prompts as a Task that waits in its queue and holds a slot as a sequence does. fits: the Fitted of each
         text of the request, whose characters converted or left out the usage counts and the console notes."""
@@ -305,6 +312,7 @@ class Service:
             raise BadRequest(f"max_tokens is {req.max_tokens}, beyond this server's limit of {self.max_tokens} (its "
                              f"--max_tokens); ask for fewer", "max_tokens")
         check_answer_size(req, list(map(len, prompt_ids)))
+        copies = await self.copies_finder(prompt_texts, req.n, req.echo) if req.copies else None  # before any work
         scoring = echoes is not None and req.logprobs is not None
         if len(prompt_ids) * req.n * (req.max_tokens > 0) + scoring > self.engine.max_queue:
             raise BadRequest(f"{len(prompt_ids)} prompts x n={req.n} is more sequences than the server queues "
@@ -317,7 +325,7 @@ class Service:
         if scoring:
             works.append(Task(self.prompt_logprobs(prompt_ids, req.logprobs), lambda result, error: post(
                 {"index": None, "echoes": result, "error": error, "finish_reason": "scored"})))
-        for p, (chars, ids) in enumerate(zip(prompt_chars, prompt_ids)):
+        for p, (chars, ids) in enumerate(zip(map(len, prompt_texts), prompt_ids)):
             for i in range(req.n * (req.max_tokens > 0)):  # max_tokens 0 (echo alone): nothing to decode
                 sink = Choice(p * req.n + i, self.tokenizer, req.stops, chars, req.logprobs is not None,
                               self.token_text, post, stop_ids, with_chosen=shape is COMPLETION)
@@ -338,10 +346,38 @@ class Service:
                                   (lambda scores: asyncio.to_thread(self.echo_results, prompt_ids, scores))
                                   if scoring else None)
         if req.stream:
-            return StreamingResponse(events(pieces, head, usage, req.include_usage, shape),
+            return StreamingResponse(events(pieces, head, usage, req.include_usage, shape, copies),
                                      media_type="text/event-stream")
-        answer = await collect(pieces, head, usage, len(prompt_ids) * req.n, shape)
+        answer = await collect(pieces, head, usage, len(prompt_ids) * req.n, shape, copies)
         return Response(await asyncio.to_thread(json_bytes, answer), media_type="application/json")
+
+    async def copies_finder(self, prompt_texts, n, echo):
+        """The async function of a choice's index and text that gives its "copies" (Copies.as_dict): the spans of
+        its prompt and text found verbatim in the training text that reach into the text, their offsets counted
+        from the start of the prompt (as logprobs' text_offset), and the share of the generated characters they
+        cover. The search runs on a thread of its own once a choice has ended, off the engine's thread."""
+        training = await asyncio.to_thread(self.training_index)
+
+        def find(i, text):
+            prompt = prompt_texts[i // n]
+            whole = text if echo else prompt + text  # an echoed choice's text begins with its prompt
+            return training.find(whole, start=len(prompt)).as_dict()
+        return lambda i, text: asyncio.to_thread(find, i, text)
+
+    def training_index(self):
+        """The Training where copies are looked for, opened (and its index built if missing) on first use; a
+        BadRequest where the model names no training text, a server_error where its index cannot be used."""
+        if self.dataset is None:
+            raise BadRequest(f"{self.name} names no dataset it was trained on (a pretrained model), so there is no "
+                             f"training text to find copies in; leave copies out", "copies")
+        with self.training_lock:  # one build of a missing index, however many requests ask at once
+            if self.training is None:
+                try:
+                    self.training = Training(self.dataset)
+                except UserError as e:
+                    raise BadRequest(f"copies cannot be looked for: {e}", "copies", status=500,
+                                     kind="server_error") from None
+        return self.training
 
     def prompt_logprobs(self, prompts, k):
         """Each prompt's echo logprobs (OpenAI's legacy format): its tokens, each one's log-probability

@@ -7,8 +7,10 @@ Runs the real model.py: standard forward hooks on its modules and observation
 points (HookPoint) record what it computes (embedding, norm, q/k/v, RoPE,
 scores, mask, softmax, head outputs, merge, projection, residuals, MLP, final
 norm, head), and the sampler reports each generation step; nothing is patched
-or recomputed here. Prints tables, and writes the same data as JSON (--json) and
-as one self-contained HTML page with attention heatmaps (--html).
+or recomputed here. With --copies=True each step also says how long a run of
+training text the chosen token extends (docs/copies.md). Prints tables, and
+writes the same data as JSON (--json) and as one self-contained HTML page with
+attention heatmaps (--html).
 """
 from nanogpt import program
 
@@ -26,12 +28,13 @@ import torch
 import torch.nn.functional as F
 
 from configurator import parse_args, report_overrides
+from nanogpt.copies import min_chars, training_of
 from nanogpt.device import Device, resolve_device
 from nanogpt.errors import UserError
 from nanogpt.files import open_to_write
 from nanogpt.generate import Sampling, generate
 from nanogpt.program import run_main
-from nanogpt.source import Source, load_model
+from nanogpt.source import Source, load_trained
 from nanogpt.tracing import Recorder
 
 
@@ -47,6 +50,7 @@ class TraceConfig(Source, Sampling, Device):
     device: str = "cpu"  # not auto: a trace is a few forwards of one prompt, which need no GPU
     json: str | None = None  # also write the whole trace as JSON here (a bare name goes into out_dir)
     html: str | None = None  # also write a page with attention heatmaps here (a bare name goes into out_dir)
+    copies: bool = False  # each generation step: the run of training text the chosen token extends
 
     def __post_init__(self):
         Source.__post_init__(self)
@@ -100,13 +104,28 @@ def trace_generation(model, idx, cfg, decode):
     return report, out[0, idx.size(1):].tolist()
 
 
+def copy_steps(training, tokenizer, ids, generated):
+    """For each generated token, {"length", "copied"}: the characters of the longest run of text ending with it
+    that the training text holds verbatim, and whether that run is long enough to count as copied (min_chars)."""
+    text = tokenizer.decode(ids + generated)
+    running = training.running(text)
+    out = []
+    for i in range(len(generated)):
+        end = len(tokenizer.decode(ids + generated[:i + 1]))
+        length = int(running[end])
+        out.append({"length": length, "copied": length > 0 and length >= min_chars(text[end - length:end])})
+    return out
+
+
 def heads_view(t, n_head):
     """(1, H, T, D) per head, from (1, T, C) laid out as channel c = h*D + r."""
     B, T, C = t.shape
     return t.view(B, T, n_head, C // n_head).transpose(1, 2)
 
 
-def build_trace(model, tokenizer, cfg, device):
+def build_trace(model, tokenizer, cfg, device, training=None):
+    """What the model computes for cfg.start, stage by stage, and cfg.steps generation steps; training (a
+    nanogpt.copies.Training, or None): each step also says what run of training text its token extends."""
     c = model.config
     fitted = tokenizer.fit(cfg.start)  # text outside the vocabulary, as sample.py: docs/generation.md
     if fitted.note():
@@ -137,6 +156,9 @@ def build_trace(model, tokenizer, cfg, device):
     result["next token"] = [{"id": int(i), "token": decode([int(i)]), "logit": logits[0, -1, i].item(), "prob": p.item()}
                             for p, i in zip(top.values, top.indices)]
     result["generation"], result["generated"] = trace_generation(model, idx, cfg, decode)
+    if training is not None:
+        for step, copy in zip(result["generation"], copy_steps(training, tokenizer, ids, result["generated"])):
+            step["copy"] = copy
     return result
 
 
@@ -216,7 +238,16 @@ def print_trace(result, cfg, out=print):
         for cand in step["candidates"]:
             out(f"  {cand['token']!r:>10}  p {cand['prob']:.{cfg.precision}f}")
         how = "argmax" if step["greedy"] else f"draw u = {step['draw']:.{cfg.precision}f}"
-        out(f"  {how} -> {step['chosen']['token']!r}")
+        out(f"  {how} -> {step['chosen']['token']!r}{copy_note(step)}")
+
+
+def copy_note(step):
+    """How far the step's token extends a run of training text (--copies=True), else nothing."""
+    copy = step.get("copy")
+    if copy is None or not copy["length"]:
+        return "" if copy is None else "  (no run of training text ends here)"
+    return (f"  ({'extends a copied span' if copy['copied'] else 'a run of training text, too short to count'}: "
+            f"{copy['length']} character{'s' * (copy['length'] != 1)} so far)")
 
 
 HTML_STYLE = """body{font-family:sans-serif;margin:2em;max-width:70em}table.heatmap{border-collapse:collapse;margin:.5em 0 1.5em}
@@ -276,7 +307,7 @@ def render_html(result, cfg):
                         f"</td></tr>" for c in step["candidates"])
         parts.append(f"<h3>step {step['step']}</h3><p>history: <code>{html.escape(step['history'])}</code></p>"
                      f"<table class='steps'>{cands}</table><p>{how} &rarr; <code>"
-                     f"{html.escape(repr(step['chosen']['token']))}</code></p>")
+                     f"{html.escape(repr(step['chosen']['token']))}</code>{html.escape(copy_note(step))}</p>")
     parts.append("</body></html>")
     return "\n".join(parts)
 
@@ -285,8 +316,8 @@ def main(argv):
     cfg, overrides = parse_args(TraceConfig, argv)
     report_overrides(overrides, TraceConfig(), log=lambda line: print(line, file=sys.stderr))
     device = resolve_device(cfg.device)
-    model, tokenizer = load_model(cfg, device)
-    result = build_trace(model, tokenizer, cfg, device)
+    model, tokenizer, dataset = load_trained(cfg, device)
+    result = build_trace(model, tokenizer, cfg, device, training_of(dataset, cfg.path) if cfg.copies else None)
     result.pop("logits")
     print_trace(result, cfg)
     if cfg.json:

@@ -10,6 +10,7 @@ import numpy as np
 from tqdm import tqdm
 
 from nanogpt.checkpoint import load_checkpoint
+from nanogpt.copies import write_index
 from nanogpt.errors import UserError
 from nanogpt.files import find_folder, open_regular, open_to_write
 from nanogpt.source import checkpoint_file
@@ -140,6 +141,7 @@ def prepare_chat(input_path, base, out_dir, block_size=1024, val_fraction=0.1, l
     try:
         counts = {"train": write_split(conversations[:-n_val], tmp, "train", np.dtype(meta["dtype"])),
                   "val": write_split(conversations[-n_val:], tmp, "val", np.dtype(meta["dtype"])), "skipped": skipped}
+        write_index(tmp, np.dtype(meta["dtype"]))  # where answers were copied from (nanogpt/copies.py)
         if meta.get("ranks"):  # a trained BPE's merges live beside meta.json
             shutil.copyfile(os.path.join(source, meta["ranks"]), os.path.join(tmp, meta["ranks"]))
         with open_to_write(os.path.join(tmp, "meta.json"), "w", encoding="utf-8") as f:

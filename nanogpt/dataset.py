@@ -13,6 +13,7 @@ import numpy as np
 from tqdm import tqdm
 
 from nanogpt import REPOSITORY
+from nanogpt.copies import INDEX_FILE, build_command, write_index
 from nanogpt.errors import UserError
 from nanogpt.files import find_folder, open_regular, open_to_write
 from nanogpt.settings import read_config_file  # a recipe's assignments: what train.py would run
@@ -21,7 +22,8 @@ from nanogpt.tokenizer import GPT2BPE, CharTokenizer, TrainedBPE, ranks_text, wr
 CHUNK_BYTES = 1 << 22  # 4 MiB of text per read
 DEFAULT_BPE_VOCAB = 4096
 DATASET_RANKS_FILE = "tokenizer.bpe"  # a trained BPE's merges, beside a dataset's meta.json (an export's: export.py)
-DATASET_FILES = ("train.bin", "val.bin", DATASET_RANKS_FILE, "meta.pkl", "meta.json")  # renamed into place in this order
+DATASET_FILES = ("train.bin", INDEX_FILE, "val.bin", DATASET_RANKS_FILE, "meta.pkl", "meta.json")  # renamed in this order
+INDEX_TOKENS = 1 << 30  # prepare indexes a train split up to this (the index needs 5-10 bytes a token to build)
 TMP = ".tmp"  # the suffix of a file written aside, in the dataset directory
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 
@@ -188,6 +190,9 @@ def prepare(input_path, tokenizer="char", out_dir=".", val_fraction=0.1, log=pri
                 with open_to_write(os.path.join(out_dir, DATASET_RANKS_FILE + TMP), "w", encoding="ascii") as f:
                     f.write(ranks_text(tok.enc._mergeable_ranks))
             staged = ["train.bin", "val.bin"] + ([DATASET_RANKS_FILE] if tokenizer == "bpe" else [])
+            if 0 < counts["train"] <= INDEX_TOKENS:  # the copies' index (nanogpt/copies.py), of these train tokens
+                write_index(out_dir, np.dtype(meta["dtype"]), train="train.bin" + TMP, out=INDEX_FILE + TMP)
+                staged.append(INDEX_FILE)
             staged += write_meta(out_dir, meta, suffix=TMP)
             if check is not None:
                 check(counts)
@@ -198,6 +203,9 @@ def prepare(input_path, tokenizer="char", out_dir=".", val_fraction=0.1, log=pri
     log(f"vocab size: {tok.vocab_size:,}")
     log(f"train has {counts['train']:,} tokens")
     log(f"val has {counts['val']:,} tokens")
+    if counts["train"] > INDEX_TOKENS:
+        log(f"note: the train split is too large to index here for finding copies; {build_command(out_dir)} "
+            f"builds it")
     per_char = (counts["train"] + counts["val"]) / total
     note = tokenizer_note(out_dir, tok, np.dtype(meta["dtype"]), total_bytes) if tokenizer == "char" else None
     if note:

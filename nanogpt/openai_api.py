@@ -23,8 +23,11 @@ OFF = {"best_of": (1,), "suffix": ("",)}
 SAMPLING = {"temperature", "top_p", "top_k", "presence_penalty", "frequency_penalty", "logit_bias", "seed"}
 # a request's defaults are Sampling's (as sample.py's), but for OpenAI's temperature 1 and a random seed
 DEFAULTS = Sampling()
+# this server's own extension: "copies": true asks, with each choice, for the spans it took verbatim from the model's
+# training text (nanogpt/copies.py; docs/copies.md); OpenAI's clients send it through extra_body
+EXTENSIONS = {"copies"}
 PARAMS = {"model", "prompt", "max_tokens", *SAMPLING, "stop", "n", "stream", "stream_options", "logprobs", "echo",
-          "user", *OFF}
+          "user", *OFF, *EXTENSIONS}
 # lm-eval's perplexity requests begin with its prefix token, read as `bos_token_id or eos_token_id`: an id of 0
 # (a character model's newline) reads as none and is sent as null
 NULL_PREFIX = ("a token-id prompt begins with null: lm-eval sends that for a perplexity task when its prefix token "
@@ -32,7 +35,7 @@ NULL_PREFIX = ("a token-id prompt begins with null: lm-eval sends that for a per
                "custom_prefix_token_id=0 to --model_args (docs/serving.md)")
 CHAT_OFF = {}
 CHAT_PARAMS = {"model", "messages", "max_tokens", "max_completion_tokens", *SAMPLING, "stop", "n", "stream",
-               "stream_options", "logprobs", "top_logprobs", "user", *CHAT_OFF}
+               "stream_options", "logprobs", "top_logprobs", "user", *CHAT_OFF, *EXTENSIONS}
 # OpenAI's chat parameters for what this server does not do, taken (besides null) only at the values that ask
 # nothing of it: name -> (those values, what a client is told otherwise)
 NEUTRAL = {
@@ -145,6 +148,7 @@ class CompletionRequest:
     presence_penalty: float = DEFAULTS.presence_penalty
     frequency_penalty: float = DEFAULTS.frequency_penalty
     logit_bias: dict = None  # {token id: bias}; None: none
+    copies: bool = False  # each choice carries the spans copied from the training text (EXTENSIONS)
 
     def penalties(self):
         """The keyword arguments of engine.Sequence for the penalties and logit_bias."""
@@ -216,7 +220,7 @@ def sampling_settings(body):
                 top_p=number(body, "top_p", DEFAULTS.top_p), seed=typed(body, "seed", int, None, "an integer"),
                 presence_penalty=number(body, "presence_penalty", DEFAULTS.presence_penalty),
                 frequency_penalty=number(body, "frequency_penalty", DEFAULTS.frequency_penalty),
-                logit_bias=parse_logit_bias(body),
+                logit_bias=parse_logit_bias(body), copies=typed(body, "copies", bool, False, "true or false"),
                 n=typed(body, "n", int, 1, "an integer"), stream=typed(body, "stream", bool, False, "true or false"),
                 include_usage=stream_options(body))
 
@@ -497,15 +501,20 @@ def echo_pieces(texts, logprobs, n, alone):
              "error": None, "tokens": 0} for p, (text, lp) in enumerate(zip(texts, logprobs)) for i in range(n)]
 
 
-async def events(pieces, head, usage, include_usage, shape=COMPLETION):
-    """Server-sent events in OpenAI's chunk format, ending with data: [DONE]."""
-    head, started = {**head, "object": shape.chunk_object}, set()
+async def events(pieces, head, usage, include_usage, shape=COMPLETION, copies=None):
+    """Server-sent events in OpenAI's chunk format, ending with data: [DONE]. copies: None, or an async function
+    of a choice's index and whole text whose value the chunk that ends the choice carries as "copies"."""
+    head, started, texts = {**head, "object": shape.chunk_object}, set(), {}
     async for piece in pieces:
         if piece["error"] is not None:
             yield sse({"error": {"message": piece["error"], "type": "server_error", "param": None, "code": None}})
             return
         count(usage, piece)
-        chunk = {**head, "choices": [shape.delta(piece, piece["index"] not in started)]}
+        choice = shape.delta(piece, piece["index"] not in started)
+        texts[piece["index"]] = texts.get(piece["index"], "") + piece["text"]
+        if copies is not None and piece["finish_reason"] is not None:
+            choice["copies"] = await copies(piece["index"], texts[piece["index"]])
+        chunk = {**head, "choices": [choice]}
         started.add(piece["index"])
         try:
             event = sse({**chunk, "usage": None} if include_usage else chunk)
@@ -519,16 +528,20 @@ async def events(pieces, head, usage, include_usage, shape=COMPLETION):
     yield "data: [DONE]\n\n"
 
 
-async def collect(pieces, head, usage, n, shape=COMPLETION):
-    """The whole response: each choice's pieces joined."""
-    choices = [shape.empty(i) for i in range(n)]
+async def collect(pieces, head, usage, n, shape=COMPLETION, copies=None):
+    """The whole response: each choice's pieces joined. copies: None, or an async function of a choice's index
+    and whole text whose value the choice carries as "copies"."""
+    choices, texts = [shape.empty(i) for i in range(n)], [""] * n
     async for piece in pieces:
         if piece["error"] is not None:
             raise BadRequest(f"generation failed: {piece['error']}", status=500, kind="server_error")
         count(usage, piece)
         choice = choices[piece["index"]]
         shape.extend(choice, piece)
+        texts[piece["index"]] += piece["text"]
         choice["finish_reason"] = piece["finish_reason"]
+    for i, choice in enumerate(choices if copies is not None else []):
+        choice["copies"] = await copies(i, texts[i])
     return {**head, "choices": choices, "usage": usage}
 
 

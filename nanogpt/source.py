@@ -89,28 +89,34 @@ class Source:
 def load_model(source, device="cpu"):
     """The model (eval mode, on device) and tokenizer of a Source; a tokenizer that cannot decode every id the
     model can emit is refused."""
-    model, meta = read_source(source, device)
+    return load_trained(source, device)[:2]
+
+
+def load_trained(source, device="cpu"):
+    """load_model's model and tokenizer, and the directory of the dataset the checkpoint was trained on (None
+    where it names none: GPT-2, a Hugging Face directory): where --copies looks for what it copied."""
+    model, meta, dataset = read_source(source, device)
     tokenizer = tokenizer_from_meta(meta)
     hint = (f"; copy the meta.json of the dataset it was trained on into {source.path} (export.py writes it)"
             if source.kind == "pretrained" and os.path.isdir(source.path) else "")
     check_decodes(tokenizer, model.config.vocab_size, source.path, hint)
-    return model.eval().to(device), tokenizer
+    return model.eval().to(device), tokenizer, dataset
 
 
 def read_source(source, device="cpu"):
-    """The model of a Source (dropout off) and its tokenizer's metadata: a checkpoint's own, else its dataset's;
-    a directory export.py wrote holds it as meta.json; None is GPT-2 BPE."""
+    """The model of a Source (dropout off), its tokenizer's metadata (a checkpoint's own, else its dataset's; a
+    directory export.py wrote holds it as meta.json; None is GPT-2 BPE) and its dataset's directory (or None)."""
     path = source.path
     if source.kind == "pretrained":
-        return load_pretrained(path, dropout=0.0), read_meta(path) if os.path.isdir(path) else None
+        return load_pretrained(path, dropout=0.0), read_meta(path) if os.path.isdir(path) else None, None
     ckpt = load_checkpoint(path, map_location=device)
     model = model_from_checkpoint(ckpt, path, dropout=0.0)
     meta = tokenizer_meta(ckpt, path)
+    dataset = (ckpt.get("config") or {}).get("dataset")
     if meta is None and model.config.vocab_size < 50257:  # not a GPT-2 vocabulary: its own tokenizer is needed
-        dataset = (ckpt.get("config") or {}).get("dataset")
         raise UserError(f"{path} was trained on dataset {dataset!r}, whose meta.json (or meta.pkl) is not "
                         f"found at {dataset_dir(dataset)}; re-run that dataset's prepare.py to decode its tokens")
-    return model, meta
+    return model, meta, dataset_dir(dataset) if isinstance(dataset, str) and dataset else None
 
 
 def tokenizer_meta(ckpt, path):

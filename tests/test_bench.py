@@ -49,11 +49,15 @@ def test_bench_serve_reports_first_token_and_speed_per_client(char_dataset):
     cfg = BenchConfig(dataset=str(char_dataset), n_layer=2, n_head=2, n_embd=32, block_size=32, device="cpu",
                       only="serve", new_tokens=20, gen_batch=3)
     lines = []
-    figures = bench(cfg, log=lines.append)["serve"]
+    result = bench(cfg, log=lines.append)
+    figures = result["serve"]
     assert sorted(figures) == [1, 3]
     assert all(f["ttft_ms"] > 0 and f["tok_s_per_client"] > 0 and f["aggregate_tok_s"] > 0 for f in figures.values())
     assert any(line.startswith("serve.py, 3 clients") for line in lines)
     assert figures[1]["tok_s_per_client"] == pytest.approx(figures[1]["aggregate_tok_s"])  # one client: one rate
+    # the dataset has a train split: 3 clients asking for copies (serve_client refuses an answer without them)
+    assert sorted(result["serve_copies"]) == ["copies_tok_s", "plain_tok_s"]
+    assert any(line.startswith("serve.py, 3 clients asking for copies") for line in lines)
 
 
 def test_serve_figures_measure_per_client_and_in_all_over_spans_that_start_at_a_request():

@@ -334,7 +334,7 @@ def test_a_session_sends_the_whole_conversation_and_reset_forgets_it(sft):
     import io
 
     from chat import ChatConfig, Session, load_chat_model
-    model, tokenizer = load_chat_model(ChatConfig(out_dir=str(sft)), torch.device("cpu"))
+    model, tokenizer, _ = load_chat_model(ChatConfig(out_dir=str(sft)), torch.device("cpu"))
     session = Session(model, tokenizer, ChatConfig(temperature=0.0, max_new_tokens=6), torch.device("cpu"))
     assert session.answer("say ab", out=io.StringIO()) == "abab."
     session.messages.append({"role": "user", "content": "say cd"})

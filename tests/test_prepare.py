@@ -279,7 +279,7 @@ def test_a_refused_prepare_replaces_nothing_and_a_passing_one_replaces_every_fil
     (tmp_path / "other.txt").write_text(CORPUS.upper(), encoding="utf-8")
     assert run_script(["data/prepare.py", "--input", str(tmp_path / "good.txt"), "--out", str(out)]).returncode == 0
     before = file_hashes(out)
-    assert sorted(before) == ["meta.json", "meta.pkl", "train.bin", "val.bin"]
+    assert sorted(before) == ["meta.json", "meta.pkl", "train.bin", "train.sa", "val.bin"]
     refused = run_script(["data/prepare.py", "--input", str(tmp_path / "small.txt"), "--out", str(out)])
     assert refused.returncode == 2 and "too few to train on" in refused.stderr and "Traceback" not in refused.stderr
     assert file_hashes(out) == before  # no temporary file left either
@@ -305,7 +305,7 @@ def test_a_dataset_re_prepared_with_another_tokenizer_keeps_no_file_of_the_old_o
     prep.prepare(str(tmp_path / "in.txt"), "char", str(tmp_path / "out"), 0.1, log=lambda *a: None)
     prep.prepare(str(tmp_path / "in.txt"), "gpt2", str(tmp_path / "out"), 0.1, log=lambda *a: None)
     # nanoGPT's sample.py reads meta.pkl first: a stale one would decode GPT-2 ids as characters
-    assert sorted(os.listdir(tmp_path / "out")) == ["meta.json", "train.bin", "val.bin"]
+    assert sorted(os.listdir(tmp_path / "out")) == ["meta.json", "train.bin", "train.sa", "val.bin"]
 
 
 def test_hidden_files_and_folders_are_skipped_at_every_depth(tmp_path):

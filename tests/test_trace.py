@@ -2,7 +2,7 @@
 import math
 from dataclasses import replace
 from html.parser import HTMLParser
-from trace import TraceConfig, build_trace, render_html
+from trace import TraceConfig, build_trace, print_trace, render_html
 
 import pytest
 import torch
@@ -143,3 +143,33 @@ def test_bad_settings_are_one_line_errors_before_any_loading(tmp_path, args, mes
     result = run_script(["trace.py", f"--out_dir={tmp_path / 'none'}"] + args)
     errors = [line for line in result.stderr.splitlines() if not line.startswith("override: ")]
     assert result.returncode == 2 and len(errors) == 1 and message in errors[0], result.stderr
+
+
+def test_each_step_says_how_long_a_run_of_training_text_its_token_extends(tmp_path):
+    """A training text holding characters 2-25 of prompt and sampled text: each step's run is the longest suffix
+    a brute-force search finds in it, and counts as copied from 25 characters (Latin) on, not before."""
+    from conftest import CORPUS
+    from model import GPTConfig
+    from nanogpt.copies import Training
+    from test_copies import char_dataset
+    chars = sorted(set(CORPUS))
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=64, vocab_size=len(chars), n_layer=2, n_head=4, n_embd=32)).eval()
+    with torch.no_grad():  # every weight drawn wide: varied samples
+        for p in model.parameters():
+            p.normal_(0, 0.5)
+    cfg = TraceConfig(start="First Citizen:", steps=30, temperature=1.0, seed=3)
+    generated = build_trace(model, CharTokenizer(chars), cfg, torch.device("cpu"))["generated"]
+    text = cfg.start + CharTokenizer(chars).decode(generated)
+    train = CORPUS + "\n" + text[2:len(cfg.start) + 20] + "\n"
+    training = Training(char_dataset(tmp_path / "d", train, chars=chars))
+    result = build_trace(model, CharTokenizer(chars), cfg, torch.device("cpu"), training)
+    assert result["generated"] == generated and len(set(text[len(cfg.start):])) > 5, text
+    runs = [max(n for n in range(end + 1) if text[end - n:end] in train)
+            for end in range(len(cfg.start) + 1, len(text) + 1)]
+    assert [s["copy"]["length"] for s in result["generation"]] == runs
+    assert [s["copy"]["copied"] for s in result["generation"]] == [n >= 25 for n in runs]
+    assert any(n >= 25 for n in runs) and any(0 < n < 25 for n in runs)  # the data holds both sides of k
+    lines = []
+    print_trace(result, cfg, lines.append)
+    assert sum("extends a copied span" in line for line in lines) == sum(n >= 25 for n in runs)

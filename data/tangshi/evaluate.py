@@ -16,8 +16,10 @@ of 句 that begin with their key character; the shares of answers of the asked f
 answer; the share with a repeated 句; how many 平水韻 groups the rhyming answers use between them, and the share
 of answers that are another answer but for their key characters (a policy that answers every key with one
 template shows in both); the share with a stock 句, one that 5% of the answers have but for its first character
-(a policy narrowing to a few lines shows here first); and with --base, the fluency cost: the pretrained model's loss per
-character on the answers (a reward-hacked answer reads badly to it). The held-out poems themselves are
+(a policy narrowing to a few lines shows here first); the share of each answer's characters in spans found
+verbatim in the train split ("copied": 7 characters or more, nanogpt/copies.py), against the held-out poems' own
+share, the chance a fresh poem has (stock lines, poems collected twice); and with --base, the fluency cost:
+the pretrained model's loss per character on the answers (a reward-hacked answer reads badly to it). The held-out poems themselves are
 checked the same way (the human reference). A second table counts the 句 that miss their key by how often
 the key character occurs in the train split: a character the model seldom saw is the hardest to copy.
 Appends each row as a JSON line to --log.
@@ -40,6 +42,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 from data.tangshi.poems import ACROSTIC, clauses, form, held_out_poems, score_acrostic, split_text  # noqa: E402
 from data.tangshi.rewards import verse_report  # noqa: E402
 from data.tangshi.verse import rhyme_group  # noqa: E402
+from nanogpt.copies import Training  # noqa: E402
 from nanogpt.errors import UserError  # noqa: E402
 from nanogpt.generate import Sampling, generate  # noqa: E402
 from nanogpt.program import run_main  # noqa: E402
@@ -170,9 +173,10 @@ def api_answers(url, keys, decoding, seed, api_key=None, workers=8):
     return model, texts
 
 
-def evaluate(out_dir, keys, decoding, seed=1337, batch=50, device="cpu", base=None, api_key=None):
-    """The row of one model and decoding (rates' figures, "model", "chat", "decoding", "fluency") and the answers;
-    out_dir may be an http(s) URL: a chat model served with OpenAI's API."""
+def evaluate(out_dir, keys, decoding, seed=1337, batch=50, device="cpu", base=None, api_key=None, training=None):
+    """The row of one model and decoding (rates' figures, "model", "chat", "decoding", "fluency", "copied") and the
+    answers; out_dir may be an http(s) URL: a chat model served with OpenAI's API. training: where copies are
+    looked for (the train split's nanogpt.copies.Training), or None."""
     if out_dir.startswith(("http://", "https://")):
         name, texts = api_answers(out_dir, keys, decoding, seed, api_key)
         row = {"model": f"{name} at {out_dir}", "chat": True, "decoding": decoding, **rates(keys, texts)}
@@ -184,16 +188,21 @@ def evaluate(out_dir, keys, decoding, seed=1337, batch=50, device="cpu", base=No
                **rates(keys, texts)}
     if base is not None:
         row["fluency"] = fluency_cost(*base, texts)
+    if training is not None:
+        row["copied"] = training.mean_copied(texts)
     return row, texts
 
 
-def reference(poems, base=None):
-    """The held-out poems' own row: each checked against its own form (a 律詩's eight 句 for a 律詩)."""
+def reference(poems, base=None, training=None):
+    """The held-out poems' own row: each checked against its own form (a 律詩's eight 句 for a 律詩); their copied
+    share is the chance baseline (human poems the models never saw, against the train split)."""
     keys, texts = [k for k, _ in poems], [p for _, p in poems]
     requests = [f"{form(p.split(chr(10)))}：" for p in texts]
     row = {"model": "held-out poems", "chat": False, "decoding": "-", **rates(keys, texts, requests)}
     if base is not None:
         row["fluency"] = fluency_cost(*base, texts)
+    if training is not None:
+        row["copied"] = training.mean_copied(texts)
     return row
 
 
@@ -217,11 +226,13 @@ def main(argv):
     keys = [k for k, _ in poems]
     base = load(args.base, "cpu") if args.base else None
     counts = collections.Counter(split_text(args.dataset, "train"))
-    rows = [reference(poems, base)]
+    training = Training(args.dataset)  # its train split's index (built on first use if prepare wrote none)
+    rows = [reference(poems, base, training)]
     for out_dir in args.out_dir:
         for decoding in args.decoding or DECODINGS:
             t0 = time.time()
-            row, texts = evaluate(out_dir, keys, decoding, args.seed, base=base, api_key=args.api_key)
+            row, texts = evaluate(out_dir, keys, decoding, args.seed, base=base, api_key=args.api_key,
+                                  training=training)
             row["seconds"] = round(time.time() - t0, 1)
             row["missed_by_count"] = missed_by_count(keys, texts, counts)
             rows.append(row)
@@ -232,14 +243,14 @@ def main(argv):
             f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
     print(f"\n{args.keys} acrostic keys from held-out poems\n")
     print("| model | decoding | 句 begin with the key | form | rhyme | tone | all four | distinct chars | "
-          "repeated 句 | rhyme groups | alike | stock 句 | fluency cost |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "repeated 句 | rhyme groups | alike | stock 句 | copied | fluency cost |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         kind = "" if r["model"] == "held-out poems" else " (chat)" if r["chat"] else " (base)"
         fluency = f"{r['fluency']:.3f}" if "fluency" in r else "-"
         print(f"| {r['model']}{kind} | {r['decoding']} | {r['starts']:.1%} | {r['form']:.1%} | {r['rhyme']:.1%} | "
               f"{r['tone']:.1%} | {r['all']:.1%} | {r['distinct']:.1f} | {r['repeated']:.1%} | {r['groups']} | "
-              f"{r['alike']:.1%} | {r['stock']:.1%} | {fluency} |")
+              f"{r['alike']:.1%} | {r['stock']:.1%} | {r['copied']:.1%} | {fluency} |")
     print("\n句 that miss their key, by how often the key character occurs in the train split\n")
     print("| model | decoding | " + " | ".join(f"{name} times" for _, _, name in COUNT_BINS) + " |")
     print("|---|---|" + "---|" * len(COUNT_BINS))
