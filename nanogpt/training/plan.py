@@ -273,16 +273,17 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1):
     for name, c in candidates.items():
         keys = vars(c)
         per_iter = speed.seconds(flops_per_iter(keys, corpus.vocab_size))
-        iters = min(int(train_seconds / per_iter), given.get("max_iters", math.inf))  # yours is a ceiling
+        fits = int(train_seconds / per_iter)  # the iterations the budget has time for
+        iters = min(fits, given.get("max_iters", math.inf))  # a max_iters of yours is a ceiling
         tokens = iters * c.batch_size * c.block_size * c.gradient_accumulation_steps
         for p in dropouts:
-            choices.append((predict_bpb({**keys, "dropout": p}, tokens, corpus), name, p, iters, per_iter))
+            choices.append((predict_bpb({**keys, "dropout": p}, tokens, corpus), name, p, iters, per_iter, fits))
     smallest = min(choices, key=lambda ch: ch[4])
-    if smallest[3] < MIN_ITERS:
+    if smallest[5] < MIN_ITERS:
         need = (elapsed + EXIT_SECONDS + MIN_ITERS * smallest[4] / (1 - EVAL_SHARE)) / 60
         raise UserError(f"--minutes={cfg.minutes:g} is too short to train on {corpus.path} here: the shortest "
                         f"budget this machine allows for it is --minutes={math.ceil(need * 10) / 10:g}")
-    predicted, name, dropout, iters, per_iter = min(c for c in choices if c[3] >= MIN_ITERS)
+    predicted, name, dropout, iters, per_iter, _ = min(c for c in choices if c[5] >= MIN_ITERS)
     chosen = candidates[name]
     keys = {k: v for k, v in {**LADDER[name], **split}.items() if k not in given}
     keys.update(block_size=block, dropout=dropout)
