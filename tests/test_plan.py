@@ -17,8 +17,8 @@ from nanogpt.training.train_config import TrainConfig
 from train import train
 
 
-def corpus(train_tokens=1_000_000, val_tokens=100_000, vocab=65, per_token=1.0, hardness=2.5, bigram=3.5):
-    return Corpus("data/x", train_tokens, val_tokens, vocab, per_token, hardness, bigram)
+def corpus(train_tokens=1_000_000, val_tokens=100_000, vocab=65, per_token=1.0, hardness=2.5):
+    return Corpus("data/x", train_tokens, val_tokens, vocab, per_token, hardness)
 
 
 def records(out_dir, kind):

@@ -60,7 +60,7 @@ def schedule_keys(keys, tokens):
 # (tokens x bytes per token) with repeats counting less: S = U + U * R * (1 - exp(-(epochs - 1) / R)) past one
 # epoch of U unique bytes (Muennighoff et al., 2023), R growing with dropout; E: the corpus's own floor, from how
 # well lzma predicts its val text from its train text (hardness, in bits per byte).
-LAW = dict(e0=0.0, e1=0.6, e2=0.0, A=0.10, alpha=0.5, B=1.0, beta=0.3, R=4.0, R_dropout=10.0, rel_sigma=0.05)
+LAW = dict(e0=0.5, e1=0.1, A=0.05, alpha=0.34, B=0.2, beta=0.28, R=4.0, R_dropout=10.0, rel_sigma=0.05)
 DROPOUTS = (0.0, 0.1, 0.2)  # the dropouts the plan chooses among
 
 
@@ -73,15 +73,15 @@ class Corpus:
     vocab_size: int
     bytes_per_token: float  # mean UTF-8 bytes of a train token
     hardness: float  # lzma's bits per byte on the start of val, given the end of train
-    bigram: float  # a bigram model of train's bits per byte on val (bigram_bpb)
 
     @property
     def train_bytes(self):
         return self.train_tokens * self.bytes_per_token
 
 
-def read_corpus(data_dir, meta, token_bytes, sample=2_000_000):
-    """The Corpus of a prepared dataset. token_bytes: (vocab_size,) UTF-8 bytes of each token."""
+def read_corpus(data_dir, meta, token_bytes, sample=200_000):
+    """The Corpus of a prepared dataset. token_bytes: (vocab_size,) UTF-8 bytes of each token. Its hardness is
+    measured on the last `sample` train tokens and the first quarter as many val ones (a second or less)."""
     dtype = np.dtype((meta or {}).get("dtype", "uint16"))
     data = {}
     for split in ("train", "val"):
@@ -94,35 +94,14 @@ def read_corpus(data_dir, meta, token_bytes, sample=2_000_000):
     train, val = data["train"], data["val"]
     if len(train) < 2:
         raise UserError(f"--minutes: {data_dir}/train.bin has {len(train)} tokens; give prepare more text")
-    tail = np.asarray(train[-sample:], dtype=np.int64)
-    head = np.asarray(val[:sample // 4], dtype=np.int64)
-    per_token = float(lengths[tail].mean())
-    bigram = bigram_bpb(tail, head, len(lengths), lengths) if len(head) > 1 else 8.0
+    tail = np.asarray(train[-sample:], dtype=np.uint32)  # one width for every vocabulary: lzma sees the same bytes
+    head = np.asarray(val[:sample // 4], dtype=np.uint32)
     hardness = 8.0
     if len(head):
-        short, shorter = tail[-200_000:].astype(np.uint32).tobytes(), head[:50_000].astype(np.uint32).tobytes()
-        alone = len(lzma.compress(short, preset=6))
-        both = len(lzma.compress(short + shorter, preset=6))
-        hardness = 8 * (both - alone) / max(1.0, float(lengths[head[:50_000]].sum()))
-    return Corpus(data_dir, len(train), len(val), len(lengths), per_token, hardness, bigram)
-
-
-def bigram_bpb(train, val, vocab_size, lengths, discount=0.75):
-    """Bits per byte of val under a bigram model of train (absolute discounting, backing off to unigrams): how
-    predictable the text is from one token of context, the corpus's hardness."""
-    unigram = np.bincount(train, minlength=vocab_size) + 0.5
-    unigram = unigram / unigram.sum()
-    pairs, counts = np.unique(train[:-1] * vocab_size + train[1:], return_counts=True)
-    seen = np.bincount(train[:-1], minlength=vocab_size).astype(np.float64)  # c(v): v as a context
-    followers = np.bincount(pairs // vocab_size, minlength=vocab_size)  # distinct tokens seen after v
-    v, w = val[:-1], val[1:]
-    wanted = v * vocab_size + w
-    at = np.minimum(np.searchsorted(pairs, wanted), len(pairs) - 1)
-    c = np.where(pairs[at] == wanted, counts[at], 0)
-    context = np.maximum(seen[v], 1)
-    p = np.where(seen[v] > 0, np.maximum(c - discount, 0) / context + discount * followers[v] / context * unigram[w],
-                 unigram[w])
-    return float(-np.log2(p).sum() / max(1.0, lengths[w].sum()))
+        alone = len(lzma.compress(tail.tobytes(), preset=6))
+        both = len(lzma.compress(tail.tobytes() + head.tobytes(), preset=6))
+        hardness = 8 * (both - alone) / max(1.0, float(lengths[head].sum()))
+    return Corpus(data_dir, len(train), len(val), len(lengths), float(lengths[tail].mean()), hardness)
 
 
 def blocks_params(keys):
@@ -149,7 +128,8 @@ def predict_bpb(keys, tokens, corpus, law=LAW):
     """The law's val bpb for a run of keys on corpus that trains on `tokens` tokens."""
     n = blocks_params(keys) / 1e6
     s = learnable_bytes(tokens * corpus.bytes_per_token, corpus.train_bytes, keys.get("dropout", 0.0), law) / 1e6
-    return law["e0"] + law["e1"] * corpus.hardness + law["e2"] * corpus.bigram + law["A"] * n ** -law["alpha"] + law["B"] * max(s, 1e-6) ** -law["beta"]
+    return (law["e0"] + law["e1"] * corpus.hardness + law["A"] * n ** -law["alpha"]
+            + law["B"] * max(s, 1e-6) ** -law["beta"])
 
 
 # ---------------------------------------------------------------------------------------------------------------
