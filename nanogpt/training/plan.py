@@ -60,7 +60,7 @@ def schedule_keys(keys, tokens):
 # (tokens x bytes per token) with repeats counting less: S = U + U * R * (1 - exp(-(epochs - 1) / R)) past one
 # epoch of U unique bytes (Muennighoff et al., 2023), R growing with dropout; E: the corpus's own floor, from how
 # well lzma predicts its val text from its train text (hardness, in bits per byte).
-LAW = dict(e0=0.5, e1=0.1, A=0.05, alpha=0.34, B=0.2, beta=0.28, R=4.0, R_dropout=10.0, rel_sigma=0.05)
+LAW = dict(e0=-0.477, e1=0.7194, A=0.1056, alpha=0.34, B=0.786, beta=0.28, R=1.458, R_dropout=0.0, rel_sigma=0.129)
 DROPOUTS = (0.0, 0.1, 0.2)  # the dropouts the plan chooses among
 
 
