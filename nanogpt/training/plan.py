@@ -291,7 +291,8 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1):
            f"{final['n_layer']} layers x {final['n_embd']} ({params / 1e6:.2f}M in the blocks): the lowest predicted "
            f"val bpb of {len(candidates)} shapes at this budget",
            f"{iters:,} iterations, {iters * tokens_per_iter / 1e6:.2f}M tokens: {epochs:.1f} epochs of the corpus"
-           + (f": dropout {dropout}" if dropout else ": no dropout"),
+           + (f": dropout {dropout}" if dropout else ": no dropout (it lowered no val bpb in the study)")
+           + ("; the best checkpoint is kept (a small corpus peaks within a few epochs)" if epochs > 10 else ""),
            f"warm-up {final['warmup_iters']}, cosine decay to {final['min_lr']:.1e}; an evaluation every "
            f"{final['eval_interval']} iterations over {final['eval_windows']} fixed val windows; best.pt and ckpt.pt "
            f"keep the best val loss"]
