@@ -1,0 +1,81 @@
+"""The study's corpora as text files, from public-domain sources you download (docs/minutes.md); none is committed.
+
+    git clone --depth 1 https://github.com/chinese-poetry/chinese-poetry
+    git clone --depth 1 https://github.com/GITenberg/War-and-Peace_2600             # Project Gutenberg's #2600
+    git clone --depth 1 https://github.com/GITenberg/Pride-and-Prejudice_1342       # and #1342
+    python runs/study_corpora.py --poetry chinese-poetry --war_and_peace War-and-Peace_2600/2600-0.txt \
+        --pride Pride-and-Prejudice_1342/1342-0.txt --out corpora
+    for c in shijing songshi songci pride pride100k; do python data/prepare.py --input corpora/$c.txt --out ds/$c; done
+    python data/prepare.py --input corpora/warpeace.txt --out ds/warpeace_char
+    python data/prepare.py --input corpora/warpeace.txt --tokenizer bpe --out ds/warpeace_bpe
+
+Writes shijing.txt (詩經, 115 KB), songshi.txt (the first 30 MB of the Song poems in 全唐诗/poet.song.*.json),
+songci.txt (宋詞, 5.7 MB), warpeace.txt (3.3 MB) and pride.txt (690 KB) with pride100k.txt, its first 100,000 bytes.
+A poem is its title, its author where known, and its lines, a blank line between poems; a Gutenberg book is its
+text between the START and END markers. From those sources (2026-12-03) the study's files came out byte for byte.
+"""
+import argparse
+import json
+import os
+import re
+
+
+def gutenberg(path, out):
+    with open(path, encoding="utf-8-sig") as f:
+        text = f.read().replace("\r\n", "\n")
+    start = text.find("\n", text.find("*** START OF")) + 1
+    with open(out, "w", encoding="utf-8") as f:
+        f.write(text[start:text.find("*** END OF")].strip() + "\n")
+
+
+def poems(files, out, key="paragraphs", limit=None):
+    """The poems of chinese-poetry's JSON files, in order, up to limit bytes."""
+    parts, size = [], 0
+    for path in files:
+        with open(path, encoding="utf-8") as f:
+            for poem in json.load(f):
+                title = poem.get("title") or poem.get("rhythmic") or poem.get("chapter") or ""
+                body = "\n".join(poem.get(key) or poem.get("content") or [])
+                if not body:
+                    continue
+                text = "\n".join(x for x in (title, poem.get("author", ""), body) if x) + "\n"
+                parts.append(text)
+                size += len(text.encode("utf-8"))
+                if limit and size >= limit:
+                    break
+        if limit and size >= limit:
+            break
+    with open(out, "w", encoding="utf-8") as f:
+        f.write("\n".join(parts))
+
+
+def numbered(folder, pattern):
+    """folder's files matching pattern (one group: their number), in numeric order."""
+    names = [n for n in os.listdir(folder) if re.fullmatch(pattern, n)]
+    return [os.path.join(folder, n) for n in sorted(names, key=lambda n: int(re.fullmatch(pattern, n).group(1)))]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--poetry", required=True, help="a checkout of github.com/chinese-poetry/chinese-poetry")
+    p.add_argument("--war_and_peace", required=True, help="Project Gutenberg's #2600, as text")
+    p.add_argument("--pride", required=True, help="Project Gutenberg's #1342, as text")
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    out = lambda name: os.path.join(args.out, name)  # noqa: E731
+    gutenberg(args.war_and_peace, out("warpeace.txt"))
+    gutenberg(args.pride, out("pride.txt"))
+    with open(out("pride.txt"), "rb") as f, open(out("pride100k.txt"), "wb") as g:
+        g.write(f.read(100_000).decode("utf-8", "ignore").encode("utf-8"))
+    poems(numbered(os.path.join(args.poetry, "全唐诗"), r"poet\.song\.(\d+)\.json"), out("songshi.txt"), limit=30_000_000)
+    poems(numbered(os.path.join(args.poetry, "宋词"), r"ci\.song\.(\d+)\.json"), out("songci.txt"))
+    shijing = os.path.join(args.poetry, "诗经")
+    poems([os.path.join(shijing, n) for n in sorted(os.listdir(shijing)) if n.endswith(".json")], out("shijing.txt"),
+          key="content")
+    for name in sorted(os.listdir(args.out)):
+        print(f"{name}: {os.path.getsize(out(name)):,} bytes")
+
+
+if __name__ == "__main__":
+    main()
