@@ -340,18 +340,25 @@ def train_command(out, counts, cuda=False, minutes=10):
     with a context that fits."""
     recipe = recipe_for(out, cuda)
     block = recipe_settings(recipe).get("block_size", 1024)
-    fits = min(counts["train"], counts["val"]) - 1  # a window needs block_size + 1 tokens
-    if fits < 8:
-        raise UserError(f"{out} has {counts['train']} train and {counts['val']} val tokens: too few to train on "
-                        f"(a context of 8 needs 9 in each); give more text or a larger --val_fraction")
+    fits = context_that_fits(out, counts["train"], counts["val"], block)
     name = os.path.basename(os.path.normpath(out))
     where = f"--dataset={shlex.quote(out)} --out_dir={shlex.quote('out-' + name)}"
     if not cuda and recipe == "config/shakespeare_char_cpu.py" and name != "shakespeare_char":
         return f"python train.py {where} --minutes={minutes}"
     command = f"python train.py {recipe} {where}"
     if fits < block:
-        command += f" --block_size={1 << (fits.bit_length() - 1)}"  # the largest power of 2 that fits
+        command += f" --block_size={fits}"
     return command
+
+
+def context_that_fits(where, train, val, wanted):
+    """`wanted`, or the largest power of 2 below it whose windows (context + 1 tokens) fit in both splits; a
+    UserError where not even 8 do."""
+    fits = min(train, val) - 1
+    if fits < 8:
+        raise UserError(f"{where} has {train:,} train and {val:,} val tokens: too few to train on, too few for a val "
+                        f"split (a context of 8 needs 9 tokens in each); give more text or a larger --val_fraction")
+    return min(wanted, 1 << (fits.bit_length() - 1))
 
 
 def vocabulary_note(counts, recipe):

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from nanogpt.dataset import context_that_fits
 from nanogpt.device import sync
 from nanogpt.errors import UserError
 from nanogpt.source import init_from_kind
@@ -217,13 +218,8 @@ EVAL_SHARE = 0.04  # of the training time, for evaluations (and the saves beside
 
 
 def largest_block(corpus, wanted=128):
-    """The context: `wanted`, or the largest power of 2 whose windows (block + 1 tokens) fit in each split."""
-    fits = min(corpus.train_tokens, corpus.val_tokens) - 1
-    if fits < 8:
-        raise UserError(f"{corpus.path} has {corpus.train_tokens:,} train and {corpus.val_tokens:,} val tokens: "
-                        f"too few for a val split (a context of 8 needs 9 tokens in each); give prepare more text "
-                        f"or a larger --val_fraction")
-    return min(wanted, 1 << (fits.bit_length() - 1))
+    """The context: `wanted`, or the largest power of 2 whose windows fit in each split (dataset's rule)."""
+    return context_that_fits(corpus.path, corpus.train_tokens, corpus.val_tokens, wanted)
 
 
 def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1):
