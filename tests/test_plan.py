@@ -201,3 +201,25 @@ def test_a_plan_under_torchrun_is_rank_0s_on_every_rank_and_holds_the_budget(tmp
     # the micro-batches split over the two processes: 2 of 6 rows, the 1,536 tokens of an iteration kept
     assert ckpt["config"]["gradient_accumulation_steps"] == 2 and ckpt["config"]["batch_size"] == 6
     assert took <= 0.4 * 60 + 15, took  # torchrun's own start and end beside the budget's 10 s
+
+
+def test_a_planned_run_that_ends_worse_than_its_best_leaves_ckpt_at_the_best(tmp_path, char_dataset, monkeypatch):
+    import train as train_module
+    calls = []
+
+    def overfitting(*args, **kwargs):  # the real losses, then val worse after the second evaluation
+        losses = dict(real(*args, **kwargs))
+        calls.append(None)
+        if len(calls) > 2:
+            losses["val"] += 1.0
+        return losses
+    real = train_module.estimate_loss
+    monkeypatch.setattr(train_module, "estimate_loss", overfitting)
+    out = str(tmp_path / "out")
+    given = {"dataset": str(char_dataset), "out_dir": out, "minutes": 0.3, "device": "cpu"}
+    train(TrainConfig(**given), given, log=lambda *a: None)
+    evals = records(out, "eval")
+    best = min(evals, key=lambda r: r["val_loss"])
+    assert len(evals) > 2 and best["iter"] < evals[-1]["iter"]  # the run did end worse than its best
+    ckpt = torch.load(os.path.join(out, "ckpt.pt"), map_location="cpu", weights_only=False)
+    assert ckpt["iter_num"] == best["iter"]
