@@ -66,11 +66,14 @@ def client(server):
 
 def alone(service, prompt, max_tokens, temperature=0.0, seed=None, top_k=None, use_cache=False):
     """The text generate decodes for prompt alone (sample i=0's generator for a seed); uncached by default,
-    which equals the cached path while prompt and text fit in block_size."""
+    which equals the cached path while prompt and text fit in block_size. It holds the engine's lock, as
+    every user of the served model must: a forward between the hooks of a /v1/attention answer would be
+    recorded in its place."""
     ids = service.tokenizer.encode(prompt)
     generator = torch.Generator().manual_seed(sample_seed(seed, 0)) if seed is not None else None
-    out = generate(service.model, torch.tensor([ids]), max_tokens, temperature, top_k=top_k, generator=generator,
-                                 use_cache=use_cache)
+    with service.engine.lock:
+        out = generate(service.model, torch.tensor([ids]), max_tokens, temperature, top_k=top_k,
+                       generator=generator, use_cache=use_cache)
     return service.tokenizer.decode(out[0, len(ids):].tolist())
 
 
@@ -198,8 +201,9 @@ def shifted(service, prompt, max_tokens, temperature, seed):
     """generate's cached path (its context shift past block_size): the text and each token's log-probability."""
     ids, logits = service.tokenizer.encode(prompt), []
     generator = torch.Generator().manual_seed(sample_seed(seed, 0)) if seed is not None else None
-    out = generate(service.model, torch.tensor([ids]), max_tokens, temperature, generator=generator,
-                                 on_step=lambda report: logits.append(report["logits"][0].clone()))
+    with service.engine.lock:  # as alone()
+        out = generate(service.model, torch.tensor([ids]), max_tokens, temperature, generator=generator,
+                       on_step=lambda report: logits.append(report["logits"][0].clone()))
     tokens = out[0, len(ids):].tolist()
     logprobs = [torch.log_softmax(l.float(), -1)[t].item() for l, t in zip(logits, tokens)]
     return service.tokenizer.decode(tokens), logprobs
