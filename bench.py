@@ -4,6 +4,7 @@
     python bench.py config/shakespeare_char.py --device=cpu --only=generate --json=bench.json
     python bench.py config/shakespeare_char.py --device=cpu --only=memory --processes=2
     python bench.py config/shakespeare_char_cpu.py --only=serve    # serve.py: needs pip install -r requirements-dev.txt
+    python bench.py config/shakespeare_char.py --device=cpu --only=llama --json=llama.json  # against llama.cpp
 
 Prints a table and, with --json, writes the same figures as JSON. Timings are
 medians after warm-up; compare figures measured in one run, not across runs.
@@ -14,6 +15,7 @@ program.exit_quietly_on_ctrl_c()  # before the slow imports (torch): Ctrl-C duri
 
 # ruff: noqa: E402
 import contextlib
+import copy
 import importlib.util
 import io
 import json
@@ -38,7 +40,9 @@ from nanogpt.device import autocast, resolve_device, resolve_dtype, should_compi
 from nanogpt.errors import UserError
 from nanogpt.files import open_to_write
 from nanogpt.generate import generate, window_start
+from nanogpt.policy_gradient import sample_answers
 from nanogpt.program import run_main
+from nanogpt.quantize import int8_available, quantize
 from nanogpt.tokenizer import read_meta, tokenizer_from_meta
 from nanogpt.training.metrics import read_log
 from nanogpt.training.optim import OptimizerSettings, configure_optimizers
@@ -56,12 +60,14 @@ class BenchConfig(TrainConfig):
     gen_batch: int = 8  # sequences decoded together for the batched figure, and clients of the serve figures
     gen_repeats: int = 3  # timed runs of each cached generation figure (the median is reported)
     nanogpt: str | None = None  # a nanoGPT checkout: also time its GPT.generate on the same weights
+    llama_threads: str = "1,2"  # --only=llama: the thread counts compared
+    llama_repeats: int = 5  # --only=llama: timed runs of each figure, ours and llama.cpp's alternated (medians)
     json: str | None = None  # also write the results here
 
     def __post_init__(self):
         super().__post_init__()
-        if self.only not in ("all", "peak", "train", "generate", "serve", "memory"):
-            raise ValueError(f"only must be all, peak, train, generate, serve or memory, got {self.only!r}")
+        if self.only not in ("all", "peak", "train", "generate", "serve", "memory", "llama"):
+            raise ValueError(f"only must be all, peak, train, generate, serve, memory or llama, got {self.only!r}")
         if self.processes < 1:
             raise ValueError(f"processes must be at least 1, got {self.processes}")
         if self.gen_repeats < 1:
@@ -95,7 +101,7 @@ def matmul_kernels(device, dtype):
     def packed(t):
         def make(n):
             a, b = (torch.randn(n, n, dtype=t) for _ in range(2))
-            weight = pack(b.t().contiguous(), n)  # packed once, not timed
+            weight = pack(b.t().contiguous(), n, t)  # packed once, not timed
             return lambda: packed_product(a, weight)
         return make
 
@@ -242,8 +248,10 @@ def decode_matmuls_tok_s(model, device, batch=1):
     return batch / seconds
 
 
-def decode_bytes_per_token(model, new_tokens):
-    """Bytes one cached decode step reads for one sequence: every weight once, plus the cache so far (mean)."""
+def decode_bytes_per_token(model, new_tokens, linear_bytes=None):
+    """Bytes one cached decode step reads for one sequence: every weight once, plus the cache so far (mean).
+    linear_bytes: the bytes of a linear layer's weight as decoding reads it, 2 (bfloat16) or 1 (int8 rows, plus a
+    2-byte scale a row), instead of its own (float32)."""
     c = model.config
     read = {id(p): p.numel() * p.element_size() for p in model.parameters()}
     for name in ("wte", "wpe"):  # an embedding reads one row per token...
@@ -252,6 +260,11 @@ def decode_bytes_per_token(model, new_tokens):
             read[id(w)] = w.size(1) * w.element_size()
     head = model.lm_head.weight  # ...but the head, tied to wte or not, reads its whole matrix
     read[id(head)] = head.numel() * head.element_size()
+    if linear_bytes is not None:
+        for m in model.modules():
+            if isinstance(m, torch.nn.Linear):
+                scales = m.out_features * 2 if linear_bytes == 1 else 0
+                read[id(m.weight)] = m.weight.numel() * linear_bytes + scales
     weights = sum(read.values())
     start, context = 0, 0
     for n in range(1, 1 + new_tokens):  # from a 1-token prompt, as generate's cached path moves its window
@@ -419,6 +432,100 @@ def serve_rows(cfg, model, meta, result):
     return rows
 
 
+LLAMA_PRECISIONS = {"float32": None, "bfloat16": "bfloat16", "int8": "int8"}  # ours -> the GGUF's weights
+LINEAR_BYTES = {"float32": None, "bfloat16": 2, "int8": 1}  # a linear weight's bytes, as decoding reads it
+
+
+def ours_for(model, precision):
+    """(the model, the context to decode it in) for a precision: float32 as it is, bfloat16 under bfloat16
+    autocast (packed bfloat16 weights), int8 a quantized copy."""
+    if precision == "int8":
+        return quantize(copy.deepcopy(model), "int8"), contextlib.nullcontext()
+    return model, autocast(torch.device("cpu"), torch.bfloat16 if precision == "bfloat16" else torch.float32)
+
+
+def ours_greedy(model, n, streams):
+    """Our greedy tokens after token 0, n of them, in `streams` sequences: one through generate (sample.py's
+    path), several through the serving engine (serve.py's: each its own slot, continuous batching)."""
+    if streams == 1:
+        return [generate(model, torch.zeros(1, 1, dtype=torch.long), n, temperature=0)[0, 1:].tolist()]
+    return sample_answers(model, [[0]], streams, [None] * streams, n, temperature=0.0)
+
+
+def llama_rows(cfg, model, meta, result):
+    """Ours against llama.cpp on the same weights (exported GGUFs), back to back in this process: one stream and
+    gen_batch streams, greedy from one token, per precision and thread count; medians of llama_repeats."""
+    from nanogpt.interop.gguf_file import write_gguf
+    from nanogpt.interop.hf import hf_architecture
+    from nanogpt.interop.llamacpp_run import LlamaCpp, available
+    if not available():
+        result["llama_cpp"] = None
+        return [("llama.cpp", "not installed, nothing compared: pip install llama-cpp-python builds it from "
+                              "source (40-75 min on 2 cores; docs/generation.md)")]
+    c = model.config
+    n = min(cfg.new_tokens, c.block_size - 1)  # llama.cpp's context is block_size: no context shift either side
+    precisions = ["float32"] + ["bfloat16"] * bfloat16_products_supported() + ["int8"] * int8_available()
+    kind = hf_architecture(c, "the benchmark's model")
+    tokenizer = tokenizer_from_meta(meta)
+    bandwidth = result.get("read_bandwidth") or read_bandwidth(torch.device("cpu"))
+    result.update(read_bandwidth=bandwidth, llama_cpp=[])
+    rows, given = [], torch.get_num_threads()
+    with tempfile.TemporaryDirectory() as tmp:
+        files = {}
+        for precision in precisions:
+            files[precision] = os.path.join(tmp, f"{precision}.gguf")
+            write_gguf(model, tokenizer, kind, files[precision], "the benchmark's model", LLAMA_PRECISIONS[precision])
+        try:
+            for threads in [int(t) for t in cfg.llama_threads.split(",")]:
+                torch.set_num_threads(threads)
+                for precision in precisions:
+                    ours, ctx = ours_for(model, precision)
+                    for streams in (1, cfg.gen_batch):
+                        # llama.cpp's extra buffers (AMX) crash its batched Q8_0 here: batched int8 runs without them
+                        theirs = LlamaCpp(files[precision], threads, c.block_size, streams,
+                                          extra_buffers=not (precision == "int8" and streams > 1))
+                        figure = compare(ours, ctx, theirs, n, streams, cfg.llama_repeats)
+                        theirs.close()
+                        read = decode_bytes_per_token(model, n, LINEAR_BYTES[precision])
+                        figure.update(precision=precision, threads=threads, streams=streams,
+                                      bandwidth_bound_tok_s=bandwidth / read)
+                        result["llama_cpp"].append(figure)
+                        rows.append(llama_row(figure))
+        finally:
+            torch.set_num_threads(given)
+    return rows
+
+
+def compare(ours, ctx, theirs, n, streams, repeats):
+    """Tokens/s (all streams together) of ours and llama.cpp, alternated, medians; and how many of the first
+    stream's greedy tokens they share before they part."""
+    rates = {"ours": [], "llama_cpp": []}
+    tokens = {}
+    runs = {"ours": lambda: ours_greedy(ours, n, streams), "llama_cpp": lambda: theirs.greedy(0, n)}
+    with torch.no_grad(), ctx:
+        for name, run in runs.items():  # warm-up
+            run()
+        for _ in range(repeats):
+            for name, run in runs.items():
+                t0 = time.perf_counter()
+                tokens[name] = run()
+                rates[name].append(streams * n / (time.perf_counter() - t0))
+    a, b = tokens["ours"][0], tokens["llama_cpp"][0]
+    same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), n)
+    return {"ours_tok_s": statistics.median(rates["ours"]), "llama_cpp_tok_s": statistics.median(rates["llama_cpp"]),
+            "new_tokens": n, "same_tokens": same}
+
+
+def llama_row(f):
+    label = (f"{f['precision']}, {f['streams']} stream{'s' * (f['streams'] > 1)}, "
+             f"{f['threads']} thread{'s' * (f['threads'] > 1)}")
+    text = (f"ours {f['ours_tok_s']:,.0f} tok/s, llama.cpp {f['llama_cpp_tok_s']:,.0f} "
+            f"({f['ours_tok_s'] / f['llama_cpp_tok_s']:.2f}x)")
+    if f["streams"] == 1:
+        text += f"; ours {f['bandwidth_bound_tok_s'] / f['ours_tok_s']:.2f}x from the bandwidth bound"
+    return label, text + f"; greedy tokens alike: {f['same_tokens']} of {f['new_tokens']}"
+
+
 def bench(cfg, log=print):
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
@@ -460,6 +567,11 @@ def bench(cfg, log=print):
         rows += more
     if cfg.only == "serve":
         rows += serve_rows(cfg, model, meta, result)
+    if cfg.only == "llama":
+        if device.type != "cpu":
+            raise UserError("--only=llama compares with llama.cpp on the CPU; add --device=cpu")
+        cpu.FLOAT32_KERNEL = None  # measured, as sample.py and serve.py measure it
+        rows += llama_rows(cfg, model.eval(), meta, result)
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         log(f"{key:<{width}}  {value}")

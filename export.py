@@ -2,6 +2,7 @@
 
     python export.py --out_dir=out-shakespeare-char --hf_dir=hf-shakespeare-char
     python export.py --out_dir=out-tangshi-sft --format=gguf --gguf_file=tangshi.gguf
+    python export.py --out_dir=out-tangshi-sft --format=gguf --quantize=int8 --gguf_file=tangshi-q8_0.gguf
 
 The architecture is the one that computes the model exactly: GPT-2's recipe (learned positions,
 LayerNorm, GELU or ReLU) as GPT2LMHeadModel, RoPE + RMSNorm + SwiGLU (any kv heads, tied or not) as
@@ -47,6 +48,9 @@ class ExportConfig(Source):
         super().__post_init__()
         if self.format not in FORMATS:
             raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {self.format!r}")
+        if self.quantize and self.format != "gguf":
+            raise ValueError("--quantize=int8 writes GGUF's Q8_0 (--format=gguf); a Hugging Face directory holds the "
+                             "float weights")
 
 
 def check_target(cfg):
@@ -120,7 +124,7 @@ def main(argv):
     try:
         if cfg.format == "gguf":
             from nanogpt.interop.gguf_file import write_gguf
-            write_gguf(model, tokenizer, kind, cfg.gguf_file, cfg.path)
+            write_gguf(model, tokenizer, kind, cfg.gguf_file, cfg.path, cfg.quantize or None)
             print(f"wrote {cfg.gguf_file}: run it with llama.cpp (llama-cli -m {cfg.gguf_file}) or Ollama; see docs/export.md")
             return
         write_hf(model, tokenizer, meta, cfg.hf_dir, kind)

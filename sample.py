@@ -101,7 +101,7 @@ def main(argv):
         print(f"note: greedy decoding (temperature=0) writes the same text every time: printing 1 sample, "
               f"not {num_samples}", file=sys.stderr)
         num_samples = 1
-    check_fits(kv_cache_bytes(model.config, num_samples, model.lm_head.weight.element_size())
+    check_fits(kv_cache_bytes(model.config, num_samples, model.transformer.wte.weight.element_size())
                + 3 * num_samples * model.config.vocab_size * 4, device,  # the cache, and each step's logits
                f"decoding {num_samples:,} samples together", "lower num_samples")
     torch.manual_seed(cfg.seed)

@@ -185,7 +185,7 @@ class Service:
         device = resolve_device(cfg.device)
         dtype = resolve_dtype(cfg.dtype, device)
         model, tokenizer, dataset = load_trained(cfg, device)
-        check_fits(kv_cache_bytes(model.config, cfg.max_batch, model.lm_head.weight.element_size()), device,
+        check_fits(kv_cache_bytes(model.config, cfg.max_batch, model.transformer.wte.weight.element_size()), device,
                    f"a KV cache of {cfg.max_batch} sequences", "lower max_batch")
         name = cfg.init_from if cfg.init_from != "resume" else os.path.basename(os.path.abspath(cfg.out_dir))
         return cls(model, tokenizer, name, device, dtype, cfg.max_batch, cfg.max_queue, cfg.max_tokens, cfg.api_key,

@@ -145,7 +145,7 @@ class Engine:
 
     def __init__(self, model, max_batch, max_queue, device, autocast_ctx):
         self.model, self.max_batch, self.max_queue, self.autocast = model, max_batch, max_queue, autocast_ctx
-        self.cache = SlotCache(model.config, max_batch, device, model.lm_head.weight.dtype)
+        self.cache = SlotCache(model.config, max_batch, device, model.transformer.wte.weight.dtype)
         self.device = device
         self.free = list(range(max_batch - 1, -1, -1))  # popped from the end: slot 0 first
         self.active = {}  # slot -> Sequence
@@ -176,7 +176,8 @@ class Engine:
 
     @torch.inference_mode()
     def run(self):
-        with cpu.decoding(self.model, self.max_batch) as self.decode, self.autocast:
+        # autocast first: cpu.decoding packs the weights in its dtype
+        with self.autocast, cpu.decoding(self.model, self.max_batch) as self.decode:
             while True:
                 with self.wake:
                     while not (self.stopping or self.waiting or self.active or self.tasks):
@@ -198,7 +199,7 @@ class Engine:
         """Decode every submitted sequence to its end on the calling thread, then return: a batch job (rl.py's
         samples), the same steps as run() takes for a server."""
         self.batch_job = True  # an exception ends the job (guarded re-raises it), not one sequence
-        with cpu.decoding(self.model, self.max_batch) as self.decode, self.autocast:
+        with self.autocast, cpu.decoding(self.model, self.max_batch) as self.decode:  # autocast first, as run()
             try:
                 while self.waiting or self.active:
                     self.drop_cancelled()

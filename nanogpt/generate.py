@@ -30,7 +30,8 @@ class KVCache:
         # uninitialized: update() writes positions before anything reads them
         self.k = torch.empty(shape, device=device, dtype=dtype)
         self.v = torch.empty(shape, device=device, dtype=dtype)
-        self.pos = 0
+        self.layers = list(zip(self.k.unbind(0), self.v.unbind(0)))  # each layer's views, made once: a decode
+        self.pos = 0                                                  # step's update then costs one narrow each
 
     def positions(self, T):
         """(T,): the positions of T new tokens, after those filled."""
@@ -49,10 +50,10 @@ class KVCache:
 
     def update(self, layer, k, v):
         """Store k, v (B, nkv, T, hs) at the next positions; return all positions so far."""
-        end = self.pos + k.size(2)
-        self.k[layer, :, :, self.pos:end] = k
-        self.v[layer, :, :, self.pos:end] = v
-        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]  # (B, nkv, end, hs)
+        T, (keys, values) = k.size(2), self.layers[layer]
+        keys.narrow(2, self.pos, T).copy_(k)
+        values.narrow(2, self.pos, T).copy_(v)
+        return keys[:, :, :self.pos + T], values[:, :, :self.pos + T]  # (B, nkv, end, hs)
 
 
 def window_start(n, start, block):
@@ -370,7 +371,7 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, 
                     logits, _ = model(window[:, block - min(n, block):], last_only=True)
                 elif window_start(n, start, block) != start:  # prefill, or shift a full window
                     if cache is None:
-                        cache = KVCache(model.config, B, idx.device, model.lm_head.weight.dtype)
+                        cache = KVCache(model.config, B, idx.device, model.transformer.wte.weight.dtype)
                     start, cache.pos = window_start(n, start, block), 0
                     logits, _ = model(window[:, block - (n - start):], kv_cache=cache, last_only=True)
                 else:

@@ -18,6 +18,7 @@ from nanogpt.dataset import dataset_dir
 from nanogpt.errors import UserError
 from nanogpt.interop.hf import load_pretrained
 from nanogpt.out_dir import latest_form
+from nanogpt.quantize import check_quantize, quantize
 from nanogpt.tokenizer import CharTokenizer, check_meta, read_meta, tokenizer_from_meta
 
 
@@ -69,9 +70,11 @@ class Source:
     init_from: str = "resume"  # resume (out_dir's checkpoint), a checkpoint (an out_dir or file), or gpt2, ..., a local HF dir
     out_dir: str = "out"  # where train.py wrote the checkpoint
     ckpt: str = "ckpt.pt"  # ckpt.pt (latest) or best.pt (best val loss)
+    quantize: str = ""  # int8: the linear layers' weights as int8 rows, a quarter of the bytes (docs/generation.md)
 
     def __post_init__(self):
         check_init_from(self.init_from, ("resume", "checkpoint", "pretrained"))
+        self.quantize = check_quantize(self.quantize) or ""
 
     @property
     def kind(self):
@@ -100,7 +103,7 @@ def load_trained(source, device="cpu"):
     hint = (f"; copy the meta.json of the dataset it was trained on into {source.path} (export.py writes it)"
             if source.kind == "pretrained" and os.path.isdir(source.path) else "")
     check_decodes(tokenizer, model.config.vocab_size, source.path, hint)
-    return model.eval().to(device), tokenizer, dataset
+    return quantize(model.eval().to(device), source.quantize or None), tokenizer, dataset
 
 
 def read_source(source, device="cpu"):

@@ -30,6 +30,15 @@ CORPUS = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:
           "First Citizen:\nYou are all resolved rather to die than to famish?\n\nAll:\nResolved. resolved.\n\n") * 40
 
 
+@pytest.fixture(autouse=True)
+def packed_float32_kernel(monkeypatch):
+    """Decoding's float32 kernel is measured on each machine (nanogpt.cpu.float32_kernel); in process the tests
+    set it, packed, so that a test means the same everywhere. Tests of the plain kernel and of the measurement
+    set their own."""
+    import nanogpt.cpu
+    monkeypatch.setattr(nanogpt.cpu, "FLOAT32_KERNEL", "packed")
+
+
 @pytest.fixture
 def tiny_config():
     """2 layers, 32 wide: the suite's workhorse."""

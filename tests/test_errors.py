@@ -57,6 +57,8 @@ CASES = {
     "resume without a checkpoint": (["train.py", "--init_from=resume", "--out_dir={root}/empty"], "no checkpoint at"),
     "consolidate without a sharded checkpoint": (["consolidate.py", "--out_dir={root}/empty"], "no sharded checkpoint at {root}/empty/ckpt.dcp; train one first"),
     "sample without a checkpoint": (["sample.py", "--out_dir={root}/empty"], "no checkpoint at"),
+    "quantize to an unknown kind": (["sample.py", "--out_dir={root}/out", "--quantize=int4"], "quantize must be int8 (weight-only int8 linear layers) or empty, got 'int4'"),
+    "quantize an export to a Hugging Face directory": (["export.py", "--out_dir={root}/out", "--quantize=int8", "--hf_dir={root}/hf_q"], "--quantize=int8 writes GGUF's Q8_0 (--format=gguf)"),
     "truncated checkpoint": (["sample.py", "--out_dir={root}/truncated"], "is not a readable checkpoint"),
     "corrupted checkpoint": (["train.py", "--init_from=resume", "--out_dir={root}/garbage"], "is not a readable checkpoint"),
     "vocabulary mismatch": (["train.py", "--init_from=resume", "--out_dir={root}/out", "--dataset={root}/other"], "vocabulary of"),

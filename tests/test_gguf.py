@@ -33,9 +33,25 @@ def random_model(vocab_size, **options):
     return randomize(GPT(config), seed=1).eval()
 
 
-def llama_cpp_greedy(path, prompt, n):
+def llama_cpp_model(path, monkeypatch=None, **options):
+    """llama.cpp's Llama for the file. With monkeypatch: without its extra buffer types (weights repacked for
+    AMX and the like), whose Q8_0 products crash on a batch of several tokens on some CPUs (llama-cpp-python
+    0.3.36 on an Intel Xeon with AMX: a segmentation fault in the prompt's decode)."""
+    import llama_cpp
     from llama_cpp import Llama
-    llm = Llama(model_path=str(path), n_ctx=64, n_threads=2, verbose=False)
+    if monkeypatch is not None:
+        default = llama_cpp.llama_model_default_params
+
+        def params():
+            p = default()
+            p.use_extra_bufts = False
+            return p
+        monkeypatch.setattr(llama_cpp.llama_cpp, "llama_model_default_params", params)
+    return Llama(model_path=str(path), n_ctx=64, n_threads=2, verbose=False, **options)
+
+
+def llama_cpp_greedy(path, prompt, n):
+    llm = llama_cpp_model(path)
     tokens = []
     for token in llm.generate(prompt, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0, reset=True):
         tokens.append(token)
@@ -328,3 +344,30 @@ def test_llama_cpp_writes_our_greedy_tokens_for_a_gpt2_style_model(tmp_path, act
     model = random_model(tokenizer.vocab_size, pos_emb="learned", norm="layernorm", activation=activation, bias=True)
     write_gguf(model, tokenizer, "gpt2", str(tmp_path / "m.gguf"), "ckpt.pt")
     check_against_llama_cpp(model, tokenizer, tmp_path / "m.gguf", tokenizer.encode("Speak, speak."), CORPUS[:300])
+
+
+@needs_llama_cpp
+@pytest.mark.parametrize("kind, options", [("char", dict()), ("bpe", dict(n_kv_head=1, tie_weights=False))],
+                         ids=["char-llama", "bpe-llama-gqa-untied"])
+def test_llama_cpp_runs_the_q8_0_export_as_our_int8_model(tmp_path, monkeypatch, kind, options):
+    """export's Q8_0 holds our int8 rows exactly (test_quantize.py); llama.cpp multiplies them by activations it
+    rounds to 8 bits in blocks of 32 (ours: to bfloat16), so its logits over a prompt stay within a few percent of
+    the logits' spread from our int8 model's (measured: 2.5%, as far as ours are from float32's), where a wrong
+    scale or block layout would leave them as far apart as the spread itself."""
+    import copy
+
+    from nanogpt.interop.gguf_file import write_gguf
+    from nanogpt.quantize import quantize
+    from nanogpt.tokenizer import tokenizer_from_meta
+    tokenizer = tokenizer_from_meta(dataset(tmp_path, kind))
+    model = random_model(tokenizer.vocab_size, **options)
+    write_gguf(model, tokenizer, "llama", str(tmp_path / "q.gguf"), "ckpt.pt", quantize="int8")
+    prompt = tokenizer.encode(CORPUS[:120])[:60]
+    llm = llama_cpp_model(tmp_path / "q.gguf", monkeypatch, logits_all=True)
+    llm.eval(prompt)
+    theirs = np.array(llm.scores[:len(prompt)])
+    with torch.no_grad():
+        ours = quantize(copy.deepcopy(model), "int8")(torch.tensor([prompt]))[0][0].numpy()
+        float32 = model(torch.tensor([prompt]))[0][0].numpy()
+    spread = (float32.max(1) - float32.min(1)).mean()
+    assert np.abs(theirs - ours).max() < 0.08 * spread

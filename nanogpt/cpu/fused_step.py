@@ -1,27 +1,33 @@
 """The cached decode step for CPUs, fused: GPT.forward's math for one new token per row, in fewer operations.
 
 A cached decode step is a matrix-vector product per weight plus ~200 small
-operations around them. On CPU the products run on packed weights
-(cpu.decoding) at close to the memory bandwidth, so the small
-operations and the Python around them are what is left to remove: module
-calls, hook points, dropout no-ops, the views of the general path. This step
-is the forward of model.py for one position, written flat over the model's own
-parameters, with the bias, the GELU or ReLU and the residual addition fused
-into oneDNN's products. It is the same float32 math summed in another order
-(tests/test_fused_step.py holds it to the model's cached and uncached paths for
-every GPTConfig option).
+operations around them. On CPU the products run on the kernel cpu.decoding
+measured faster at close to the memory bandwidth, so the small operations and
+the Python around them are what is left to remove: module calls, hook points,
+dropout no-ops, the views of the general path. This step is the forward of
+model.py for one position, written flat over the model's own parameters. Each
+linear layer is a Product: packed float32 weights with the bias, the GELU or
+ReLU and the residual addition fused into oneDNN's products, the plain float32
+weights through PyTorch's matmul, packed bfloat16 weights (under bfloat16
+autocast), or int8 rows (quantize.py). In float32 it is the same math summed
+in another order (tests/test_fused_step.py holds it to the model's cached and
+uncached paths for every GPTConfig option, with both float32 kernels).
 
 FusedStep.build returns None wherever it does not apply, and callers then run
-the model itself: not float32 on a CPU with oneDNN, weights not packed, hooks on
-any module (trace.py observes the model through them), the manual attention
-path asked for, or a GPTConfig field this step does not know.
+the model itself: a model not float32 on a CPU with oneDNN, weights not packed
+where the kernel needs them, hooks on any module (trace.py observes the model
+through them), the manual attention path asked for, or a GPTConfig field this
+step does not know.
 """
+import operator
+
 import torch
 import torch.nn.functional as F
 from torch.nn.modules import module as nn_module
 
 from model import apply_rope, value_embedded
 from nanogpt.cpu.kernels import WeightVersion, packed_product, packed_product_add
+from nanogpt.quantize import Int8Linear
 
 # every GPTConfig field and what this step supports of it (None: any value); a field added to
 # GPTConfig and not here turns the step off until it is written here (tests/test_fused_step.py checks)
@@ -34,7 +40,53 @@ SUPPORTED = {
 }
 # oneDNN post-ops applied inside the up-projection: (name, scalars, algorithm)
 FUSED_ACTIVATION = {"gelu": ("gelu", [], "none"), "gelu_tanh": ("gelu", [], "tanh"), "relu": ("relu", [], ""),
-                    "relu2": ("relu", [], "")}
+                    "relu2": ("relu", [], ""), None: ("none", [], "")}
+# the same activations after a product that cannot fuse them (bfloat16 or int8 products)
+ACTIVATION = {"gelu": F.gelu, "gelu_tanh": lambda h: F.gelu(h, approximate="tanh"), "relu": F.relu, "relu2": F.relu,
+              None: lambda h: h}
+
+
+class Product:
+    """One linear layer's product in a fused step: product(x, act) is act(x W^T + b) and add(x, residual) is
+    residual + x W^T + b, for x and the result float32 (B, in) and (B, out). W is read as one of:
+    - "packed": float32 packed for oneDNN, bias, activation and addition inside its product;
+    - "plain": the layer's own float32 weight, through PyTorch's default matmul (MKL's on x86);
+    - "bfloat16": packed in bfloat16, the input rounded to bfloat16 and the output back to float32;
+    - "int8": int8 rows (quantize.py), the input rounded to bfloat16 and the output back to float32."""
+    __slots__ = ("kind", "weight", "bias")
+
+    def __init__(self, module, packed, dtype, plain=False):
+        self.bias = module.bias
+        if isinstance(module, Int8Linear):
+            self.kind, self.weight = "int8", (module.qweight, module.scale)
+        elif dtype == torch.bfloat16:
+            self.kind, self.weight = "bfloat16", packed[module]
+        elif plain:
+            self.kind, self.weight = "plain", module.weight
+        else:
+            self.kind, self.weight = "packed", packed[module]
+
+    def __call__(self, x, act=None):
+        kind = self.kind
+        if kind == "packed":
+            return packed_product(x, self.weight, self.bias, FUSED_ACTIVATION[act])
+        if kind == "plain":
+            y = F.linear(x, self.weight, self.bias)
+        elif kind == "int8":
+            y = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), *self.weight).float()
+            if self.bias is not None:
+                y = y.add_(self.bias)
+        else:
+            bias = None if self.bias is None else self.bias.to(torch.bfloat16)
+            y = packed_product(x.to(torch.bfloat16), self.weight, bias).float()
+        return y if act is None else ACTIVATION[act](y)
+
+    def add(self, x, residual):
+        if self.kind == "packed":
+            return packed_product_add(x, self.weight, self.bias, residual)
+        if self.kind == "plain" and self.bias is None:
+            return torch.addmm(residual, x, self.weight.t())
+        return residual + self(x)
 
 
 def supported(config):
@@ -44,12 +96,10 @@ def supported(config):
         allowed is None or fields[name] in allowed for name, allowed in SUPPORTED.items() if name in fields)
 
 
-def hooked(modules):
-    """True when a forward hook could observe or change any module's forward (global hooks included)."""
-    if (nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks
-            or nn_module._global_forward_hooks_always_called):
-        return True
-    return any(m._forward_hooks or m._forward_pre_hooks for m in modules)
+def global_hooks():
+    """True when a global forward hook (torch.nn.modules.module.register_module_forward_hook) is set."""
+    return bool(nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks
+                or nn_module._global_forward_hooks_always_called)
 
 
 class FusedStep:
@@ -57,23 +107,25 @@ class FusedStep:
     kv_cache=cache)[0]."""
 
     @classmethod
-    def build(cls, model, packed):
-        """The fused step for model (eval mode) and packed ({linear: packed weight}, from kernels.packed_inference),
-        or None where the model's own forward must run (see the module's docstring)."""
+    def build(cls, model, packed, dtype=torch.float32, plain=False):
+        """The fused step for model (eval mode) and packed ({linear: packed weight}, from kernels.packed_inference,
+        packed in dtype: float32, or bfloat16 under bfloat16 autocast), or None where the model's own forward must
+        run (see the module's docstring). plain: float32 products on the layers' own weights (the default matmul),
+        nothing packed. Int8 layers (quantize.py) need no packed copy."""
         linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-        weight = model.lm_head.weight
+        weight = model.transformer.wte.weight
         if (weight.device.type != "cpu" or weight.dtype != torch.float32 or not supported(model.config)
-                or not all(m in packed for m in linears)):
+                or not (plain and dtype == torch.float32 or all(m in packed for m in linears))):
             return None
-        step = cls(model, packed)
+        step = cls(model, packed, dtype, plain)
         return step if step.valid() else None
 
-    def __init__(self, model, packed):
-        self.model, self.config = model, model.config
+    def __init__(self, model, packed, dtype=torch.float32, plain=False):
+        self.model, self.config, self.dtype = model, model.config, dtype
         self.modules = list(model.modules())
         t, c = model.transformer, self.config
         norm = (lambda n: (n.weight,)) if c.norm == "rmsnorm" else (lambda n: (n.weight, n.bias))
-        weights = lambda m: (packed[m], m.bias)  # noqa: E731: (packed weight, bias), as packed_product takes them
+        weights = lambda m: Product(m, packed, dtype, plain)  # noqa: E731
         # each block's tensors in the order __call__ reads them, gathered once: module attribute lookups
         # cost more than this step's small operations
         self.blocks = [(norm(b.ln_1), weights(b.attn.c_attn), weights(b.attn.c_proj), norm(b.ln_2),
@@ -81,12 +133,15 @@ class FusedStep:
                        for i, b in enumerate(t.h)]
         self.wte, self.wpe = t.wte.weight, t.wpe.weight if c.pos_emb == "learned" else None
         self.ln_f, self.head = norm(t.ln_f), weights(model.lm_head)
-        # every parameter as read: one replaced since sends the step back (the others are read live)
-        self.params = [(m._parameters, name, p) for m in self.modules for name, p in m._parameters.items()
-                       if p is not None]
+        # every parameter as read: one replaced since sends the step back (the others are read live), as
+        # (the modules' parameter dicts, the names, the parameters): checked with C loops (map), not Python's
+        held = [(m._parameters, name, p) for m in self.modules for name, p in m._parameters.items() if p is not None]
+        self.params = tuple(zip(*held)) or ((), (), ())
         # the weights behind the packed copies: one changed in place or given new data since does too
         self.packed_from = [WeightVersion(m.weight) for m in packed]
         self.attns = [block.attn for block in t.h]  # a tool may switch one to the manual path
+        # every module's hook dicts (a hook registered later lands in them)
+        self.hook_dicts = [d for m in self.modules for d in (m._forward_hooks, m._forward_pre_hooks)]
 
     @staticmethod
     def value_embedding(model, layer):
@@ -96,12 +151,16 @@ class FusedStep:
 
     def valid(self):
         """Still the model it was built for: weights unchanged and not replaced, no hook added since, eval
-        mode, and no autocast (the model's forward would compute in another dtype)."""
-        return (not self.model.training and not torch.is_autocast_enabled("cpu")
-                and all(attn.impl == "sdpa" for attn in self.attns)
-                and all(params.get(name) is p for params, name, p in self.params)
+        mode, and the autocast it was built for (none, or bfloat16's). Run before every step: kept to a few
+        microseconds, each check a loop over what __init__ gathered."""
+        if self.model.training or torch.is_autocast_enabled("cpu") != (self.dtype == torch.bfloat16):
+            return False
+        if self.dtype == torch.bfloat16 and torch.get_autocast_dtype("cpu") != torch.bfloat16:
+            return False
+        return (all(attn.impl == "sdpa" for attn in self.attns)
+                and all(map(operator.is_, map(dict.get, *self.params[:2]), self.params[2]))
                 and all(version.holds(version.tensor) for version in self.packed_from)
-                and not hooked(self.modules))
+                and not any(self.hook_dicts) and not global_hooks())
 
     def norm(self, x, params):
         c = self.config
@@ -113,9 +172,9 @@ class FusedStep:
         """The MLP's hidden activation (B, hidden) of its input x (B, C): c_fc with the activation fused."""
         act = self.config.activation
         if act == "swiglu":
-            gate, up = packed_product(x, *c_fc).chunk(2, dim=-1)  # gate rows first, as MLP.forward reads them
+            gate, up = c_fc(x).chunk(2, dim=-1)  # gate rows first, as MLP.forward reads them
             return F.silu(gate) * up
-        h = packed_product(x, *c_fc, FUSED_ACTIVATION[act])
+        h = c_fc(x, act)
         return h.square() if act == "relu2" else h
 
     @torch.inference_mode()
@@ -145,7 +204,7 @@ class FusedStep:
         c = self.config
         B, nh, nkv, hs = x.size(0), c.n_head, c.kv_heads, c.head_dim
         for i, (ln_1, c_attn, c_proj, ln_2, c_fc, mlp_proj, ve) in enumerate(self.blocks):
-            qkv = packed_product(self.norm(x, ln_1), *c_attn)  # (B, (nh + 2 nkv) hs): q, then k, then v
+            qkv = c_attn(self.norm(x, ln_1))  # (B, (nh + 2 nkv) hs): q, then k, then v
             q = qkv[:, :nh * hs].view(B, nh, 1, hs)
             k = qkv[:, nh * hs:(nh + nkv) * hs].view(B, nkv, 1, hs)
             v = qkv[:, (nh + nkv) * hs:]
@@ -158,6 +217,6 @@ class FusedStep:
             if rope is not None:
                 q, k = apply_rope(q, rope), apply_rope(k, rope)
             y = attend(i, q, k, v)  # (B, nh, 1, hs)
-            x = packed_product_add(y.reshape(B, c.n_embd), *c_proj, x)  # heads concatenated, projected, added
-            x = packed_product_add(self.activation(self.norm(x, ln_2), c_fc), *mlp_proj, x)
-        return self.model.softcap(packed_product(self.norm(x, self.ln_f), *self.head))
+            x = c_proj.add(y.reshape(B, c.n_embd), x)  # heads concatenated, projected, added
+            x = mlp_proj.add(self.activation(self.norm(x, ln_2), c_fc), x)
+        return self.model.softcap(self.head(self.norm(x, self.ln_f)))

@@ -76,15 +76,17 @@ class WeightCopy:
         return self.value
 
 
-def packable(weight):
-    """True where a weight can be packed: float32 on a CPU with oneDNN."""
-    return weight.device.type == "cpu" and weight.dtype == torch.float32 and onednn_available()
+def packable(weight, dtype=torch.float32):
+    """True where a weight can be packed in dtype: a float32 weight on a CPU with oneDNN, for float32 products or
+    (where the CPU multiplies it natively) bfloat16 ones."""
+    return (weight.device.type == "cpu" and weight.dtype == torch.float32 and onednn_available()
+            and (dtype == torch.float32 or dtype == torch.bfloat16 and bfloat16_products_supported()))
 
 
-def pack(weight, rows):
-    """weight (out, in) laid out by oneDNN for products with inputs of about `rows` rows: packed_product's
-    `packed`."""
-    return torch.ops.mkldnn._reorder_linear_weight(weight, rows)
+def pack(weight, rows, dtype=torch.float32):
+    """weight (out, in) rounded to dtype and laid out by oneDNN for products with inputs of about `rows` rows:
+    packed_product's `packed` (whose inputs are then of dtype)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.to(dtype), rows)
 
 
 class PackedWeight(WeightCopy):
@@ -212,27 +214,33 @@ def packed_training(model, dtype=torch.float32):
 
 
 @contextmanager
-def packed_inference(linears, rows):
+def packed_inference(linears, rows, dtype=torch.float32):
     """Within: each of linears whose weight is packable computes in inference mode on a copy of its weight packed
     for inputs of about `rows` rows (packed again once the weight changed), elsewhere (autograd, torch.compile,
     other dtypes) as before. Yields {linear: its packed weight}.
 
     On CPU, PyTorch's default float32 matmul reads a weight matrix far below memory bandwidth when the input
-    has few rows, as in decoding one token per step; the packed copy gives the same float32 numbers faster."""
-    copies = {m: WeightCopy(lambda weight, rows: pack(weight, rows) if packable(weight) else None)
-              for m in linears if packable(m.weight)}
+    has few rows, as in decoding one token per step; the packed copy gives the same float32 numbers faster.
+    dtype bfloat16 (generation under bfloat16 autocast) packs the weights rounded to bfloat16, half the bytes
+    to read: the products are autocast's (bfloat16 inputs, float32 sums, a bfloat16 output)."""
+    copies = {m: WeightCopy(lambda weight, rows: pack(weight, rows, dtype) if packable(weight, dtype) else None)
+              for m in linears if packable(m.weight, dtype)}
     packed = {m: copy.get(m.weight, rows) for m, copy in copies.items()}
-    with patched_forwards({m: inference_forward(m, copy, rows) for m, copy in copies.items()}):
+    with patched_forwards({m: inference_forward(m, copy, rows, dtype) for m, copy in copies.items()}):
         yield packed
 
 
-def inference_forward(linear, copy, rows):
-    """linear's forward on copy.get(its weight, rows) (a WeightCopy of pack) for float32 inputs in inference
-    mode."""
+def inference_forward(linear, copy, rows, dtype):
+    """linear's forward on copy.get(its weight, rows) (a WeightCopy of pack) in inference mode: float32 inputs
+    (dtype float32), or under bfloat16 autocast float32 or bfloat16 inputs (dtype bfloat16)."""
     def forward(x):
-        if not torch.compiler.is_compiling() and x.dtype == torch.float32 and torch.is_inference_mode_enabled():
+        if not torch.compiler.is_compiling() and torch.is_inference_mode_enabled() and (
+                x.dtype == torch.float32 if dtype == torch.float32 else
+                x.dtype in (torch.float32, torch.bfloat16) and torch.is_autocast_enabled("cpu")
+                and torch.get_autocast_dtype("cpu") == torch.bfloat16):
             packed = copy.get(linear.weight, rows)
             if packed is not None:
-                return packed_product(x.contiguous(), packed, linear.bias)
+                bias = linear.bias if linear.bias is None else linear.bias.to(dtype)
+                return packed_product(x.to(dtype).contiguous(), packed, bias)
         return F.linear(x, linear.weight, linear.bias)
     return forward

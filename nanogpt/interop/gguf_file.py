@@ -1,5 +1,6 @@
 """A model and its tokenizer as one GGUF file (llama.cpp's format, written by its own `gguf` package), for
-llama.cpp and Ollama. GPT-2, Llama and Qwen3 models; float32 weights (llama.cpp's tools quantize them).
+llama.cpp and Ollama. GPT-2, Llama and Qwen3 models; float32 weights, or (quantize="int8") the linear layers as
+Q8_0 holding exactly quantize.py's int8 rows.
 
 Rules the tensor names do not show:
 - GPT-2's weights are ours as they are (out, in): llama.cpp's gpt2 reads q, k and v as one matrix (attn_qkv),
@@ -137,11 +138,40 @@ def tensors(model, kind):
     return {name: np.ascontiguousarray(np.asarray(t, dtype=np.float32)) for name, t in out.items()}
 
 
-def write_gguf(model, tokenizer, kind, path, source):
+# the GGUF names of the tensors that are linear layers in model.py: the ones --quantize=int8 writes as Q8_0
+LINEAR_TENSORS = ("attn_qkv", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_up", "ffn_gate", "ffn_down")
+Q8_0_BLOCK = 32  # values per Q8_0 block, each block a float16 scale and 32 int8
+
+
+def is_linear(name):
+    return name == "output.weight" or name.endswith(".weight") and name.split(".")[-2] in LINEAR_TENSORS
+
+
+def q8_0(array):
+    """A float32 matrix (rows, k) as Q8_0's bytes (rows, k / 32 * 34): quantize.int8_rows's numbers, every block
+    of a row scaled by that row's scale (a float16 that holds it exactly)."""
+    from nanogpt.quantize import int8_rows
+    q, scale = int8_rows(torch.from_numpy(array))
+    rows, k = q.shape
+    d = scale.numpy().astype(np.float16).view(np.uint8).reshape(rows, 1, 2)
+    blocks = q.numpy().view(np.uint8).reshape(rows, k // Q8_0_BLOCK, Q8_0_BLOCK)
+    return np.concatenate([np.broadcast_to(d, (rows, k // Q8_0_BLOCK, 2)), blocks], axis=2).reshape(rows, -1)
+
+
+def bf16(array):
+    """A float32 matrix (rows, k) as BF16's bytes (rows, 2k): rounded as torch's .bfloat16() rounds (to nearest
+    even), the weights generation reads under bfloat16 autocast."""
+    return torch.from_numpy(array).bfloat16().view(torch.int16).numpy().view(np.uint8)
+
+
+def write_gguf(model, tokenizer, kind, path, source, quantize=None):
     """model (of Hugging Face model_type kind) and tokenizer as the GGUF file path, written beside it and renamed
-    into place."""
+    into place; quantize "int8": the linear layers as Q8_0, "bfloat16" (bench.py's comparison): as BF16."""
     import gguf
     c = model.config
+    if quantize == "int8" and (c.n_embd % Q8_0_BLOCK or c.mlp_width % Q8_0_BLOCK):
+        raise UserError(f"{source} has n_embd={c.n_embd} and an MLP {c.mlp_width} wide: Q8_0 needs rows of a "
+                        f"multiple of {Q8_0_BLOCK} values; export it without --quantize")
     if kind == "gpt2" and c.activation not in ("gelu", "gelu_tanh"):
         raise UserError(f"{source} has activation={c.activation}: llama.cpp's gpt2 computes GELU only; export it with "
                         f"--format=hf, or train with --activation=gelu")
@@ -166,7 +196,8 @@ def write_gguf(model, tokenizer, kind, path, source):
         writer.add_rope_dimension_count(c.head_dim)
         writer.add_rope_freq_base(c.rope_base)
         writer.add_layer_norm_rms_eps(c.norm_eps)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_file_type({None: gguf.LlamaFileType.ALL_F32, "int8": gguf.LlamaFileType.MOSTLY_Q8_0,
+                          "bfloat16": gguf.LlamaFileType.MOSTLY_BF16}[quantize])
     writer.add_vocab_size(c.vocab_size)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre(pre)
@@ -182,8 +213,16 @@ def write_gguf(model, tokenizer, kind, path, source):
     elif tokenizer.eot is not None:
         writer.add_bos_token_id(tokenizer.eot)
         writer.add_eos_token_id(tokenizer.eot)
-    for name, array in tensors(model, kind).items():
-        writer.add_tensor(name, array)
+    arrays = tensors(model, kind)
+    if quantize and "output.weight" not in arrays:  # tied: token_embd stays float32, the output layer is int8
+        arrays["output.weight"] = arrays["token_embd.weight"]
+    for name, array in arrays.items():
+        if quantize == "int8" and is_linear(name):
+            writer.add_tensor(name, q8_0(array), raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        elif quantize == "bfloat16" and is_linear(name):
+            writer.add_tensor(name, bf16(array), raw_dtype=gguf.GGMLQuantizationType.BF16)
+        else:
+            writer.add_tensor(name, array)
     try:
         writer.write_header_to_file()
         writer.write_kv_data_to_file()

@@ -1,0 +1,76 @@
+"""Decoding's thread count on a shared CPU: the cores other processes leave idle.
+
+A decode step is some 25 products of a few microseconds to a fraction of a millisecond, each split across
+PyTorch's threads, which wait for each other at its end. When another process holds one of those cores,
+every product waits for the thread that lost its core: measured on 2 cores with one busy process, 2 threads
+decode 4.7x slower than with the machine to themselves, 1 thread about as fast (docs/generation.md). So
+while decoding, the threads are the cores not busy with other processes' work (at least 1, at most what
+PyTorch was given: OMP_NUM_THREADS or torch.set_num_threads), read from Linux's /proc/stat over the last
+interval and looked at again every CHECK_SECONDS. Elsewhere (no /proc/stat) PyTorch's count stays.
+"""
+import os
+import time
+
+import torch
+
+CHECK_SECONDS = 0.5  # how often a running decode looks at the load again
+MIN_INTERVAL = 0.02  # a look this soon after the last one keeps the count: too short a time to tell the load
+
+
+def cpu_seconds():
+    """Seconds all of the machine's CPUs spent busy since boot, as /proc/stat's first line counts them (idle and
+    iowait left out); None where there is no /proc/stat."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def reading():
+    """(machine busy seconds, this process's CPU seconds, the clock), or None without /proc/stat."""
+    machine = cpu_seconds()
+    return None if machine is None else (machine, time.process_time(), time.monotonic())
+
+
+_last = reading()  # the process's last look: the first decode compares with the load since this module's import
+
+
+def others_busy(then, now):
+    """Cores busy with other processes' work between two readings (this process's own threads left out)."""
+    (busy0, ours0, t0), (busy1, ours1, t1) = then, now
+    return max(0.0, (busy1 - busy0) - (ours1 - ours0)) / (t1 - t0)
+
+
+class Threads:
+    """Within a decode: set() sets PyTorch's thread count to the cores other processes left idle since the last
+    look; restore() gives back the count it found."""
+
+    def __init__(self):
+        self.given = torch.get_num_threads()
+        self.cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        self.checked = time.monotonic()
+        self.set()
+
+    def set(self):
+        """Look at the load and set the thread count for it (where /proc/stat tells it)."""
+        global _last
+        now = reading()
+        self.checked = time.monotonic()
+        if now is None or _last is None or self.given == 1 or now[2] - _last[2] < MIN_INTERVAL:
+            return
+        idle = self.cores - others_busy(_last, now)
+        _last = now
+        threads = max(1, min(self.given, int(idle + 0.5)))
+        if threads != torch.get_num_threads():
+            torch.set_num_threads(threads)
+
+    def check(self):
+        """set() once CHECK_SECONDS have passed since the last look: called every step, costs a clock read."""
+        if time.monotonic() - self.checked >= CHECK_SECONDS:
+            self.set()
+
+    def restore(self):
+        if torch.get_num_threads() != self.given:
+            torch.set_num_threads(self.given)

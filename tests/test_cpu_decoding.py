@@ -1,0 +1,109 @@
+"""nanogpt.cpu's choices for decoding on a CPU: the float32 kernel it measures faster, and the threads it takes
+on a loaded machine."""
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import nanogpt.cpu
+from nanogpt.cpu import threads as threads_module
+from nanogpt.cpu.kernels import onednn_available
+from nanogpt.cpu.threads import Threads
+
+
+@pytest.mark.skipif(not onednn_available(), reason="this PyTorch build has no oneDNN")
+@pytest.mark.parametrize("slow", ["packed", "plain"])
+def test_the_float32_kernel_is_the_one_measured_faster_and_measured_once(monkeypatch, slow):
+    monkeypatch.setattr(nanogpt.cpu, "FLOAT32_KERNEL", None)
+    monkeypatch.setattr(nanogpt.cpu, "_kernels", {})
+    calls = []
+    real_packed, real_linear = nanogpt.cpu.packed_product, F.linear
+
+    def packed(*a):
+        calls.append("packed")
+        time.sleep(0.002 if slow == "packed" else 0)
+        return real_packed(*a)
+
+    def plain(*a):
+        calls.append("plain")
+        time.sleep(0.002 if slow == "plain" else 0)
+        return real_linear(*a)
+    monkeypatch.setattr(nanogpt.cpu, "packed_product", packed)
+    monkeypatch.setattr(nanogpt.cpu.F, "linear", plain)
+    linears = [torch.nn.Linear(32, 48), torch.nn.Linear(48, 32)]
+    assert nanogpt.cpu.float32_kernel(linears) == ({"packed", "plain"} - {slow}).pop()
+    assert calls.count("packed") == calls.count("plain") == 12  # 6 passes over 2 layers each, alternated
+    nanogpt.cpu.float32_kernel(linears)
+    assert len(calls) == 24  # measured once for these shapes and threads
+    monkeypatch.setattr(nanogpt.cpu, "FLOAT32_KERNEL", slow)
+    assert nanogpt.cpu.float32_kernel(linears) == slow  # set, not measured
+
+
+class Load:
+    """Scripted /proc/stat readings: each look, others keep `busy` cores busy for a second."""
+
+    def __init__(self, monkeypatch, busy):
+        self.busy, self.t = busy, 0.0
+        monkeypatch.setattr(threads_module, "_last", (0.0, 0.0, 0.0))
+        monkeypatch.setattr(threads_module, "reading", self.reading)
+        monkeypatch.setattr(threads_module.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+        self.machine = 0.0
+
+    def reading(self):
+        self.t += 1.0
+        self.machine += self.busy + 1.5  # this process's own 1.5 core-seconds do not count against it
+        return self.machine, 1.5 * self.t, self.t
+
+
+@pytest.mark.parametrize("busy,expected", [(0.0, 4), (1.0, 3), (2.6, 1), (3.9, 1)])
+def test_decoding_takes_the_cores_other_processes_leave_idle(monkeypatch, busy, expected):
+    given = torch.get_num_threads()
+    try:
+        torch.set_num_threads(4)
+        load = Load(monkeypatch, busy)
+        threads = Threads()
+        assert torch.get_num_threads() == expected
+        load.busy = 0.0  # the other process ended: the next look takes every core back
+        threads.checked -= threads_module.CHECK_SECONDS
+        threads.check()
+        assert torch.get_num_threads() == 4
+        load.busy = 3.0
+        threads.check()  # too soon after the last look: unchanged
+        assert torch.get_num_threads() == 4
+        threads.restore()
+        assert torch.get_num_threads() == 4
+    finally:
+        torch.set_num_threads(given)
+
+
+def test_one_thread_given_or_no_proc_stat_leaves_the_count_alone(monkeypatch):
+    given = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        Load(monkeypatch, 0.0)
+        Threads()
+        assert torch.get_num_threads() == 1  # OMP_NUM_THREADS=1 is a ceiling
+        torch.set_num_threads(3)
+        monkeypatch.setattr(threads_module, "reading", lambda: None)
+        Threads().set()
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(given)
+
+
+def test_generation_gives_back_the_thread_count_it_found(monkeypatch, tiny_config):
+    from model import GPT
+    from nanogpt.generate import generate
+    given = torch.get_num_threads()
+    try:
+        torch.set_num_threads(4)
+        Load(monkeypatch, 2.0)
+        seen = []
+        real = nanogpt.cpu.FusedStep.__call__
+        monkeypatch.setattr(nanogpt.cpu.FusedStep, "__call__",
+                            lambda self, *a: seen.append(torch.get_num_threads()) or real(self, *a))
+        generate(GPT(tiny_config).eval(), torch.zeros(1, 2, dtype=torch.long), 5, temperature=0)
+        assert seen and set(seen) == {2} and torch.get_num_threads() == 4
+    finally:
+        torch.set_num_threads(given)
