@@ -467,8 +467,7 @@ def llama_rows(cfg, model, meta, result):
     precisions = ["float32"] + ["bfloat16"] * bfloat16_products_supported() + ["int8"] * int8_available()
     kind = hf_architecture(c, "the benchmark's model")
     tokenizer = tokenizer_from_meta(meta)
-    bandwidth = result.get("read_bandwidth") or read_bandwidth(torch.device("cpu"))
-    result.update(read_bandwidth=bandwidth, llama_cpp=[])
+    result["llama_cpp"] = []
     rows, given = [], torch.get_num_threads()
     with tempfile.TemporaryDirectory() as tmp:
         files = {}
@@ -478,6 +477,7 @@ def llama_rows(cfg, model, meta, result):
         try:
             for threads in [int(t) for t in cfg.llama_threads.split(",")]:
                 torch.set_num_threads(threads)
+                bandwidth = read_bandwidth(torch.device("cpu"))  # with these threads
                 for precision in precisions:
                     ours, ctx = ours_for(model, precision)
                     for streams in (1, cfg.gen_batch):
@@ -487,7 +487,7 @@ def llama_rows(cfg, model, meta, result):
                         figure = compare(ours, ctx, theirs, n, streams, cfg.llama_repeats)
                         theirs.close()
                         read = decode_bytes_per_token(model, n, LINEAR_BYTES[precision])
-                        figure.update(precision=precision, threads=threads, streams=streams,
+                        figure.update(precision=precision, threads=threads, streams=streams, read_bandwidth=bandwidth,
                                       bandwidth_bound_tok_s=bandwidth / read)
                         result["llama_cpp"].append(figure)
                         rows.append(llama_row(figure))

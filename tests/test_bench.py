@@ -41,6 +41,10 @@ def test_decode_bytes_count_each_weight_once_plus_the_cache(tiny_config):
     untied = GPT(replace(tiny_config, tie_weights=False))  # the embedding gives one row, the head reads all of its own
     rows = sum(p.numel() for p in untied.parameters()) - (c.block_size + c.vocab_size) * c.n_embd + 2 * c.n_embd
     assert decode_bytes_per_token(untied, 100) == pytest.approx(rows * 4 + cache)
+    linears = [m for m in untied.modules() if isinstance(m, torch.nn.Linear)]
+    saved = sum(m.weight.numel() * 3 - m.out_features * 2 for m in linears)  # int8 rows and their 2-byte scales
+    assert decode_bytes_per_token(untied, 100, 1) == pytest.approx(rows * 4 + cache - saved)
+    assert decode_bytes_per_token(untied, 100, 2) == pytest.approx(rows * 4 + cache - sum(m.weight.numel() * 2 for m in linears))
 
 
 def test_bench_serve_reports_first_token_and_speed_per_client(char_dataset):
@@ -151,3 +155,29 @@ def test_the_plain_loop_runs_the_products_train_py_runs(tmp_path, char_dataset, 
     bench_module.plain_loop_ms(cfg, model, torch.device("cpu"), torch.float32, log=lambda *a: None)
     assert calls == in_train
     assert len(in_train) == (0 if keys.get("packed_linear") is False else 2 * 9)  # 2 micro-batches x 9 linear layers
+
+
+def test_bench_against_llama_cpp_says_plainly_when_it_is_missing(tmp_path, char_dataset, monkeypatch):
+    import nanogpt.interop.llamacpp_run as run
+    monkeypatch.setattr(run, "available", lambda: False)
+    cfg = BenchConfig(dataset=str(char_dataset), n_layer=2, n_head=2, n_embd=32, block_size=16, device="cpu",
+                      only="llama")
+    lines = []
+    result = bench(cfg, log=lines.append)
+    assert result["llama_cpp"] is None
+    assert any(line.startswith("llama.cpp") and "not installed, nothing compared" in line for line in lines)
+
+
+@pytest.mark.skipif(not __import__("importlib").util.find_spec("llama_cpp"), reason="needs llama-cpp-python")
+def test_bench_against_llama_cpp_times_both_on_the_same_weights(tmp_path, char_dataset):
+    """Every precision, 1 and gen_batch streams: both decode, and in float32 llama.cpp writes our greedy tokens
+    (the export is exact)."""
+    cfg = BenchConfig(dataset=str(char_dataset), n_layer=2, n_head=2, n_embd=32, block_size=32, device="cpu",
+                      only="llama", new_tokens=20, gen_batch=2, llama_threads="1", llama_repeats=1)
+    lines = []
+    result = bench(cfg, log=lines.append)
+    figures = result["llama_cpp"]
+    assert {(f["precision"], f["streams"]) for f in figures} >= {("float32", 1), ("float32", 2), ("int8", 1)}
+    assert all(f["ours_tok_s"] > 0 and f["llama_cpp_tok_s"] > 0 for f in figures)
+    assert all(f["same_tokens"] == 20 for f in figures if f["precision"] == "float32")
+    assert sum(line.startswith(("float32", "bfloat16", "int8")) for line in lines) == len(figures)
