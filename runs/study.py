@@ -41,6 +41,7 @@ GRID = (
     + [("warpeace_bpe", 3, s, 0.0) for s in ("S2", "S3")]
     + [("warpeace_char", 3, "S3", 0.0)]
     + [("shijing", 1, "S1", 0.0), ("shijing", 3, "S1", 0.2)]
+    + [("shakespeare_char", 3, "S3", 0.2), ("shakespeare_char", 10, "S3", 0.2)]  # dropout past a few epochs
 )
 
 

@@ -72,20 +72,25 @@ class Product:
             return packed_product(x, self.weight, self.bias, FUSED_ACTIVATION[act])
         if kind == "plain":
             y = F.linear(x, self.weight, self.bias)
-        elif kind == "int8":
-            y = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), *self.weight).float()
+        else:
+            y = self.low(x).float()
             if self.bias is not None:
                 y = y.add_(self.bias)
-        else:
-            bias = None if self.bias is None else self.bias.to(torch.bfloat16)
-            y = packed_product(x.to(torch.bfloat16), self.weight, bias).float()
         return y if act is None else ACTIVATION[act](y)
+
+    def low(self, x):
+        """x W^T in bfloat16, without the bias: the int8 or bfloat16 product of x rounded to bfloat16."""
+        if self.kind == "int8":
+            return torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), *self.weight)
+        return packed_product(x.to(torch.bfloat16), self.weight)
 
     def add(self, x, residual):
         if self.kind == "packed":
             return packed_product_add(x, self.weight, self.bias, residual)
-        if self.kind == "plain" and self.bias is None:
+        if self.bias is None and self.kind == "plain":
             return torch.addmm(residual, x, self.weight.t())
+        if self.bias is None:
+            return torch.add(residual, self.low(x))  # float32 + bfloat16: one operation, a float32 sum
         return residual + self(x)
 
 
