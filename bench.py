@@ -477,7 +477,6 @@ def llama_rows(cfg, model, meta, result):
         try:
             for threads in [int(t) for t in cfg.llama_threads.split(",")]:
                 torch.set_num_threads(threads)
-                bandwidth = read_bandwidth(torch.device("cpu"))  # with these threads
                 for precision in precisions:
                     ours, ctx = ours_for(model, precision)
                     for streams in (1, cfg.gen_batch):
@@ -487,6 +486,9 @@ def llama_rows(cfg, model, meta, result):
                         figure = compare(ours, ctx, theirs, n, streams, cfg.llama_repeats)
                         theirs.close()
                         read = decode_bytes_per_token(model, n, LINEAR_BYTES[precision])
+                        # a sum over as many bytes as a token reads, with these threads: where the weights fit in a
+                        # cache, so does the buffer, and the bound is the cache's
+                        bandwidth = read_bandwidth(torch.device("cpu"), int(read) // 4 * 4)
                         figure.update(precision=precision, threads=threads, streams=streams, read_bandwidth=bandwidth,
                                       bandwidth_bound_tok_s=bandwidth / read)
                         result["llama_cpp"].append(figure)
