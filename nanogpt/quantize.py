@@ -17,10 +17,14 @@ Quality, measured on the course's models (docs/generation.md): val bpb and greed
 """
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from nanogpt.errors import UserError
 
 QUANTIZE = ("int8",)  # the values --quantize takes (none: the weights as trained)
+# _weight_int8pack_mm reads its rows in blocks of 16 values: with another width it crashes the process (torch 2.13,
+# a segmentation fault), so a layer of another input width holds its rows padded with zeros, and its input too
+INT8_ROW_MULTIPLE = 16
 
 
 def check_quantize(value):
@@ -68,12 +72,13 @@ class Int8Linear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         q, scale = int8_rows(linear.weight)
-        self.register_buffer("qweight", q)
+        self.pad = -linear.in_features % INT8_ROW_MULTIPLE  # zeros after each row: they add nothing to a product
+        self.register_buffer("qweight", F.pad(q, (0, self.pad)))
         self.register_buffer("scale", scale.to(torch.bfloat16))  # exact: shared_scale
         self.bias = linear.bias  # the same Parameter (float)
 
     def forward(self, x):
-        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        rows = F.pad(x.reshape(-1, self.in_features).to(torch.bfloat16), (0, self.pad))
         y = torch.ops.aten._weight_int8pack_mm(rows, self.qweight, self.scale).to(x.dtype)
         if self.bias is not None:
             y = y + self.bias.to(x.dtype)
@@ -81,7 +86,7 @@ class Int8Linear(nn.Module):
 
     def dequantized(self):
         """The weight these int8 rows stand for, float32 (out, in): the reference the tests hold them to."""
-        return self.qweight.float() * self.scale.float()[:, None]
+        return self.qweight[:, :self.in_features].float() * self.scale.float()[:, None]
 
     def extra_repr(self):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 rows"

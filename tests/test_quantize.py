@@ -40,14 +40,17 @@ def test_int8_rows_are_numpys_rounding_with_scales_float16_and_bfloat16_hold():
         int8_rows(torch.tensor([[1.0, float("nan")]]))
 
 
-def test_an_int8_linear_is_the_bfloat16_product_of_its_dequantized_weight():
+@pytest.mark.parametrize("width", [64, 40, 7])
+def test_an_int8_linear_is_the_bfloat16_product_of_its_dequantized_weight(width):
+    """Any input width: PyTorch's int8 product takes rows of a multiple of 16 (another width crashes the process),
+    so the layer pads its rows and its input with zeros."""
     g = torch.Generator().manual_seed(1)
-    linear = torch.nn.Linear(64, 40)
+    linear = torch.nn.Linear(width, 40)
     with torch.no_grad():
         linear.weight.normal_(0, 0.3, generator=g)
         linear.bias.normal_(0, 1, generator=g)
     layer = Int8Linear(linear)
-    x = torch.randn(3, 5, 64, generator=g)
+    x = torch.randn(3, 5, width, generator=g)
     y = layer(x)
     assert y.shape == (3, 5, 40) and y.dtype == torch.float32
     want = x.bfloat16().double() @ layer.dequantized().double().T  # bfloat16 inputs, exact sums
@@ -86,8 +89,10 @@ def test_int8_fused_steps_match_the_int8_models_own_forward(tiny_config, option)
             torch.testing.assert_close(logits, full[:, t], atol=0.01 * scale, rtol=0)
 
 
-def test_int8_generation_runs_fused_and_gives_the_int8_models_greedy_tokens(monkeypatch, tiny_config):
-    model = quantize(sharp32(replace(tiny_config, **OPTIONS["modern"])), "int8")
+@pytest.mark.parametrize("width", [32, 40])
+def test_int8_generation_runs_fused_and_gives_the_int8_models_greedy_tokens(monkeypatch, tiny_config, width):
+    """n_embd 40: rows padded to 48 in every layer, the fused step's products included."""
+    model = quantize(sharp32(replace(tiny_config, n_embd=width, **OPTIONS["modern"])), "int8")
     calls = []
     real = FusedStep.__call__
     monkeypatch.setattr(FusedStep, "__call__", lambda self, *a: calls.append(1) or real(self, *a))

@@ -53,12 +53,12 @@ class Product:
     - "plain": the layer's own float32 weight, through PyTorch's default matmul (MKL's on x86);
     - "bfloat16": packed in bfloat16, the input rounded to bfloat16 and the output back to float32;
     - "int8": int8 rows (quantize.py), the input rounded to bfloat16 and the output back to float32."""
-    __slots__ = ("kind", "weight", "bias")
+    __slots__ = ("kind", "weight", "bias", "pad")
 
     def __init__(self, module, packed, dtype, plain=False):
-        self.bias = module.bias
+        self.bias, self.pad = module.bias, 0
         if isinstance(module, Int8Linear):
-            self.kind, self.weight = "int8", (module.qweight, module.scale)
+            self.kind, self.weight, self.pad = "int8", (module.qweight, module.scale), module.pad
         elif dtype == torch.bfloat16:
             self.kind, self.weight = "bfloat16", packed[module]
         elif plain:
@@ -81,7 +81,8 @@ class Product:
     def low(self, x):
         """x W^T in bfloat16, without the bias: the int8 or bfloat16 product of x rounded to bfloat16."""
         if self.kind == "int8":
-            return torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), *self.weight)
+            x = x.to(torch.bfloat16)
+            return torch.ops.aten._weight_int8pack_mm(F.pad(x, (0, self.pad)) if self.pad else x, *self.weight)
         return packed_product(x.to(torch.bfloat16), self.weight)
 
     def add(self, x, residual):
