@@ -107,3 +107,19 @@ def test_generation_gives_back_the_thread_count_it_found(monkeypatch, tiny_confi
         assert seen and set(seen) == {2} and torch.get_num_threads() == 4
     finally:
         torch.set_num_threads(given)
+
+
+def test_the_load_counts_only_the_cpus_this_process_may_run_on(tmp_path):
+    """/proc/stat's cpuN lines of the process's own CPUs: a container that sees 64 busy host CPUs but runs on two
+    idle ones must not drop to one thread."""
+    import os
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  900 0 900 100 0 0 0 0 0 0\n"
+                    "cpu0 100 0 100 50 0 0 0 0 0 0\n"
+                    "cpu1 200 0 0 50 7 0 0 0 0 0\n"
+                    "cpu2 300 0 300 0 0 0 0 0 0 0\n"
+                    "intr 12345\n")
+    ticks = os.sysconf("SC_CLK_TCK")
+    assert threads_module.cpu_seconds(str(stat), {0, 1}) == pytest.approx(400 / ticks)  # idle, iowait left out
+    assert threads_module.cpu_seconds(str(stat), {2}) == pytest.approx(600 / ticks)
+    assert threads_module.cpu_seconds(str(tmp_path / "none"), {0}) is None

@@ -17,15 +17,26 @@ CHECK_SECONDS = 0.5  # how often a running decode looks at the load again
 MIN_INTERVAL = 0.02  # a look this soon after the last one keeps the count: too short a time to tell the load
 
 
-def cpu_seconds():
-    """Seconds all of the machine's CPUs spent busy since boot, as /proc/stat's first line counts them (idle and
-    iowait left out); None where there is no /proc/stat."""
+def cpu_seconds(path="/proc/stat", cpus=None):
+    """Seconds the CPUs this process may run on (cpus: their numbers; None: sched_getaffinity's) spent busy since
+    boot, as /proc/stat's cpuN lines count them (idle and iowait left out): in a container that sees the host's
+    CPUs, the others' load does not count. None where there is no /proc/stat."""
+    if cpus is None:
+        cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    busy = 0
     try:
-        with open("/proc/stat") as f:
-            fields = [int(v) for v in f.readline().split()[1:9]]
-    except (OSError, ValueError):
+        with open(path) as f:
+            for line in f:
+                name, *values = line.split()
+                if not (name.startswith("cpu") and name[3:].isdigit()):
+                    continue
+                if cpus is not None and int(name[3:]) not in cpus:
+                    continue
+                fields = [int(v) for v in values[:8]]
+                busy += sum(fields) - fields[3] - fields[4]
+    except (OSError, ValueError, IndexError):
         return None
-    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+    return busy / os.sysconf("SC_CLK_TCK")
 
 
 def reading():
