@@ -124,7 +124,7 @@ def main(argv):
     try:
         if cfg.format == "gguf":
             from nanogpt.interop.gguf_file import write_gguf
-            write_gguf(model, tokenizer, kind, cfg.gguf_file, cfg.path, cfg.quantize or None)
+            write_gguf(model, tokenizer, kind, cfg.gguf_file, cfg.path, cfg.quantize)
             print(f"wrote {cfg.gguf_file}: run it with llama.cpp (llama-cli -m {cfg.gguf_file}) or Ollama; see docs/export.md")
             return
         write_hf(model, tokenizer, meta, cfg.hf_dir, kind)

@@ -28,10 +28,10 @@ INT8_ROW_MULTIPLE = 16
 
 
 def check_quantize(value):
-    """value, or ValueError for anything but None/"" and QUANTIZE."""
-    if value not in (None, "", *QUANTIZE):
+    """value, or ValueError for anything but "" (the weights as trained) and QUANTIZE."""
+    if value not in ("", *QUANTIZE):
         raise ValueError(f"quantize must be int8 (weight-only int8 linear layers) or empty, got {value!r}")
-    return value or None
+    return value
 
 
 def int8_available():
@@ -93,9 +93,10 @@ class Int8Linear(nn.Module):
 
 
 def quantize(model, kind):
-    """model with every nn.Linear replaced, in place, by its int8 form (kind "int8"); returns model. The
-    float weights of replaced layers are dropped (a tied output layer's table stays: the embedding reads it)."""
-    if kind is None:
+    """model with every nn.Linear replaced, in place, by its int8 form (kind "int8"; "" or None: unchanged); returns
+    model. The float weights of replaced layers are dropped (a tied output layer's table stays: the embedding reads
+    it)."""
+    if not kind:
         return model
     if not int8_available():
         raise UserError("this PyTorch has no int8 weight-only product (torch.ops.aten._weight_int8pack_mm): "

@@ -74,7 +74,7 @@ class Source:
 
     def __post_init__(self):
         check_init_from(self.init_from, ("resume", "checkpoint", "pretrained"))
-        self.quantize = check_quantize(self.quantize) or ""
+        check_quantize(self.quantize)
 
     @property
     def kind(self):
@@ -103,7 +103,7 @@ def load_trained(source, device="cpu"):
     hint = (f"; copy the meta.json of the dataset it was trained on into {source.path} (export.py writes it)"
             if source.kind == "pretrained" and os.path.isdir(source.path) else "")
     check_decodes(tokenizer, model.config.vocab_size, source.path, hint)
-    return quantize(model.eval().to(device), source.quantize or None), tokenizer, dataset
+    return quantize(model.eval().to(device), source.quantize), tokenizer, dataset
 
 
 def read_source(source, device="cpu"):

@@ -43,7 +43,7 @@ def main():
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=a.n_layer, n_head=a.n_head, n_embd=a.n_embd, block_size=a.block_size,
                           vocab_size=a.vocab_size, bias=False, dropout=0.0)).eval()
-    quantize(model, a.quantize or None)
+    quantize(model, a.quantize)
     token = torch.zeros(1, dtype=torch.long)
     kinds = []
 

@@ -12,6 +12,7 @@ tokens and the same contexts for every model. Results go to OUT/results.jsonl, o
 Run it on a quiet machine: the budgets are wall time.
 """
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -37,13 +38,19 @@ def timed(args, log):
 
 def score(ckpt_dir, dataset, context):
     """Bits per byte of best.pt in ckpt_dir over dataset's whole val split, in windows of `context` tokens."""
+    from nanogpt.source import Source, load_model
+    model, _ = load_model(Source(init_from=ckpt_dir, ckpt="best.pt"))
+    return val_bpb(model, dataset, context)
+
+
+def val_bpb(model, dataset, context, autocast=contextlib.nullcontext):
+    """Bits per byte of model over dataset's whole val split, in consecutive windows of `context` tokens, each token
+    predicted from the window before it (computed within autocast()): the same tokens and contexts for every model."""
     import numpy as np
     import torch
     import torch.nn.functional as F
 
-    from nanogpt.source import Source, load_model
     from nanogpt.tokenizer import read_meta, token_byte_lengths, tokenizer_from_meta
-    model, _ = load_model(Source(init_from=ckpt_dir, ckpt="best.pt"))
     meta = read_meta(dataset)
     lengths = torch.tensor(token_byte_lengths(tokenizer_from_meta(meta), model.config.vocab_size), dtype=torch.float64)
     val = np.fromfile(os.path.join(dataset, "val.bin"), dtype=np.dtype(meta.get("dtype", "uint16"))).astype(np.int64)
@@ -51,9 +58,9 @@ def score(ckpt_dir, dataset, context):
     x = torch.from_numpy(val[:n * context].reshape(n, context))
     y = torch.from_numpy(val[1:n * context + 1].reshape(n, context))
     nats, nbytes = 0.0, 0.0
-    with torch.no_grad():
+    with torch.no_grad(), autocast():
         for i in range(0, n, 64):
-            logits, _ = model(x[i:i + 64], y[i:i + 64])
+            logits, _ = model(x[i:i + 64])
             loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y[i:i + 64].reshape(-1), reduction="sum")
             nats += loss.item()
             nbytes += lengths[y[i:i + 64].reshape(-1)].sum().item()

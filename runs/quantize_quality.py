@@ -13,7 +13,6 @@ import argparse
 import contextlib
 import copy
 import json
-import math
 import os
 import statistics
 import sys
@@ -25,13 +24,13 @@ sys.path.insert(0, ROOT)
 def main():
     import numpy as np
     import torch
-    import torch.nn.functional as F
 
+    from minutes_bench import val_bpb  # beside this script: the one val bpb of the runs' benchmarks
     from nanogpt.cpu.kernels import bfloat16_products_supported
     from nanogpt.generate import generate
     from nanogpt.quantize import quantize
     from nanogpt.source import Source, load_model
-    from nanogpt.tokenizer import read_meta, token_byte_lengths, tokenizer_from_meta
+    from nanogpt.tokenizer import read_meta
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out_dir", required=True)
@@ -46,27 +45,12 @@ def main():
 
     model, _ = load_model(Source(init_from=a.out_dir, ckpt=a.ckpt))
     meta = read_meta(a.dataset)
-    tokenizer = tokenizer_from_meta(meta)
-    lengths = torch.tensor(token_byte_lengths(tokenizer, model.config.vocab_size), dtype=torch.float64)
     val = np.fromfile(os.path.join(a.dataset, "val.bin"), dtype=np.dtype(meta.get("dtype", "uint16"))).astype(np.int64)
     context = a.context or model.config.block_size
     variants = {"float32": (model, contextlib.nullcontext)}
     if bfloat16_products_supported():
         variants["bfloat16"] = (model, lambda: torch.autocast("cpu", torch.bfloat16))
     variants["int8"] = (quantize(copy.deepcopy(model), "int8"), contextlib.nullcontext)
-
-    def bpb(m, ctx):
-        n = (len(val) - 1) // context
-        x = torch.from_numpy(val[:n * context].reshape(n, context))
-        y = torch.from_numpy(val[1:n * context + 1].reshape(n, context))
-        nats = nbytes = 0.0
-        with torch.inference_mode(), ctx():
-            for i in range(0, n, 32):
-                logits, _ = m(x[i:i + 32])
-                nats += F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y[i:i + 32].reshape(-1),
-                                        reduction="sum").item()
-                nbytes += lengths[y[i:i + 32].reshape(-1)].sum().item()
-        return nats / math.log(2) / nbytes
 
     starts = np.linspace(0, len(val) - a.prompt_tokens - 1, a.prompts).astype(int)
     prompts = torch.from_numpy(np.stack([val[s:s + a.prompt_tokens] for s in starts]))
@@ -81,7 +65,7 @@ def main():
         same = (tokens == reference).float().mean().item()
         runs = [int((row != ref).nonzero()[0]) if (row != ref).any() else a.new_tokens
                 for row, ref in zip(tokens, reference)]
-        results[name] = {"val_bpb": bpb(m, ctx), "greedy_same": same, "greedy_run": statistics.mean(runs)}
+        results[name] = {"val_bpb": val_bpb(m, a.dataset, context, ctx), "greedy_same": same, "greedy_run": statistics.mean(runs)}
         print(f"{name:9s} val bpb {results[name]['val_bpb']:.4f}  greedy tokens as float32's: {same:6.1%}, "
               f"first difference after {results[name]['greedy_run']:.0f} of {a.new_tokens} (mean of {a.prompts})",
               flush=True)

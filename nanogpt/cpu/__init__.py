@@ -35,11 +35,12 @@ def float32_kernel(linears):
     measured once per process for each set of shapes and thread count (FLOAT32_KERNEL, where set, instead)."""
     if FLOAT32_KERNEL is not None:
         return FLOAT32_KERNEL
-    weights = []
+    weights, nbytes = [], 0
     for m in linears:
-        if sum(w.numel() * 4 for w in weights) >= PROBE_BYTES:
+        if nbytes >= PROBE_BYTES:
             break
         weights.append(m.weight.detach())
+        nbytes += m.weight.numel() * 4
     key = (tuple(w.shape for w in weights), torch.get_num_threads())
     if key not in _kernels:
         with torch.inference_mode():

@@ -166,7 +166,8 @@ def bf16(array):
 
 def write_gguf(model, tokenizer, kind, path, source, quantize=None):
     """model (of Hugging Face model_type kind) and tokenizer as the GGUF file path, written beside it and renamed
-    into place; quantize "int8": the linear layers as Q8_0, "bfloat16" (bench.py's comparison): as BF16."""
+    into place; quantize "int8": the linear layers as Q8_0, "bfloat16" (bench.py's comparison): as BF16; "" or None:
+    float32."""
     import gguf
     c = model.config
     if quantize == "int8" and (c.n_embd % Q8_0_BLOCK or c.mlp_width % Q8_0_BLOCK):
@@ -197,7 +198,7 @@ def write_gguf(model, tokenizer, kind, path, source, quantize=None):
         writer.add_rope_freq_base(c.rope_base)
         writer.add_layer_norm_rms_eps(c.norm_eps)
     writer.add_file_type({None: gguf.LlamaFileType.ALL_F32, "int8": gguf.LlamaFileType.MOSTLY_Q8_0,
-                          "bfloat16": gguf.LlamaFileType.MOSTLY_BF16}[quantize])
+                          "bfloat16": gguf.LlamaFileType.MOSTLY_BF16}[quantize or None])
     writer.add_vocab_size(c.vocab_size)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre(pre)
