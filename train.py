@@ -134,9 +134,11 @@ class Run(Start):
         self.metrics = Metrics(os.path.join(cfg.out_dir, "log.jsonl"), cfg, log, record=writer, iter=self.iter_num)
         # --minutes: the budget runs from process start to exit; a resumed run's from its own start, less the
         # training time before it
-        kept = (self.plan or {}).get("kept", [])
-        self.deadline = None if cfg.minutes is None else Deadline(t_start + cfg.minutes * 60 - trained,
-                                                                   cfg.max_iters if "max_iters" in kept else None)
+        # a max_iters the user set, or a plan that ends before its budget (the corpus is worth fewer epochs), is a
+        # ceiling: the budget may end the run sooner, never make it longer
+        plan = self.plan or {}
+        ceiling = cfg.max_iters if "max_iters" in plan.get("kept", []) or plan.get("ends_early") else None
+        self.deadline = None if cfg.minutes is None else Deadline(t_start + cfg.minutes * 60 - trained, ceiling)
         self.best_bpb = None
         if self.plan is not None and self.iter_num == 0 and writer:
             self.metrics.record(kind="plan", iter=0, **self.plan)

@@ -258,18 +258,24 @@ def check_special_tokens(special_tokens, n, path):
     return special_tokens
 
 
+def token_byte_strings(tokenizer, vocab_size):
+    """The UTF-8 bytes of each token id below vocab_size (b"" for special tokens and padding)."""
+    if isinstance(tokenizer, ChatTokenizer):  # role tokens are no text
+        base = tokenizer.base.vocab_size
+        return token_byte_strings(tokenizer.base, base) + [b""] * (vocab_size - base)
+    if isinstance(tokenizer, CharTokenizer):
+        strings = [c.encode("utf-8") for c in tokenizer.chars]
+    else:
+        strings = [tokenizer.token_bytes(i) for i in range(tokenizer.vocab_size)]
+        for i in tokenizer.enc._special_tokens.values():
+            strings[i] = b""
+    return (strings + [b""] * vocab_size)[:vocab_size]
+
+
 def token_byte_lengths(tokenizer, vocab_size):
     """UTF-8 bytes of each token id below vocab_size (0 for special tokens and padding): the
     denominator of bits per byte."""
-    if isinstance(tokenizer, ChatTokenizer):  # role tokens are no text
-        return token_byte_lengths(tokenizer.base, tokenizer.base.vocab_size) + [0] * (vocab_size - tokenizer.base.vocab_size)
-    if isinstance(tokenizer, CharTokenizer):
-        lengths = [len(c.encode("utf-8")) for c in tokenizer.chars]
-    else:
-        lengths = [len(tokenizer.token_bytes(i)) for i in range(tokenizer.vocab_size)]
-        for i in tokenizer.enc._special_tokens.values():
-            lengths[i] = 0
-    return (lengths + [0] * vocab_size)[:vocab_size]
+    return [len(b) for b in token_byte_strings(tokenizer, vocab_size)]
 
 
 class StreamDecoder:

@@ -29,12 +29,12 @@ sys.path.insert(0, ROOT)
 
 from nanogpt.training.plan import LADDER, TRAIN_SHARE, schedule_keys  # noqa: E402
 
-# (dataset, budget minutes, shape, dropout): the grid. Sizes around each budget's best, more at the small budgets,
-# dropout where a small corpus is seen many times.
+# (dataset, budget: minutes or epochs, shape, dropout): the grid. Sizes around each budget's best, more at the small
+# budgets, dropout where a small corpus is seen many times.
 GRID = (
     [("shakespeare_char", 1, s, 0.0) for s in ("S1", "S2", "S3")]
     + [("shakespeare_char", 3, s, 0.0) for s in ("S2", "S3")]
-    + [("shakespeare_char", 10, "S3", 0.0)]
+    + [("shakespeare_char", 10, s, 0.0) for s in ("S3", "S4")]
     + [("songshi", 1, s, 0.0) for s in ("S2", "S3")]
     + [("songshi", 3, s, 0.0) for s in ("S3", "S4")]
     + [("warpeace_bpe", 1, s, 0.0) for s in ("S2", "S3")]
@@ -42,7 +42,25 @@ GRID = (
     + [("warpeace_char", 3, "S3", 0.0)]
     + [("shijing", 1, "S1", 0.0), ("shijing", 3, "S1", 0.2)]
     + [("shakespeare_char", 3, "S3", 0.2), ("shakespeare_char", 10, "S3", 0.2)]  # dropout past a few epochs
+    # the data-limited regime: a 100 KB corpus, a few epochs decayed to their end against many epochs with dropout
+    + [("warpeace100k", "4ep", s, 0.0) for s in ("S3", "S4", "S5", "S6")]
+    + [("warpeace100k", e, "S4", 0.0) for e in ("2.5ep", "6ep")]
+    + [("warpeace100k", 10, "S5", 0.2), ("warpeace100k", "10ep", "S5", 0.2)]
+    + [("shakespeare100k", "4ep", s, 0.0) for s in ("S3", "S4")] + [("songshi1m", "4ep", "S2", 0.0)]
 )
+
+
+def point_name(point):
+    dataset, budget, shape, dropout = point
+    return f"{dataset}-{budget}{'m' if isinstance(budget, (int, float)) else ''}-{shape}-d{dropout}"
+
+
+def point_tokens(point, tok_s, unique):
+    """The training tokens of a point: its minutes at the clock's speed, or its epochs ("4ep") of the corpus."""
+    budget = point[1]
+    if isinstance(budget, str):
+        return int(float(budget.removesuffix("ep")) * unique)
+    return int(budget * 60 * TRAIN_SHARE * tok_s)
 
 
 def bench(dataset_dir, shape):
@@ -59,15 +77,19 @@ def bench(dataset_dir, shape):
     return b["tokens_per_iter"] / (b["train_ms"] / 1000)
 
 
+def train_tokens(args, dataset):
+    return os.path.getsize(os.path.join(args.datasets, dataset, "train.bin")) // 2
+
+
 def run_point(args, clock, point):
     dataset, minutes, shape, dropout = point
     tok_s = clock[dataset][shape]
     keys = {**LADDER[shape], "dropout": dropout,
-            **schedule_keys(LADDER[shape], int(minutes * 60 * TRAIN_SHARE * tok_s))}
+            **schedule_keys(LADDER[shape], point_tokens(point, tok_s, train_tokens(args, dataset)))}
     # an evaluation at least once an epoch, as a plan does: a small corpus peaks within a few epochs
-    train_tokens = os.path.getsize(os.path.join(args.datasets, dataset, "train.bin")) // 2
-    keys["eval_interval"] = max(1, min(keys["eval_interval"], train_tokens // (keys["batch_size"] * keys["block_size"])))
-    name = f"{dataset}-{minutes}m-{shape}-d{dropout}"
+    epoch = train_tokens(args, dataset) // (keys["batch_size"] * keys["block_size"])
+    keys["eval_interval"] = max(1, min(keys["eval_interval"], epoch))
+    name = point_name(point)
     out_dir = os.path.join(args.out, "runs", name)
     shutil.rmtree(out_dir, ignore_errors=True)  # a point stopped before: its log would mix with this one's
     cmd = [sys.executable, "train.py", f"--dataset={os.path.join(args.datasets, dataset)}", f"--out_dir={out_dir}",
@@ -112,8 +134,9 @@ def main():
     done = set()
     if os.path.exists(points_path):
         done = {json.loads(line)["name"] for line in open(points_path)}
-    todo = [pt for pt in GRID if f"{pt[0]}-{pt[1]}m-{pt[2]}-d{pt[3]}" not in done]
-    todo.sort(key=lambda pt: (pt[1], pt[0] != "shijing"))  # shortest first: the law can be fitted while the longest run
+    todo = [pt for pt in GRID if point_name(pt) not in done]
+    # shortest first: the law can be fitted while the longest run
+    todo.sort(key=lambda pt: point_tokens(pt, clock[pt[0]][pt[2]], train_tokens(args, pt[0])) / clock[pt[0]][pt[2]])
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool, open(points_path, "a") as f:
         for result in pool.map(lambda pt: run_point(args, clock, pt), todo):
             f.write(json.dumps(result) + "\n")

@@ -4,13 +4,15 @@
     git clone --depth 1 https://github.com/GITenberg/War-and-Peace_2600             # Project Gutenberg's #2600
     git clone --depth 1 https://github.com/GITenberg/Pride-and-Prejudice_1342       # and #1342
     python runs/study_corpora.py --poetry chinese-poetry --war_and_peace War-and-Peace_2600/2600-0.txt \
-        --pride Pride-and-Prejudice_1342/1342-0.txt --out corpora
-    for c in shijing songshi songci pride pride100k; do python data/prepare.py --input corpora/$c.txt --out ds/$c; done
+        --pride Pride-and-Prejudice_1342/1342-0.txt --shakespeare data/shakespeare_char/input.txt --out corpora
+    for c in shijing songshi songshi1m songci pride pride100k warpeace100k shakespeare100k; do
+        python data/prepare.py --input corpora/$c.txt --out ds/$c; done
     python data/prepare.py --input corpora/warpeace.txt --out ds/warpeace_char
     python data/prepare.py --input corpora/warpeace.txt --tokenizer bpe --out ds/warpeace_bpe
 
-Writes shijing.txt (詩經, 115 KB), songshi.txt (the first 30 MB of the Song poems in 全唐诗/poet.song.*.json),
-songci.txt (宋詞, 5.7 MB), warpeace.txt (3.3 MB) and pride.txt (690 KB) with pride100k.txt, its first 100,000 bytes.
+Writes shijing.txt (詩經, 115 KB), songshi.txt (the first 30 MB of the Song poems in 全唐诗/poet.song.*.json) and
+songshi1m.txt (its first 1 MB), songci.txt (宋詞, 5.7 MB), warpeace.txt (3.3 MB), pride.txt (690 KB), and the first
+100,000 bytes of three of them: pride100k.txt, warpeace100k.txt and shakespeare100k.txt (tiny Shakespeare).
 A poem is its title, its author where known, and its lines, a blank line between poems; a Gutenberg book is its
 text between the START and END markers. From those sources (2026-12-03) the study's files came out byte for byte.
 """
@@ -26,6 +28,12 @@ def gutenberg(path, out):
     start = text.find("\n", text.find("*** START OF")) + 1
     with open(out, "w", encoding="utf-8") as f:
         f.write(text[start:text.find("*** END OF")].strip() + "\n")
+
+
+def head(path, size, out):
+    """The first `size` bytes of path, less a character they would cut in two."""
+    with open(path, "rb") as f, open(out, "wb") as g:
+        g.write(f.read(size).decode("utf-8", "ignore").encode("utf-8"))
 
 
 def poems(files, out, key="paragraphs", limit=None):
@@ -60,15 +68,19 @@ def main():
     p.add_argument("--poetry", required=True, help="a checkout of github.com/chinese-poetry/chinese-poetry")
     p.add_argument("--war_and_peace", required=True, help="Project Gutenberg's #2600, as text")
     p.add_argument("--pride", required=True, help="Project Gutenberg's #1342, as text")
+    p.add_argument("--shakespeare", required=True, help="tiny Shakespeare (data/shakespeare_char/input.txt)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     out = lambda name: os.path.join(args.out, name)  # noqa: E731
     gutenberg(args.war_and_peace, out("warpeace.txt"))
     gutenberg(args.pride, out("pride.txt"))
-    with open(out("pride.txt"), "rb") as f, open(out("pride100k.txt"), "wb") as g:
-        g.write(f.read(100_000).decode("utf-8", "ignore").encode("utf-8"))
+    for source, size, name in ((out("pride.txt"), 100_000, "pride100k.txt"),
+                               (out("warpeace.txt"), 100_000, "warpeace100k.txt"),
+                               (args.shakespeare, 100_000, "shakespeare100k.txt")):
+        head(source, size, out(name))
     poems(numbered(os.path.join(args.poetry, "全唐诗"), r"poet\.song\.(\d+)\.json"), out("songshi.txt"), limit=30_000_000)
+    head(out("songshi.txt"), 1_000_000, out("songshi1m.txt"))
     poems(numbered(os.path.join(args.poetry, "宋词"), r"ci\.song\.(\d+)\.json"), out("songci.txt"))
     shijing = os.path.join(args.poetry, "诗经")
     poems([os.path.join(shijing, n) for n in sorted(os.listdir(shijing)) if n.endswith(".json")], out("shijing.txt"),

@@ -18,41 +18,73 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from nanogpt.tokenizer import read_meta, token_byte_lengths, tokenizer_from_meta  # noqa: E402
-from nanogpt.training.plan import LAW, predict_bpb, read_corpus  # noqa: E402
+from nanogpt.tokenizer import read_meta, token_byte_strings, tokenizer_from_meta  # noqa: E402
+from nanogpt.training.plan import LAW, max_epochs, predict_bpb, read_corpus  # noqa: E402
 
 # alpha and beta stay at Chinchilla's exponents (Hoffmann et al., 2022: 0.34 and 0.28): two budgets and three sizes
 # a corpus cannot pin them down, and freed they trade against the floor (beta ran to its bound, the floor below 0)
-FREE = ("e0", "e1", "A", "B", "R", "R_dropout")
-LOW = (-5.0, -2.0, 0.0, 0.0, 0.5, 0.0)
-HIGH = (5.0, 5.0, 10.0, 50.0, 100.0, 500.0)
+SHARED = ("A", "B", "R", "R_dropout", "dropout_cost")
+LOW = (0.0, 0.0, 0.5, 0.0, 0.0)
+HIGH = (10.0, 50.0, 100.0, 500.0, 4.5)
 
 
 def corpus_of(datasets, name, cache={}):
     if name not in cache:
         path = os.path.join(datasets, name)
         meta = read_meta(path)
-        cache[name] = read_corpus(path, meta, token_byte_lengths(tokenizer_from_meta(meta), meta["vocab_size"]))
+        cache[name] = read_corpus(path, meta, token_byte_strings(tokenizer_from_meta(meta), meta["vocab_size"]))
     return cache[name]
 
 
-def predictions(values, points, datasets):
-    law = {**LAW, **dict(zip(FREE, values))}
-    return np.array([predict_bpb(p, p["max_iters"] * p["batch_size"] * p["block_size"], corpus_of(datasets, p["dataset"]),
-                                 law) for p in points])
+def tokens_of(point):
+    return point["max_iters"] * point["batch_size"] * point["block_size"]
 
 
-def fit(points, datasets, start):
+def epochs_of(point, datasets):
+    return tokens_of(point) / corpus_of(datasets, point["dataset"]).train_tokens
+
+
+def predictions(law, points, datasets, floors=None):
+    """The law's val bpb for each point; floors: a floor for each corpus, in place of the law's e0 + e1 * hardness."""
+    out = []
+    for p in points:
+        c = corpus_of(datasets, p["dataset"])
+        here = law if floors is None else {**law, "e0": floors[p["dataset"]], "e1": 0.0, "e2": 0.0}
+        out.append(predict_bpb(p, tokens_of(p), c, here))
+    return np.array(out)
+
+
+def fit(points, datasets, start=LAW):
+    """The law fitted in two steps: first what it says within a corpus (A, B, R: the shapes, budgets and
+    dropouts), each corpus with a floor of its own; then the floors as a line in the corpora's hardness (e0, e1).
+    Within a corpus the floor cancels, so the shape the plan chooses does not hang on how well hardness predicts
+    it."""
     from scipy.optimize import least_squares
+    names = sorted({p["dataset"] for p in points})
     target = np.array([p["best_val_bpb"] for p in points])
+
+    def unpack(v):
+        return {**start, **dict(zip(SHARED, v[:len(SHARED)]))}, dict(zip(names, v[len(SHARED):]))
     best = None
-    for b in (0.5, 2.0, 8.0):  # a few starts: the surface has shallow valleys
-        x0 = np.clip([*start[:3], b, *start[4:]], LOW, HIGH)
-        r = least_squares(lambda v: np.log(np.maximum(predictions(v, points, datasets), 0.05)) - np.log(target), x0,
-                          bounds=(LOW, HIGH))
+    for b in (0.3, 0.8, 2.0):  # a few starts: the surface has shallow valleys
+        x0 = [*np.clip([start["A"], b, start["R"], start["R_dropout"], start["dropout_cost"]], LOW, HIGH),
+              *([1.0] * len(names))]
+        def residuals(v):
+            law, floors = unpack(v)
+            return np.log(np.maximum(predictions(law, points, datasets, floors), 0.05)) - np.log(target)
+        r = least_squares(residuals, x0, bounds=([*LOW, *[-5.0] * len(names)], [*HIGH, *[5.0] * len(names)]))
         if best is None or r.cost < best.cost:
             best = r
-    return best.x
+    law, floors = unpack(best.x)
+    x = np.array([[1.0, corpus_of(datasets, n).hardness, math.log(corpus_of(datasets, n).train_bytes / 1e6)]
+                  for n in names])
+    e0, e1, e2 = np.linalg.lstsq(x, [floors[n] for n in names], rcond=None)[0]
+    return {**law, "e0": float(e0), "e1": float(e1), "e2": float(e2)}, floors
+
+
+def budget_order(budget):
+    """Minutes first, in order, then budgets in epochs ("4ep")."""
+    return (0, budget) if isinstance(budget, (int, float)) else (1, float(budget.removesuffix("ep")))
 
 
 def main():
@@ -62,27 +94,40 @@ def main():
     p.add_argument("--png")
     args = p.parse_args()
     with open(os.path.join(args.study, "points.jsonl")) as f:
-        points = [json.loads(line) for line in f if '"best_val_bpb"' in line]
-    start = [LAW[k] for k in FREE]
-    values = fit(points, args.datasets, start)
-    law = dict(zip(FREE, values))
-    pred = predictions(values, points, args.datasets)
+        runs = [json.loads(line) for line in f if '"best_val_bpb"' in line]
+    # the law describes the runs a plan makes: none past the epochs a plan schedules at its dropout (those runs
+    # peaked there, with their rate still high, and are shown after the fit)
+    points = [p for p in runs if epochs_of(p, args.datasets) <= 1.1 * max_epochs(p["dropout"])]
+    beyond = [p for p in runs if p not in points]
+    law, floors = fit(points, args.datasets)
+    pred = predictions(law, points, args.datasets)
+    within = predictions(law, points, args.datasets, floors)
     rel = pred / np.array([p["best_val_bpb"] for p in points]) - 1
-    print("LAW = dict(" + ", ".join(f"{k}={v:.4g}" for k, v in law.items()) + ")")
+    print("LAW = dict(" + ", ".join(f"{k}={law[k]:.4g}" for k in ("e0", "e1", "e2", *SHARED)) + ")")
     print(f"in-sample: rms relative error {math.sqrt((rel ** 2).mean()) * 100:.2f}%, worst {abs(rel).max() * 100:.2f}%")
+    rel_within = within / np.array([p["best_val_bpb"] for p in points]) - 1
+    print(f"within a corpus (its own floor): rms {math.sqrt((rel_within ** 2).mean()) * 100:.2f}%, "
+          f"worst {abs(rel_within).max() * 100:.2f}%")
+    print("floors: " + ", ".join(f"{n} {f:.3f} (hardness {corpus_of(args.datasets, n).hardness:.3f})"
+                                 for n, f in floors.items()))
     print(f"\n{'point':34s} {'params':>7s} {'tokens':>7s} {'epochs':>6s} {'val bpb':>8s} {'law':>7s}")
     for pt, y, e in zip(points, pred, rel):
         c = corpus_of(args.datasets, pt["dataset"])
-        tokens = pt["max_iters"] * pt["batch_size"] * pt["block_size"]
+        tokens = tokens_of(pt)
         print(f"{pt['name']:34s} {12 * pt['n_layer'] * pt['n_embd'] ** 2 / 1e6:6.2f}M {tokens / 1e6:6.2f}M "
               f"{tokens / c.train_tokens:6.1f} {pt['best_val_bpb']:8.4f} {y:7.4f} {e * 100:+5.1f}%")
+    if beyond:
+        print("\nnot fitted: runs scheduled past the epochs a plan allows at their dropout (their best came sooner)")
+        for pt in beyond:
+            print(f"{pt['name']:34s} {epochs_of(pt, args.datasets):6.1f} epochs, best at iteration {pt['best_iter']:,} "
+                  f"of {pt['max_iters']:,}: {pt['best_val_bpb']:.4f}")
     # leave one corpus out: the law without a corpus, on that corpus
     print("\nleave one corpus out (fitted on the others, predicting this one):")
     errors = []
     for name in sorted({p["dataset"] for p in points}):
         rest = [p for p in points if p["dataset"] != name]
         held = [p for p in points if p["dataset"] == name]
-        v = fit(rest, args.datasets, values)
+        v, _ = fit(rest, args.datasets, law)
         e = predictions(v, held, args.datasets) / np.array([p["best_val_bpb"] for p in held]) - 1
         errors.extend(e)
         print(f"  {name:18s} mean {e.mean() * 100:+5.1f}%, worst {abs(e).max() * 100:5.1f}% over {len(held)} points")
@@ -90,34 +135,35 @@ def main():
     print(f"  all: rms {math.sqrt((errors ** 2).mean()) * 100:.2f}%  (LAW's rel_sigma)")
     # the best point at each corpus and budget
     print(f"\n{'corpus':18s} {'minutes':>7s} {'best shape':>10s} {'val bpb':>8s}   others")
-    for name in sorted({p["dataset"] for p in points}):
-        for minutes in sorted({p["minutes"] for p in points if p["dataset"] == name}):
-            here = sorted((p for p in points if p["dataset"] == name and p["minutes"] == minutes),
+    for name in sorted({p["dataset"] for p in runs}):
+        for minutes in sorted({p["minutes"] for p in runs if p["dataset"] == name}, key=budget_order):
+            here = sorted((p for p in runs if p["dataset"] == name and p["minutes"] == minutes),
                           key=lambda p: p["best_val_bpb"])
             others = ", ".join(f"{p['shape']}{'/d' + str(p['dropout']) if p['dropout'] else ''} {p['best_val_bpb']:.4f}"
                                for p in here[1:])
             b = here[0]
-            print(f"{name:18s} {minutes:7g} {b['shape'] + ('/d' + str(b['dropout']) if b['dropout'] else ''):>10s} "
+            print(f"{name:18s} {minutes!s:>7s} {b['shape'] + ('/d' + str(b['dropout']) if b['dropout'] else ''):>10s} "
                   f"{b['best_val_bpb']:8.4f}   {others}")
     if args.png:
-        draw(points, values, args.datasets, args.png)
+        draw(points, law, args.datasets, args.png)
 
 
-def draw(points, values, datasets, png):
+def draw(points, law, datasets, png):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     names = sorted({p["dataset"] for p in points})
     fig, axes = plt.subplots(1, len(names), figsize=(4 * len(names), 3.6), squeeze=False)
     for ax, name in zip(axes[0], names):
-        for minutes, colour in zip(sorted({p["minutes"] for p in points}), ("tab:blue", "tab:orange", "tab:green")):
+        budgets = sorted({p["minutes"] for p in points}, key=budget_order)
+        for minutes, colour in zip(budgets, ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")):
             here = sorted((p for p in points if p["dataset"] == name and p["minutes"] == minutes and not p["dropout"]),
                           key=lambda p: p["n_embd"] * p["n_layer"])
             if not here:
                 continue
             n = [12 * p["n_layer"] * p["n_embd"] ** 2 / 1e6 for p in here]
-            ax.plot(n, [p["best_val_bpb"] for p in here], "o", color=colour, label=f"{minutes:g} min")
-            ax.plot(n, predictions(values, here, datasets), "--", color=colour)
+            ax.plot(n, [p["best_val_bpb"] for p in here], "o", color=colour, label=f"{minutes:g} min" if isinstance(minutes, (int, float)) else minutes)
+            ax.plot(n, predictions(law, here, datasets), "--", color=colour)
         ax.set_xscale("log")
         ax.set_title(name)
         ax.set_xlabel("parameters in the blocks (M)")

@@ -12,7 +12,7 @@ from conftest import run_script
 from nanogpt.errors import UserError
 from nanogpt.training import plan as planning
 from nanogpt.training.plan import (LAW, LADDER, Corpus, Deadline, Speed, blocks_params, flops_per_iter,
-                                   largest_block, learnable_bytes, make_plan, predict_bpb)
+                                   largest_block, learnable_bytes, make_plan, ngram_bits_per_byte, predict_bpb)
 from nanogpt.training.train_config import TrainConfig
 from train import train
 
@@ -44,6 +44,44 @@ def test_repeated_bytes_count_less_and_never_more_than_the_law_allows():
     assert many == sorted(many) and many[-1] <= u * (1 + r)  # saturates at 1 + R epochs' worth
     law = {**LAW, "R_dropout": 10.0}  # the study found none; the law's form allows it
     assert learnable_bytes(16 * u, u, 0.2, law) > learnable_bytes(16 * u, u, 0.0, law)  # repeats worth more
+
+
+def slow_ngram_bits(train, val, longest, discount=0.75):
+    """The hardness measure written out with dicts, one byte at a time: the reference for the numpy one."""
+    from collections import Counter
+    pairs = [Counter() for _ in range(longest + 1)]
+    for k in range(longest + 1):
+        for i in range(k, len(train)):
+            pairs[k][(train[i - k:i], train[i])] += 1
+    totals = [Counter() for _ in range(longest + 1)]
+    kinds = [Counter() for _ in range(longest + 1)]
+    for k in range(longest + 1):
+        for (ctx, _), n in pairs[k].items():
+            totals[k][ctx] += n
+            kinds[k][ctx] += 1
+    bits = []
+    for i in range(longest, len(val)):
+        p = 1 / 256
+        best = []
+        for k in range(longest + 1):
+            ctx = val[i - k:i]
+            if totals[k][ctx]:
+                p = (max(pairs[k][(ctx, val[i])] - discount, 0) + discount * kinds[k][ctx] * p) / totals[k][ctx]
+            best.append(-math.log2(p))
+        bits.append(best)
+    return min(sum(b[k] for b in bits) / len(bits) for k in range(1, longest + 1))
+
+
+def test_hardness_is_the_best_interpolated_byte_ngram_and_tells_easy_from_hard_text():
+    rng = torch.Generator().manual_seed(0)
+    for alphabet in (b"ab", b"abcdefgh \n", bytes(range(200, 256))):  # the last: bytes of many UTF-8 characters
+        text = bytes(alphabet[i] for i in torch.randint(len(alphabet), (700,), generator=rng).tolist())
+        train, val = text[:500], text[500:]
+        assert ngram_bits_per_byte(train, val, longest=3) == pytest.approx(slow_ngram_bits(train, val, 3), rel=1e-9)
+    repeated = b"the cat sat on the mat. " * 40
+    assert ngram_bits_per_byte(repeated[:700], repeated[700:]) < 0.1  # a text that repeats is easy
+    noise = bytes(torch.randint(256, (20_000,), generator=rng).tolist())
+    assert ngram_bits_per_byte(noise[:16_000], noise[16_000:]) > 7.5  # random bytes are not
 
 
 def test_law_predicts_lower_bpb_for_more_data_and_more_parameters():
@@ -129,6 +167,10 @@ def test_planned_run_holds_its_budget_logs_its_plan_and_keeps_the_best_checkpoin
     [plan] = records(out, "plan")
     assert plan["predicted_val_bpb"] > 0 and plan["iters"] >= planning.MIN_ITERS and plan["why"]
     assert any("epochs of the corpus" in line for line in plan["why"])
+    # a few KB of text is worth a few epochs, far less than 18 s buys: the run ends early, and says so
+    assert plan["ends_early"] and (plan["epochs"] <= planning.MAX_EPOCHS or plan["iters"] == planning.MIN_ITERS)
+    assert any("more would only memorize this text" in line for line in plan["why"])
+    assert summary["iters"] == plan["iters"]
     assert any(line.startswith("plan: 0.3 minutes on") for line in lines)
     evals = records(out, "eval")
     best = min(evals, key=lambda r: r["val_loss"])
@@ -146,6 +188,22 @@ def test_planned_run_holds_its_budget_logs_its_plan_and_keeps_the_best_checkpoin
     # and a different budget on resume is one line
     r = run_script(["train.py", "--init_from=resume", f"--out_dir={out}", "--minutes=5"])
     assert r.returncode == 2 and "a resumed run keeps its plan" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_corpus_worth_more_than_the_budget_gets_all_of_it(tmp_path):
+    from data.prepare import prepare
+    rng = torch.Generator().manual_seed(0)
+    words = ["the", "cat", "sat", "on", "a", "mat", "and", "then", "ran", "far", "away", "home", "\n"]
+    text = " ".join(words[i] for i in torch.randint(len(words), (60_000,), generator=rng).tolist())  # 250 KB
+    (tmp_path / "input.txt").write_text(text, encoding="utf-8")
+    prepare(str(tmp_path / "input.txt"), "char", str(tmp_path / "data"), 0.1, log=lambda *a: None)
+    out, start = str(tmp_path / "out"), time.time()
+    given = {"dataset": str(tmp_path / "data"), "out_dir": out, "minutes": 0.25, "device": "cpu"}
+    train(TrainConfig(**given), given, log=lambda *a: None, t_start=start)
+    took = time.time() - start
+    [plan] = records(out, "plan")
+    assert not plan["ends_early"] and plan["epochs"] < planning.MAX_EPOCHS
+    assert 0.25 * 60 * 0.75 <= took <= 0.25 * 60 + 10, took  # the budget is spent, and held
 
 
 def test_a_max_iters_the_user_set_is_a_ceiling_the_budget_never_raises():

@@ -3,7 +3,6 @@
 The shapes the plan chooses among (LADDER), the keys every planned run shares (RECIPE: the speedrun's
 architecture and optimizer, docs/speedrun.md), and the schedule fitted to the iterations a budget allows.
 """
-import lzma
 import math
 import os
 import time
@@ -16,7 +15,7 @@ from nanogpt.dataset import context_that_fits
 from nanogpt.device import sync
 from nanogpt.errors import UserError
 from nanogpt.source import init_from_kind
-from nanogpt.tokenizer import token_byte_lengths, tokenizer_from_meta
+from nanogpt.tokenizer import token_byte_strings, tokenizer_from_meta
 from nanogpt.training.distributed import from_rank0
 from nanogpt.training.metrics import read_log
 from nanogpt.training.train_config import TrainConfig
@@ -60,8 +59,9 @@ def schedule_keys(keys, tokens):
 # N: the blocks' parameters (12 * layers * width^2); S: the corpus bytes the run could learn from, the bytes it sees
 # (tokens x bytes per token) with repeats counting less: S = U + U * R * (1 - exp(-(epochs - 1) / R)) past one
 # epoch of U unique bytes (Muennighoff et al., 2023), R growing with dropout; E: the corpus's own floor, from how
-# well lzma predicts its val text from its train text (hardness, in bits per byte).
-LAW = dict(e0=-0.477, e1=0.7194, A=0.1056, alpha=0.34, B=0.786, beta=0.28, R=1.458, R_dropout=0.0, rel_sigma=0.129)
+# well byte n-grams of its train text predict its val text (hardness, in bits per byte).
+LAW = dict(e0=0.1841, e1=0.4452, e2=0.08863, A=0.04827, alpha=0.34, B=0.7884, beta=0.28, R=0.755, R_dropout=0.0,
+           dropout_cost=0.0, N_per_byte=50.0, rel_sigma=0.0875)
 DROPOUTS = (0.0, 0.1, 0.2)  # the dropouts the plan chooses among
 
 
@@ -73,16 +73,17 @@ class Corpus:
     val_tokens: int
     vocab_size: int
     bytes_per_token: float  # mean UTF-8 bytes of a train token
-    hardness: float  # lzma's bits per byte on the start of val, given the end of train
+    hardness: float  # bits per byte of byte n-gram models of the end of train on the start of val
 
     @property
     def train_bytes(self):
         return self.train_tokens * self.bytes_per_token
 
 
-def read_corpus(data_dir, meta, token_bytes, sample=200_000):
-    """The Corpus of a prepared dataset. token_bytes: (vocab_size,) UTF-8 bytes of each token. Its hardness is
-    measured on the last `sample` train tokens and the first quarter as many val ones (a second or less)."""
+def read_corpus(data_dir, meta, token_bytes, sample=800_000):
+    """The Corpus of a prepared dataset. token_bytes: (vocab_size,) the UTF-8 bytes of each token. Its hardness is
+    measured on about the last `sample` bytes of train and the first quarter as many of val (a second or less), so
+    that the same text scores the same under any tokenizer."""
     dtype = np.dtype((meta or {}).get("dtype", "uint16"))
     data = {}
     for split in ("train", "val"):
@@ -91,18 +92,54 @@ def read_corpus(data_dir, meta, token_bytes, sample=200_000):
             raise UserError(f"--minutes: {path} is missing; prepare the dataset first (python data/prepare.py "
                             f"--input YOUR_TEXT --out {data_dir})")
         data[split] = np.memmap(path, dtype=dtype, mode="r") if os.path.getsize(path) else np.zeros(0, dtype)
-    lengths = np.asarray(token_bytes, dtype=np.float64)
+    lengths = np.array([len(b) for b in token_bytes], dtype=np.float64)
     train, val = data["train"], data["val"]
     if len(train) < 2:
         raise UserError(f"--minutes: {data_dir}/train.bin has {len(train)} tokens; give prepare more text")
-    tail = np.asarray(train[-sample:], dtype=np.uint32)  # one width for every vocabulary: lzma sees the same bytes
-    head = np.asarray(val[:sample // 4], dtype=np.uint32)
-    hardness = 8.0
-    if len(head):
-        alone = len(lzma.compress(tail.tobytes(), preset=6))
-        both = len(lzma.compress(tail.tobytes() + head.tobytes(), preset=6))
-        hardness = 8 * (both - alone) / max(1.0, float(lengths[head].sum()))
+    known = lambda ids: np.asarray(ids)[np.asarray(ids) < len(lengths)]  # noqa: E731  (ids past the vocabulary)
+    per_token = max(1.0, float(lengths[known(train[-10_000:])].mean()))
+    tail, head = known(train[-int(sample / per_token):]), known(val[:int(sample / 4 / per_token)])
+    text = lambda ids: b"".join(token_bytes[i] for i in ids.tolist())  # noqa: E731
+    hardness = ngram_bits_per_byte(text(tail), text(head)) if len(head) else 8.0
     return Corpus(data_dir, len(train), len(val), len(lengths), float(lengths[tail].mean()), hardness)
+
+
+def ngram_bits_per_byte(train, val, longest=5, discount=0.75):
+    """How hard a text is to predict: the bits per byte on `val` of byte n-gram models fitted on `train`, the best
+    of contexts of 1 to `longest` bytes. Each order's probability is interpolated with the order below it
+    (absolute discounting: each seen count less `discount`, the mass freed spread by the lower order), so an
+    unseen context falls back to a shorter one. Bytes, not tokens: the same text scores the same under any
+    tokenizer, and a context of five bytes reads across a word or two characters of Chinese."""
+    a = np.frombuffer(train, np.uint8).astype(np.int64)
+    b = np.frombuffer(val, np.uint8).astype(np.int64)
+    if len(a) <= longest or len(b) <= longest:
+        return 8.0
+    prob = np.full(len(b), 1 / 256)  # order 0: every byte alike
+    best = 8.0
+    for k in range(longest + 1):  # the context: the k bytes before (none: how often each byte is)
+        def contexts(x):
+            key = np.zeros(len(x) - k, np.int64)
+            for j in range(k):
+                key = key * 257 + x[j:len(x) - k + j] + 1  # 257: a byte and "none" never collide
+            return key, x[k:]
+        ctx, nxt = contexts(a)
+        pairs, pair_count = np.unique(ctx * 257 + nxt, return_counts=True)
+        seen, seen_count = np.unique(ctx, return_counts=True)
+        _, followers = np.unique(pairs // 257, return_counts=True)  # distinct next bytes of each context (as seen)
+        qctx, qnxt = contexts(b)
+
+        def lookup(keys, table, values):
+            i = np.minimum(np.searchsorted(table, keys), len(table) - 1)
+            return np.where(table[i] == keys, values[i], 0)
+        count = lookup(qctx * 257 + qnxt, pairs, pair_count)
+        total = lookup(qctx, seen, seen_count)
+        kinds = lookup(qctx, seen, followers)
+        lower = prob[k:]
+        here = (np.maximum(count - discount, 0) + discount * kinds * lower) / np.maximum(total, 1)
+        prob = np.concatenate([prob[:k], np.where(total > 0, here, lower)])
+        if k:
+            best = min(best, float(-np.log2(prob[longest:]).mean()))  # the same bytes scored at every order
+    return best
 
 
 def blocks_params(keys):
@@ -118,7 +155,9 @@ def flops_per_iter(keys, vocab_size):
 
 
 def learnable_bytes(seen, unique, dropout, law=LAW):
-    """S of the law: the bytes seen, repeats beyond the first epoch counting less and less."""
+    """S of the law: the bytes seen, repeats beyond the first epoch counting less and less. Dropout p makes each
+    byte teach less (1 - dropout_cost * p of it) and repeats last longer (R + R_dropout * p)."""
+    seen = seen * max(0.05, 1 - law["dropout_cost"] * dropout)
     if seen <= unique:
         return seen
     r = law["R"] + law["R_dropout"] * dropout
@@ -127,9 +166,10 @@ def learnable_bytes(seen, unique, dropout, law=LAW):
 
 def predict_bpb(keys, tokens, corpus, law=LAW):
     """The law's val bpb for a run of keys on corpus that trains on `tokens` tokens."""
-    n = blocks_params(keys) / 1e6
+    n = min(blocks_params(keys), law["N_per_byte"] * corpus.train_bytes) / 1e6  # a corpus fills so many at most
     s = learnable_bytes(tokens * corpus.bytes_per_token, corpus.train_bytes, keys.get("dropout", 0.0), law) / 1e6
-    return (law["e0"] + law["e1"] * corpus.hardness + law["A"] * n ** -law["alpha"]
+    return (law["e0"] + law["e1"] * corpus.hardness + law["e2"] * math.log(corpus.train_bytes / 1e6)
+            + law["A"] * n ** -law["alpha"]
             + law["B"] * max(s, 1e-6) ** -law["beta"])
 
 
@@ -213,6 +253,16 @@ def probe(candidates, vocab_size, device, dtype, budget):
 # Choosing: every shape of the ladder with the user's keys over it, at every dropout; the lowest prediction wins.
 # ---------------------------------------------------------------------------------------------------------------
 MIN_ITERS = 50  # fewer iterations than this train nothing worth keeping
+# The most epochs a plan schedules, by dropout. In the study every run without dropout had its best val loss at 3
+# to 4.3 epochs, and a schedule that ran on past that was worse at its best than one that ended there (its rate was
+# still high at the best point). So a plan ends there, and ends early if the budget buys more; the plan says so.
+MAX_EPOCHS = 4.0
+DROPOUT_EPOCHS = 30.0  # more a unit of dropout: 10 at 0.2, where War and Peace's first 100 KB peaked with it
+
+
+def max_epochs(dropout):
+    """The most epochs a plan schedules at this dropout."""
+    return MAX_EPOCHS + DROPOUT_EPOCHS * dropout
 EXIT_SECONDS = 2.0  # the final save, the summary and the interpreter's exit
 EVAL_SHARE = 0.04  # of the training time, for evaluations (and the saves beside them)
 
@@ -250,16 +300,19 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1):
         keys = vars(c)
         per_iter = speed.seconds(flops_per_iter(keys, corpus.vocab_size))
         fits = int(train_seconds / per_iter)  # the iterations the budget has time for
-        iters = min(fits, given.get("max_iters", math.inf))  # a max_iters of yours is a ceiling
-        tokens = iters * c.batch_size * c.block_size * c.gradient_accumulation_steps
+        per_iter_tokens = c.batch_size * c.block_size * c.gradient_accumulation_steps
         for p in dropouts:
-            choices.append((predict_bpb({**keys, "dropout": p}, tokens, corpus), name, p, iters, per_iter, fits))
-    smallest = min(choices, key=lambda ch: ch[4])
-    if smallest[5] < MIN_ITERS:
-        need = (elapsed + EXIT_SECONDS + MIN_ITERS * smallest[4] / (1 - EVAL_SHARE)) / 60
+            useful = max(MIN_ITERS, math.ceil(max_epochs(p) * corpus.train_tokens / per_iter_tokens))
+            iters = min(fits, useful, given.get("max_iters", math.inf))  # a max_iters of yours is a ceiling
+            prediction = round(predict_bpb({**keys, "dropout": p}, iters * per_iter_tokens, corpus), 6)
+            choices.append((prediction, iters * per_iter, name, p, iters, per_iter, fits))  # a tie: the quicker
+    smallest = min(choices, key=lambda ch: ch[5])
+    if smallest[6] < MIN_ITERS:
+        need = (elapsed + EXIT_SECONDS + MIN_ITERS * smallest[5] / (1 - EVAL_SHARE)) / 60
         raise UserError(f"--minutes={cfg.minutes:g} is too short to train on {corpus.path} here: the shortest "
                         f"budget this machine allows for it is --minutes={math.ceil(need * 10) / 10:g}")
-    predicted, name, dropout, iters, per_iter, _ = min(c for c in choices if c[5] >= MIN_ITERS)
+    predicted, _, name, dropout, iters, per_iter, fits = min(c for c in choices if c[6] >= MIN_ITERS)
+    ends_early = iters < fits and iters < given.get("max_iters", math.inf)
     chosen = candidates[name]
     keys = {k: v for k, v in {**LADDER[name], **split}.items() if k not in given}
     keys.update(block_size=block, dropout=dropout)
@@ -278,9 +331,10 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1):
     keys = {k: v for k, v in keys.items() if k not in given}
     final = {**vars(chosen), **keys}
     params = blocks_params(final)
+    finish = elapsed + EXIT_SECONDS + iters * per_iter / (1 - EVAL_SHARE)  # seconds from start to exit, about
     why = [f"{corpus.train_tokens:,} train tokens ({corpus.train_bytes / 1e6:.2f} MB), vocabulary {corpus.vocab_size:,}"
-           f", {corpus.bytes_per_token:.2f} bytes a token; lzma predicts its val text at {corpus.hardness:.2f} bits "
-           f"a byte",
+           f", {corpus.bytes_per_token:.2f} bytes a token; n-grams of its train text predict its val text at "
+           f"{corpus.hardness:.2f} bits a byte",
            f"this machine: {speed.seconds(flops_per_iter(final, corpus.vocab_size)) * 1000:.1f} ms an iteration of "
            f"{tokens_per_iter:,} tokens ({', '.join(f'{n} {s * 1000:.1f} ms' for n, s in speed.probed.items())} "
            f"probed)",
@@ -289,13 +343,17 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1):
            f"{iters:,} iterations, {iters * tokens_per_iter / 1e6:.2f}M tokens: {epochs:.1f} epochs of the corpus"
            + (f": dropout {dropout}" if dropout else ": no dropout (it lowered no val bpb in the study)")
            + ("; the best checkpoint is kept (a small corpus peaks within a few epochs)" if epochs > 10 else ""),
+           *([f"{max_epochs(dropout):g} epochs is as many as a model learns from at this dropout (the study's "
+              f"runs had their best at 3 to 4.3 without it, 10 with 0.2), so the run ends after about {finish / 60:.1f} of the {cfg.minutes:g} minutes: more "
+              f"would only memorize this text"] if ends_early else []),
            f"warm-up {final['warmup_iters']}, cosine decay to {final['min_lr']:.1e}; an evaluation every "
            f"{final['eval_interval']} iterations over {final['eval_windows']} fixed val windows; best.pt and ckpt.pt "
            f"keep the best val loss"]
     if given:
         why.append("kept as you set them: " + ", ".join(f"{k}={v}" for k, v in given.items()))
     plan = {"minutes": cfg.minutes, "shape": name, "params": params, "tokens": iters * tokens_per_iter,
-            "epochs": epochs, "iters": iters, "dropout": dropout, "predicted_val_bpb": predicted,
+            "epochs": epochs, "iters": iters, "dropout": dropout, "ends_early": ends_early,
+            "predicted_val_bpb": predicted,
             "predicted_sigma": predicted * LAW["rel_sigma"], "seconds_per_iter": per_iter,
             "probe": speed.probed, "corpus": {k: v for k, v in vars(corpus).items()}, "kept": sorted(given),
             "why": why, "planned_at": elapsed}
@@ -356,11 +414,11 @@ def plan_run(cfg, given, meta, data_dir, device, dtype, rank, world, elapsed, lo
         try:
             vocab = (meta or {}).get("vocab_size") or cfg.vocab_size
             try:
-                lengths = token_byte_lengths(tokenizer_from_meta(meta), vocab)
+                strings = token_byte_strings(tokenizer_from_meta(meta), vocab)
             except UserError as e:
                 log(f"note: --minutes: counting a byte a token ({e})")
-                lengths = [1] * vocab
-            corpus = read_corpus(data_dir, meta, lengths)
+                strings = [bytes([i % 256]) for i in range(vocab)]
+            corpus = read_corpus(data_dir, meta, strings)
             keys, plan = make_plan(cfg, {k: v for k, v in given.items() if k in PLANNED}, corpus, device, dtype,
                                    elapsed(), log, world)
         except UserError as e:
