@@ -34,7 +34,7 @@ from nanogpt.training.plan import LADDER, TRAIN_SHARE, schedule_keys  # noqa: E4
 GRID = (
     [("shakespeare_char", 1, s, 0.0) for s in ("S1", "S2", "S3")]
     + [("shakespeare_char", 3, s, 0.0) for s in ("S2", "S3")]
-    + [("shakespeare_char", 10, s, 0.0) for s in ("S3", "S4")]
+    + [("shakespeare_char", 10, "S3", 0.0)]
     + [("songshi", 1, s, 0.0) for s in ("S2", "S3")]
     + [("songshi", 3, s, 0.0) for s in ("S3", "S4")]
     + [("warpeace_bpe", 1, s, 0.0) for s in ("S2", "S3")]

@@ -92,6 +92,20 @@ def test_law_predicts_lower_bpb_for_more_data_and_more_parameters():
     assert blocks_params(LADDER["S2"]) == 12 * 4 * 128 ** 2
 
 
+def test_a_corpus_fills_so_many_parameters_and_dropout_costs_early_and_pays_late():
+    small = corpus(train_tokens=100_000)  # 100 KB: fills 20 parameters a byte, 2M
+    assert blocks_params(LADDER["S4"]) > 2e6 and blocks_params(LADDER["S3"]) < 2e6
+    assert predict_bpb(LADDER["S6"], 400_000, small) == predict_bpb(LADDER["S4"], 400_000, small)  # no gain past it
+    assert predict_bpb(LADDER["S3"], 400_000, small) > predict_bpb(LADDER["S4"], 400_000, small)  # below it, some
+    # under dropout a corpus fills more, each byte teaches less, and repeats count for longer
+    assert (predict_bpb({**LADDER["S5"], "dropout": 0.2}, 400_000, small)
+            < predict_bpb({**LADDER["S4"], "dropout": 0.2}, 400_000, small))
+    one_epoch, many = 100_000, 3_000_000
+    with_dropout = {**LADDER["S3"], "dropout": 0.2}
+    assert predict_bpb(with_dropout, one_epoch, small) > predict_bpb(LADDER["S3"], one_epoch, small)
+    assert predict_bpb(with_dropout, many, small) < predict_bpb(LADDER["S3"], many, small)
+
+
 def test_flops_per_iter_counts_blocks_head_and_attention():
     keys = {**LADDER["S2"], "block_size": 64, "batch_size": 2, "gradient_accumulation_steps": 3}
     per_token = 6 * (12 * 4 * 128 ** 2 + 128 * 100) + 12 * 4 * 128 * 64
@@ -117,7 +131,7 @@ def fixed_speed(monkeypatch):
     """A machine of 1e-10 s per FLOP and 5 ms an iteration, without timing anything."""
     probed = []
 
-    def probe(candidates, vocab_size, device, dtype, budget):
+    def probe(candidates, vocab_size, device, dtype, budget, dropout=0.0):
         probed.append(list(candidates))
         return Speed(0.005, 1e-10, {"S0": 0.01})
     monkeypatch.setattr(planning, "probe", probe)
@@ -143,6 +157,33 @@ def test_plan_fits_iterations_to_the_budget_and_keeps_the_users_keys(fixed_speed
         iters = int(train_seconds / (0.005 + 1e-10 * flops_per_iter(other, 65)))
         if iters >= planning.MIN_ITERS:
             assert plan["predicted_val_bpb"] <= predict_bpb(other, iters * 4 * 128, corpus()) + 1e-12
+
+
+def test_a_small_corpus_gets_few_epochs_then_dropout_and_a_large_one_the_whole_budget(fixed_speed):
+    def plan_of(minutes, c):
+        return make_plan(TrainConfig(minutes=minutes, device="cpu"), {}, c, torch.device("cpu"), torch.float32,
+                         elapsed=3.0, log=lambda *a: None)[1]
+    small = corpus(train_tokens=100_000)
+    short, long = plan_of(1, small), plan_of(30, small)
+    assert short["dropout"] == 0.0 and short["epochs"] <= planning.max_epochs(0.0) + 0.1
+    assert long["dropout"] == 0.2 and long["epochs"] <= planning.max_epochs(0.2) + 0.1 and long["ends_early"]
+    assert long["predicted_val_bpb"] < short["predicted_val_bpb"]
+    assert any("more would only memorize this text" in line for line in long["why"])
+    large = plan_of(3, corpus(train_tokens=30_000_000))
+    assert not large["ends_early"] and large["dropout"] == 0.0 and large["epochs"] < 1
+
+
+def test_the_plan_counts_the_time_dropout_takes(monkeypatch):
+    """Dropout's masks, and attention without the fused kernel, slow an iteration: a machine where dropout
+    takes 30 times as long is not worth dropout's epochs, and the probe measures the factor."""
+    assert Speed(0.0, 1e-10, {}, 3.0).seconds(1e9, 0.2) == pytest.approx(3 * Speed(0.0, 1e-10, {}).seconds(1e9))
+    monkeypatch.setattr(planning, "probe", lambda *a, **k: Speed(0.005, 1e-10, {"S0": 0.01}, 30.0))
+    _, plan = make_plan(TrainConfig(minutes=30, device="cpu"), {}, corpus(train_tokens=100_000), torch.device("cpu"),
+                        torch.float32, elapsed=3.0, log=lambda *a: None)
+    assert plan["dropout"] == 0.0
+    cfg = TrainConfig(**{**LADDER["S0"], "block_size": 16, "batch_size": 2, "device": "cpu"})
+    speed = planning.probe({"S0": cfg}, 65, torch.device("cpu"), torch.float32, budget=60, dropout=0.2)
+    assert speed.dropout_factor >= 1.0 and list(speed.probed) == ["S0"]
 
 
 def test_too_short_a_budget_names_the_shortest_one_and_that_one_plans(fixed_speed):

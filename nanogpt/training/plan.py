@@ -56,13 +56,16 @@ def schedule_keys(keys, tokens):
 
 # The fitted law (runs/study_fit.py over the study's points, docs/minutes.md): val bpb of the best checkpoint as
 #   E + A * (N / 1e6) ** -alpha + B * (S / 1e6) ** -beta
-# N: the blocks' parameters (12 * layers * width^2); S: the corpus bytes the run could learn from, the bytes it sees
-# (tokens x bytes per token) with repeats counting less: S = U + U * R * (1 - exp(-(epochs - 1) / R)) past one
-# epoch of U unique bytes (Muennighoff et al., 2023), R growing with dropout; E: the corpus's own floor, from how
-# well byte n-grams of its train text predict its val text (hardness, in bits per byte).
-LAW = dict(e0=0.1841, e1=0.4452, e2=0.08863, A=0.04827, alpha=0.34, B=0.7884, beta=0.28, R=0.755, R_dropout=0.0,
-           dropout_cost=0.0, N_per_byte=50.0, rel_sigma=0.0875)
-DROPOUTS = (0.0, 0.1, 0.2)  # the dropouts the plan chooses among
+# N: the blocks' parameters (12 * layers * width^2), at most N_per_byte * (1 + N_dropout * dropout) a byte of the
+# corpus (a larger model only memorizes sooner); S: the corpus bytes the run could learn from, the bytes it sees
+# (tokens x bytes per token, less dropout_cost * dropout of them) with repeats counting less:
+# S = U + U * R * (1 - exp(-(epochs - 1) / R)) past one epoch of U unique bytes (Muennighoff et al., 2023), R
+# growing with dropout; E: the corpus's own floor, e0 + e1 * hardness (how well byte n-grams of its train text
+# predict its val text, in bits per byte) + e2 * ln(U / 1e6). N_per_byte and N_dropout are read off the study's
+# 100 KB points, the rest fitted.
+LAW = dict(e0=-0.2003, e1=0.6174, e2=0.05127, A=0.1284, alpha=0.34, B=0.7319, beta=0.28, R=1.439, R_dropout=6.023,
+           dropout_cost=3.524, N_per_byte=20.0, N_dropout=25.0, rel_sigma=0.0858)
+DROPOUTS = (0.0, 0.2)  # the dropouts the plan chooses among: the study measured these two
 
 
 @dataclass
@@ -166,7 +169,9 @@ def learnable_bytes(seen, unique, dropout, law=LAW):
 
 def predict_bpb(keys, tokens, corpus, law=LAW):
     """The law's val bpb for a run of keys on corpus that trains on `tokens` tokens."""
-    n = min(blocks_params(keys), law["N_per_byte"] * corpus.train_bytes) / 1e6  # a corpus fills so many at most
+    # a corpus fills so many parameters at most, more under dropout (it keeps a larger model from memorizing)
+    fills = law["N_per_byte"] * (1 + law["N_dropout"] * keys.get("dropout", 0.0)) * corpus.train_bytes
+    n = min(blocks_params(keys), fills) / 1e6
     s = learnable_bytes(tokens * corpus.bytes_per_token, corpus.train_bytes, keys.get("dropout", 0.0), law) / 1e6
     return (law["e0"] + law["e1"] * corpus.hardness + law["e2"] * math.log(corpus.train_bytes / 1e6)
             + law["A"] * n ** -law["alpha"]
@@ -220,39 +225,46 @@ def iteration_seconds(cfg, vocab_size, device, dtype, warmup=1, iters=PROBE_ITER
 
 @dataclass
 class Speed:
-    """Seconds per iteration as a + b * FLOPs per iteration, from two probed shapes."""
+    """Seconds per iteration as a + b * FLOPs per iteration, from two probed shapes, times dropout_factor for a
+    run with dropout (its masks, and attention without the fused kernel, which has no dropout on a CPU)."""
     a: float
     b: float
     probed: dict  # shape name -> measured seconds per iteration
+    dropout_factor: float = 1.0
 
-    def seconds(self, flops):
-        return self.a + self.b * flops
+    def seconds(self, flops, dropout=0.0):
+        return (self.a + self.b * flops) * (self.dropout_factor if dropout else 1.0)
 
 
-def probe(candidates, vocab_size, device, dtype, budget):
+def probe(candidates, vocab_size, device, dtype, budget, dropout=0.0):
     """Speed of this machine: the smallest candidate timed, then the largest whose timing costs at most
-    PROBE_SHARE of the budget (by the first one's speed), and a line through the two in FLOPs."""
+    PROBE_SHARE of the budget (by the first one's speed), and a line through the two in FLOPs. With a dropout,
+    the largest timed is timed again with it, for the factor a run with dropout takes."""
     names = list(candidates)
     small = names[0]
     probed = {small: iteration_seconds(candidates[small], vocab_size, device, dtype)}
     f_small = flops_per_iter(vars(candidates[small]), vocab_size)
     affordable = [n for n in names[1:] if PROBE_ITERS * probed[small] * flops_per_iter(vars(candidates[n]), vocab_size)
                   / f_small <= PROBE_SHARE * budget]
-    if not affordable:
-        return Speed(0.0, probed[small] / f_small, probed)  # proportional to FLOPs
-    large = affordable[-1]
-    probed[large] = iteration_seconds(candidates[large], vocab_size, device, dtype)
+    large = affordable[-1] if affordable else small
+    if large != small:
+        probed[large] = iteration_seconds(candidates[large], vocab_size, device, dtype)
+    factor = 1.0
+    if dropout:
+        factor = max(1.0, iteration_seconds(replace(candidates[large], dropout=dropout), vocab_size, device, dtype)
+                     / probed[large])
     f_large = flops_per_iter(vars(candidates[large]), vocab_size)
-    if probed[large] <= probed[small]:
-        return Speed(0.0, probed[large] / f_large, probed)
+    if large == small or probed[large] <= probed[small]:
+        return Speed(0.0, probed[large] / f_large, probed, factor)  # proportional to FLOPs
     b = (probed[large] - probed[small]) / (f_large - f_small)
-    return Speed(max(0.0, probed[small] - b * f_small), b, probed)
+    return Speed(max(0.0, probed[small] - b * f_small), b, probed, factor)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Choosing: every shape of the ladder with the user's keys over it, at every dropout; the lowest prediction wins.
 # ---------------------------------------------------------------------------------------------------------------
 MIN_ITERS = 50  # fewer iterations than this train nothing worth keeping
+TIE = 0.002  # predictions closer than this (relative) are the same to the law
 # The most epochs a plan schedules, by dropout. In the study every run without dropout had its best val loss at 3
 # to 4.3 epochs, and a schedule that ran on past that was worse at its best than one that ended there (its rate was
 # still high at the best point). So a plan ends there, and ends early if the budget buys more; the plan says so.
@@ -291,27 +303,31 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1):
         raise UserError("--minutes: the keys you set fit none of the planned shapes; set n_layer, n_embd and n_head "
                         "together, or leave them to the plan")
     t0 = time.time()
-    speed = probe(candidates, corpus.vocab_size, device, dtype, budget)
+    dropouts = (given["dropout"],) if "dropout" in given else DROPOUTS  # a dropout of yours is in the candidates
+    speed = probe(candidates, corpus.vocab_size, device, dtype, budget, 0.0 if "dropout" in given else max(dropouts))
     elapsed += time.time() - t0
     train_seconds = (budget - elapsed - EXIT_SECONDS) * (1 - EVAL_SHARE)
     choices = []
-    dropouts = (given["dropout"],) if "dropout" in given else DROPOUTS
     for name, c in candidates.items():
         keys = vars(c)
-        per_iter = speed.seconds(flops_per_iter(keys, corpus.vocab_size))
-        fits = int(train_seconds / per_iter)  # the iterations the budget has time for
         per_iter_tokens = c.batch_size * c.block_size * c.gradient_accumulation_steps
         for p in dropouts:
+            per_iter = speed.seconds(flops_per_iter(keys, corpus.vocab_size), p if "dropout" not in given else 0.0)
+            fits = int(train_seconds / per_iter)  # the iterations the budget has time for
             useful = max(MIN_ITERS, math.ceil(max_epochs(p) * corpus.train_tokens / per_iter_tokens))
             iters = min(fits, useful, given.get("max_iters", math.inf))  # a max_iters of yours is a ceiling
-            prediction = round(predict_bpb({**keys, "dropout": p}, iters * per_iter_tokens, corpus), 6)
-            choices.append((prediction, iters * per_iter, name, p, iters, per_iter, fits))  # a tie: the quicker
+            prediction = predict_bpb({**keys, "dropout": p}, iters * per_iter_tokens, corpus)
+            choices.append((prediction, iters * per_iter, name, p, iters, per_iter, fits))
     smallest = min(choices, key=lambda ch: ch[5])
     if smallest[6] < MIN_ITERS:
         need = (elapsed + EXIT_SECONDS + MIN_ITERS * smallest[5] / (1 - EVAL_SHARE)) / 60
         raise UserError(f"--minutes={cfg.minutes:g} is too short to train on {corpus.path} here: the shortest "
                         f"budget this machine allows for it is --minutes={math.ceil(need * 10) / 10:g}")
-    predicted, _, name, dropout, iters, per_iter, fits = min(c for c in choices if c[6] >= MIN_ITERS)
+    able = [c for c in choices if c[6] >= MIN_ITERS]
+    lowest = min(c[0] for c in able)
+    # the law cannot tell predictions within TIE of each other apart: of those, the quickest run
+    predicted, _, name, dropout, iters, per_iter, fits = min((c for c in able if c[0] <= lowest * (1 + TIE)),
+                                                             key=lambda c: (c[1], c[0]))
     ends_early = iters < fits and iters < given.get("max_iters", math.inf)
     chosen = candidates[name]
     keys = {k: v for k, v in {**LADDER[name], **split}.items() if k not in given}
@@ -335,17 +351,19 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1):
     why = [f"{corpus.train_tokens:,} train tokens ({corpus.train_bytes / 1e6:.2f} MB), vocabulary {corpus.vocab_size:,}"
            f", {corpus.bytes_per_token:.2f} bytes a token; n-grams of its train text predict its val text at "
            f"{corpus.hardness:.2f} bits a byte",
-           f"this machine: {speed.seconds(flops_per_iter(final, corpus.vocab_size)) * 1000:.1f} ms an iteration of "
-           f"{tokens_per_iter:,} tokens ({', '.join(f'{n} {s * 1000:.1f} ms' for n, s in speed.probed.items())} "
-           f"probed)",
+           f"this machine: {per_iter * 1000:.1f} ms an iteration of {tokens_per_iter:,} tokens "
+           f"({', '.join(f'{n} {s * 1000:.1f} ms' for n, s in speed.probed.items())} probed"
+           + (f"; dropout takes {speed.dropout_factor:.2f}x as long" if speed.dropout_factor != 1.0 else "") + ")",
            f"{final['n_layer']} layers x {final['n_embd']} ({params / 1e6:.2f}M in the blocks): the lowest predicted "
            f"val bpb of {len(candidates)} shapes at this budget",
            f"{iters:,} iterations, {iters * tokens_per_iter / 1e6:.2f}M tokens: {epochs:.1f} epochs of the corpus"
-           + (f": dropout {dropout}" if dropout else ": no dropout (it lowered no val bpb in the study)")
-           + ("; the best checkpoint is kept (a small corpus peaks within a few epochs)" if epochs > 10 else ""),
+           + (f": dropout {dropout} (it lets a model learn from more epochs of a small corpus)" if dropout else
+              ": no dropout (over so few epochs it slows learning more than it saves)")
+           + ("; the best checkpoint is kept (a small corpus peaks within a few epochs)" if epochs > 4 else ""),
            *([f"{max_epochs(dropout):g} epochs is as many as a model learns from at this dropout (the study's "
-              f"runs had their best at 3 to 4.3 without it, 10 with 0.2), so the run ends after about {finish / 60:.1f} of the {cfg.minutes:g} minutes: more "
-              f"would only memorize this text"] if ends_early else []),
+              f"runs had their best at 2.4 to 4.3 without it, 10 with 0.2), so the run ends after about "
+              f"{finish / 60:.1f} of the {cfg.minutes:g} minutes: more would only memorize this text"]
+             if ends_early else []),
            f"warm-up {final['warmup_iters']}, cosine decay to {final['min_lr']:.1e}; an evaluation every "
            f"{final['eval_interval']} iterations over {final['eval_windows']} fixed val windows; best.pt and ckpt.pt "
            f"keep the best val loss"]
