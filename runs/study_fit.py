@@ -145,30 +145,42 @@ def main():
             print(f"{name:18s} {minutes!s:>7s} {b['shape'] + ('/d' + str(b['dropout']) if b['dropout'] else ''):>10s} "
                   f"{b['best_val_bpb']:8.4f}   {others}")
     if args.png:
-        draw(points, law, args.datasets, args.png)
+        draw(points, law, floors, args.datasets, args.png)
 
 
-def draw(points, law, datasets, png):
+def draw(points, law, floors, datasets, png):
+    """Each corpus's points against parameters, a colour a budget, and the law with that corpus's own floor
+    (dashed): how well it ranks shapes and budgets, the choice a plan makes."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     names = sorted({p["dataset"] for p in points})
-    fig, axes = plt.subplots(1, len(names), figsize=(4 * len(names), 3.6), squeeze=False)
-    for ax, name in zip(axes[0], names):
+    cols = 4
+    rows = -(-len(names) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.4 * rows), squeeze=False)
+    for ax in axes.flat[len(names):]:
+        ax.axis("off")
+    for ax, name in zip(axes.flat, names):
         budgets = sorted({p["minutes"] for p in points}, key=budget_order)
-        for minutes, colour in zip(budgets, ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")):
-            here = sorted((p for p in points if p["dataset"] == name and p["minutes"] == minutes and not p["dropout"]),
-                          key=lambda p: p["n_embd"] * p["n_layer"])
-            if not here:
-                continue
-            n = [12 * p["n_layer"] * p["n_embd"] ** 2 / 1e6 for p in here]
-            ax.plot(n, [p["best_val_bpb"] for p in here], "o", color=colour, label=f"{minutes:g} min" if isinstance(minutes, (int, float)) else minutes)
-            ax.plot(n, predictions(law, here, datasets), "--", color=colour)
+        colours = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown")
+        for minutes, colour in zip(budgets, colours):
+            for dropout, marker in ((0.0, "o"), (0.2, "s")):
+                here = sorted((p for p in points if p["dataset"] == name and p["minutes"] == minutes
+                               and p["dropout"] == dropout), key=lambda p: p["n_embd"] * p["n_layer"])
+                if not here:
+                    continue
+                n = [12 * p["n_layer"] * p["n_embd"] ** 2 / 1e6 for p in here]
+                label = f"{minutes:g} min" if isinstance(minutes, (int, float)) else minutes
+                ax.plot(n, [p["best_val_bpb"] for p in here], marker, color=colour,
+                        label=label + (f", dropout {dropout:g}" if dropout else ""))
+                ax.plot(n, predictions(law, here, datasets, floors), "--", color=colour)
         ax.set_xscale("log")
         ax.set_title(name)
         ax.set_xlabel("parameters in the blocks (M)")
-    axes[0][0].set_ylabel("best val bpb (points) and the law (dashed)")
-    axes[0][0].legend()
+    for row in axes:
+        row[0].set_ylabel("best val bpb, and the law (dashed)")
+    for ax in axes.flat[:len(names)]:
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(png, dpi=110)
 

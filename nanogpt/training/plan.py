@@ -359,11 +359,11 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1):
            f"{iters:,} iterations, {iters * tokens_per_iter / 1e6:.2f}M tokens: {epochs:.1f} epochs of the corpus"
            + (f": dropout {dropout} (it lets a model learn from more epochs of a small corpus)" if dropout else
               ": no dropout (over so few epochs it slows learning more than it saves)")
-           + ("; the best checkpoint is kept (a small corpus peaks within a few epochs)" if epochs > 4 else ""),
+           + ("; the best checkpoint is kept (a small corpus peaks within a few epochs)" if epochs > 4.5 else ""),
            *([f"{max_epochs(dropout):g} epochs is as many as a model learns from at this dropout (the study's "
               f"runs had their best at 2.4 to 4.3 without it, 10 with 0.2), so the run ends after about "
               f"{finish / 60:.1f} of the {cfg.minutes:g} minutes: more would only memorize this text"]
-             if ends_early else []),
+             if ends_early and finish < 0.9 * budget else []),
            f"warm-up {final['warmup_iters']}, cosine decay to {final['min_lr']:.1e}; an evaluation every "
            f"{final['eval_interval']} iterations over {final['eval_windows']} fixed val windows; best.pt and ckpt.pt "
            f"keep the best val loss"]
