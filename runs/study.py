@@ -5,8 +5,9 @@
 
 Each point trains one model shape (the ladder in nanogpt/training/plan.py) on one prepared dataset for one budget,
 with the schedule fitted to the iterations the budget allows, and records the best val bpb over its evaluations
-(the checkpoint a run keeps). A budget is minutes of this machine at 2 threads: the clock phase times every shape on
-every dataset (bench.py, the training loop's tokens/s) and a budget becomes iterations through it, so a grid point's
+(the checkpoint a run keeps). A budget is epochs of the corpus ("4ep"), or minutes of this machine at 2 threads: the
+clock phase times every shape on every dataset (bench.py, the training loop's tokens/s) and a budget becomes
+iterations through it, so a grid point's
 result does not depend on what else the machine does while it runs (only its wall time does). Two points at a
 time on one thread each ran at 0.4x of one on two threads here, so the grid runs one at a time; OMP_WAIT_POLICY=
 PASSIVE keeps a point from slowing sevenfold when another program takes a core (its threads sleep at a barrier
