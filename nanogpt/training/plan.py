@@ -272,6 +272,10 @@ MAX_EPOCHS = 4.0
 DROPOUT_EPOCHS = 30.0  # more a unit of dropout: 10 at 0.2, where War and Peace's first 100 KB peaked with it
 
 
+def minutes_text(minutes):
+    return f"{minutes:g} minute{'' if minutes == 1 else 's'}"
+
+
 def max_epochs(dropout):
     """The most epochs a plan schedules at this dropout."""
     return MAX_EPOCHS + DROPOUT_EPOCHS * dropout
@@ -362,7 +366,7 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1):
            + ("; the best checkpoint is kept (a small corpus peaks within a few epochs)" if epochs > 4.5 else ""),
            *([f"{max_epochs(dropout):g} epochs is as many as a model learns from at this dropout (the study's "
               f"runs had their best at 2.4 to 4.3 without it, 10 with 0.2), so the run ends after about "
-              f"{finish / 60:.1f} of the {cfg.minutes:g} minutes: more would only memorize this text"]
+              f"{finish / 60:.1f} of the {minutes_text(cfg.minutes)}: more would only memorize this text"]
              if ends_early and finish < 0.9 * budget else []),
            f"warm-up {final['warmup_iters']}, cosine decay to {final['min_lr']:.1e}; an evaluation every "
            f"{final['eval_interval']} iterations over {final['eval_windows']} fixed val windows; best.pt and ckpt.pt "
@@ -446,7 +450,7 @@ def plan_run(cfg, given, meta, data_dir, device, dtype, rank, world, elapsed, lo
     keys, plan, error = from_rank0((keys, plan, error), world)
     if error:
         raise UserError(error)
-    log(f"plan: {cfg.minutes:g} minutes on {data_dir}")
+    log(f"plan: {minutes_text(cfg.minutes)} on {data_dir}")
     for line in plan["why"]:
         log(f"  {line}")
     log(f"  predicted val bpb at the end: {plan['predicted_val_bpb']:.3f} +- {plan['predicted_sigma']:.3f}")
