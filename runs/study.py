@@ -48,6 +48,8 @@ GRID = (
     + [("warpeace100k", e, "S4", 0.0) for e in ("2.5ep", "6ep")]
     + [("warpeace100k", 10, "S5", 0.2), ("warpeace100k", "10ep", "S5", 0.2)]
     + [("shakespeare100k", "4ep", s, 0.0) for s in ("S3", "S4")] + [("songshi1m", "4ep", "S2", 0.0)]
+    # how the largest useful model grows with the corpus: 700 KB, four epochs decayed to their end
+    + [("warpeace700k", "4ep", s, 0.0) for s in ("S3", "S4", "S5")]
 )
 
 

@@ -5,14 +5,15 @@
     git clone --depth 1 https://github.com/GITenberg/Pride-and-Prejudice_1342       # and #1342
     python runs/study_corpora.py --poetry chinese-poetry --war_and_peace War-and-Peace_2600/2600-0.txt \
         --pride Pride-and-Prejudice_1342/1342-0.txt --shakespeare data/shakespeare_char/input.txt --out corpora
-    for c in shijing songshi songshi1m songci pride pride100k warpeace100k shakespeare100k; do
+    for c in shijing songshi songshi1m songci pride pride100k warpeace100k warpeace700k shakespeare100k; do
         python data/prepare.py --input corpora/$c.txt --out ds/$c; done
     python data/prepare.py --input corpora/warpeace.txt --out ds/warpeace_char
     python data/prepare.py --input corpora/warpeace.txt --tokenizer bpe --out ds/warpeace_bpe
 
 Writes shijing.txt (詩經, 115 KB), songshi.txt (the first 30 MB of the Song poems in 全唐诗/poet.song.*.json) and
 songshi1m.txt (its first 1 MB), songci.txt (宋詞, 5.7 MB), warpeace.txt (3.3 MB), pride.txt (690 KB), and the first
-100,000 bytes of three of them: pride100k.txt, warpeace100k.txt and shakespeare100k.txt (tiny Shakespeare).
+100,000 bytes of three of them: pride100k.txt, warpeace100k.txt and shakespeare100k.txt (tiny Shakespeare), and
+War and Peace's first 700,000 bytes, warpeace700k.txt (Pride and Prejudice's size, for the fit).
 A poem is its title, its author where known, and its lines, a blank line between poems; a Gutenberg book is its
 text between the START and END markers. From those sources (2026-12-03) the study's files came out byte for byte.
 """
@@ -77,6 +78,7 @@ def main():
     gutenberg(args.pride, out("pride.txt"))
     for source, size, name in ((out("pride.txt"), 100_000, "pride100k.txt"),
                                (out("warpeace.txt"), 100_000, "warpeace100k.txt"),
+                               (out("warpeace.txt"), 700_000, "warpeace700k.txt"),
                                (args.shakespeare, 100_000, "shakespeare100k.txt")):
         head(source, size, out(name))
     poems(numbered(os.path.join(args.poetry, "全唐诗"), r"poet\.song\.(\d+)\.json"), out("songshi.txt"), limit=30_000_000)

@@ -56,15 +56,15 @@ def schedule_keys(keys, tokens):
 
 # The fitted law (runs/study_fit.py over the study's points, docs/minutes.md): val bpb of the best checkpoint as
 #   E + A * (N / 1e6) ** -alpha + B * (S / 1e6) ** -beta
-# N: the blocks' parameters (12 * layers * width^2), at most N_per_byte * (1 + N_dropout * dropout) a byte of the
-# corpus (a larger model only memorizes sooner); S: the corpus bytes the run could learn from, the bytes it sees
+# N: the blocks' parameters (12 * layers * width^2), at most N_100k * (U / 100 KB) ** N_exponent * (1 + N_dropout *
+# dropout) for a corpus of U bytes (a larger model only memorizes sooner); S: the corpus bytes the run could learn from, the bytes it sees
 # (tokens x bytes per token, less dropout_cost * dropout of them) with repeats counting less:
 # S = U + U * R * (1 - exp(-(epochs - 1) / R)) past one epoch of U unique bytes (Muennighoff et al., 2023), R
 # growing with dropout; E: the corpus's own floor, e0 + e1 * hardness (how well byte n-grams of its train text
-# predict its val text, in bits per byte) + e2 * ln(U / 1e6). N_per_byte and N_dropout are read off the study's
-# 100 KB points, the rest fitted.
-LAW = dict(e0=-0.2003, e1=0.6174, e2=0.05127, A=0.1284, alpha=0.34, B=0.7319, beta=0.28, R=1.439, R_dropout=6.023,
-           dropout_cost=3.524, N_per_byte=20.0, N_dropout=25.0, rel_sigma=0.0858)
+# predict its val text, in bits per byte) + e2 * ln(U / 1e6). N_100k and N_dropout are read off the study's 100 KB
+# points, N_exponent off its 100 KB and 700 KB points, the rest fitted.
+LAW = dict(e0=-0.1518, e1=0.6077, e2=0.05157, A=0.1088, alpha=0.34, B=0.7308, beta=0.28, R=1.413, R_dropout=6.985,
+           dropout_cost=3.498, N_100k=2e6, N_exponent=0.5, N_dropout=25.0, rel_sigma=0.0817)
 DROPOUTS = (0.0, 0.2)  # the dropouts the plan chooses among: the study measured these two
 
 
@@ -169,7 +169,8 @@ def learnable_bytes(seen, unique, dropout, law=LAW):
 def predict_bpb(keys, tokens, corpus, law=LAW):
     """The law's val bpb for a run of keys on corpus that trains on `tokens` tokens."""
     # a corpus fills so many parameters at most, more under dropout (it keeps a larger model from memorizing)
-    fills = law["N_per_byte"] * (1 + law["N_dropout"] * keys.get("dropout", 0.0)) * corpus.train_bytes
+    fills = (law["N_100k"] * (corpus.train_bytes / 1e5) ** law["N_exponent"]
+             * (1 + law["N_dropout"] * keys.get("dropout", 0.0)))
     n = min(blocks_params(keys), fills) / 1e6
     s = learnable_bytes(tokens * corpus.bytes_per_token, corpus.train_bytes, keys.get("dropout", 0.0), law) / 1e6
     return (law["e0"] + law["e1"] * corpus.hardness + law["e2"] * math.log(corpus.train_bytes / 1e6)
