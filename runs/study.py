@@ -50,6 +50,7 @@ GRID = (
     + [("shakespeare100k", "4ep", s, 0.0) for s in ("S3", "S4")] + [("songshi1m", "4ep", "S2", 0.0)]
     # how the largest useful model grows with the corpus: 700 KB, four epochs decayed to their end
     + [("warpeace700k", "4ep", s, 0.0) for s in ("S3", "S4", "S5")]
+    + [("warpeace100k", "13ep", "S5", 0.3)]  # more dropout for more epochs: as many as max_epochs(0.3) allows
 )
 
 

@@ -19,7 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from nanogpt.tokenizer import read_meta, token_byte_strings, tokenizer_from_meta  # noqa: E402
-from nanogpt.training.plan import LAW, max_epochs, predict_bpb, read_corpus  # noqa: E402
+from nanogpt.training.plan import DROPOUTS, LAW, max_epochs, predict_bpb, read_corpus  # noqa: E402
 
 # alpha and beta stay at Chinchilla's exponents (Hoffmann et al., 2022: 0.34 and 0.28): two budgets and three sizes
 # a corpus cannot pin them down, and freed they trade against the floor (beta ran to its bound, the floor below 0)
@@ -96,8 +96,9 @@ def main():
     with open(os.path.join(args.study, "points.jsonl")) as f:
         runs = [json.loads(line) for line in f if '"best_val_bpb"' in line]
     # the law describes the runs a plan makes: none past the epochs a plan schedules at its dropout (those runs
-    # peaked there, with their rate still high, and are shown after the fit)
-    points = [p for p in runs if epochs_of(p, args.datasets) <= 1.1 * max_epochs(p["dropout"])]
+    # peaked there, with their rate still high), none at a dropout it does not choose; both are shown after the fit
+    points = [p for p in runs if epochs_of(p, args.datasets) <= 1.1 * max_epochs(p["dropout"])
+              and p["dropout"] in DROPOUTS]
     beyond = [p for p in runs if p not in points]
     law, floors = fit(points, args.datasets)
     pred = predictions(law, points, args.datasets)
@@ -117,7 +118,8 @@ def main():
         print(f"{pt['name']:34s} {12 * pt['n_layer'] * pt['n_embd'] ** 2 / 1e6:6.2f}M {tokens / 1e6:6.2f}M "
               f"{tokens / c.train_tokens:6.1f} {pt['best_val_bpb']:8.4f} {y:7.4f} {e * 100:+5.1f}%")
     if beyond:
-        print("\nnot fitted: runs scheduled past the epochs a plan allows at their dropout (their best came sooner)")
+        print("\nnot fitted: runs scheduled past the epochs a plan allows at their dropout (their best came sooner), "
+              "or at a dropout the plan does not choose")
         for pt in beyond:
             print(f"{pt['name']:34s} {epochs_of(pt, args.datasets):6.1f} epochs, best at iteration {pt['best_iter']:,} "
                   f"of {pt['max_iters']:,}: {pt['best_val_bpb']:.4f}")

@@ -97,6 +97,11 @@ def test_a_corpus_fills_so_many_parameters_and_dropout_costs_early_and_pays_late
     assert blocks_params(LADDER["S4"]) > 2e6 and blocks_params(LADDER["S3"]) < 2e6
     assert predict_bpb(LADDER["S6"], 400_000, small) == predict_bpb(LADDER["S4"], 400_000, small)  # no gain past it
     assert predict_bpb(LADDER["S3"], 400_000, small) > predict_bpb(LADDER["S4"], 400_000, small)  # below it, some
+    # seven times the text fills sqrt(7) times the parameters, 5.3M: 6 x 384 (10.6M) gains nothing on 6 x 256 (4.7M)
+    # over what 8 x 512 would (both capped), where twenty a byte would have let both count in full
+    seven = corpus(train_tokens=700_000)
+    s4, s5, s6 = (predict_bpb(LADDER[n], 2_800_000, seven) for n in ("S4", "S5", "S6"))
+    assert s6 == s5 and s4 - s5 == pytest.approx(planning.LAW["A"] * (4.72 ** -0.34 - 5.29 ** -0.34), rel=0.01)
     # under dropout a corpus fills more, each byte teaches less, and repeats count for longer
     assert (predict_bpb({**LADDER["S5"], "dropout": 0.2}, 400_000, small)
             < predict_bpb({**LADDER["S4"], "dropout": 0.2}, 400_000, small))
