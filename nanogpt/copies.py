@@ -76,11 +76,13 @@ def suffix_array(tokens):
 
     divsufsort sorts bytes: tokens below 256 are sorted as one byte each, wider ones as big-endian bytes (whose
     order is the tokens' order; swapped in place) with the suffixes that start inside a token dropped in place.
-    Peak memory: the tokens and 4 (8 from 2**31 bytes) per byte sorted: 7 bytes a token below 256, 10 for uint16."""
+    Peak memory: the tokens and 4 (8 from 2**31 bytes) per byte sorted: 7 bytes a token below 256, 10 for uint16.
+    A caller that passes its only reference to tokens frees them once sorted, before the compaction's chunks."""
     if not len(tokens) or tokens.max() < 256:
         return divsufsort(tokens.astype(np.uint8))
     width = tokens.dtype.itemsize
     sa = divsufsort(tokens.byteswap(inplace=True).view(np.uint8) if np.little_endian else tokens.view(np.uint8))
+    del tokens  # sorted: from here the memory is the byte-level array's alone (and the chunks')
     kept = 0
     for start in range(0, len(sa), CHUNK):  # compact in place: kept never passes the chunk being read
         chunk = sa[start:start + CHUNK]
@@ -95,10 +97,10 @@ def write_index(folder, dtype, train="train.bin", out=INDEX_FILE):
     renamed into place; returns its path."""
     path = os.path.join(folder, train)
     with open_regular(path) as f:
-        tokens = np.fromfile(f, dtype=dtype)
-    sa = suffix_array(tokens)
-    entry = np.dtype(np.int32 if len(tokens) < 2**31 else np.int64)
-    header = HEADER.pack(MAGIC, VERSION, tokens.dtype.itemsize, entry.itemsize, len(tokens), sha256_of(path))
+        sa = suffix_array(np.fromfile(f, dtype=dtype))  # its only reference: the tokens are freed once sorted
+    n = len(sa)  # one suffix a token
+    entry = np.dtype(np.int32 if n < 2**31 else np.int64)
+    header = HEADER.pack(MAGIC, VERSION, np.dtype(dtype).itemsize, entry.itemsize, n, sha256_of(path))
     fd, tmp = tempfile.mkstemp(prefix=f".{out}.", dir=folder)
     os.close(fd)
     os.chmod(tmp, 0o644)  # as the dataset's other files (mkstemp makes it the owner's alone)

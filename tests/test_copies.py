@@ -203,6 +203,24 @@ def test_a_missing_index_in_a_read_only_folder_says_how_to_build_it(tmp_path, mo
         Training(folder)
 
 
+def test_the_index_of_wide_tokens_builds_within_ten_bytes_a_token(tmp_path):
+    """uint16 tokens sort as 2 bytes each, 4 bytes of array a byte: the tokens (2) and the array (8) at the sort,
+    and no more after it (the tokens are freed before the compaction's chunks). tracemalloc sees numpy's
+    allocations and divsufsort's array."""
+    import tracemalloc
+    n = 2_000_000
+    np.random.default_rng(0).integers(0, 3000, n, dtype=np.uint16).tofile(tmp_path / "train.bin")
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        write_index(str(tmp_path), np.dtype(np.uint16))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert 10 * n <= peak <= 10 * n + 500_000
+    assert os.path.getsize(tmp_path / INDEX_FILE) == HEADER.size + 4 * n
+
+
 def test_prepare_writes_the_index_beside_train_bin(tmp_path):
     from nanogpt.dataset import prepare
     (tmp_path / "in.txt").write_text("床前明月光疑是地上霜舉頭望明月低頭思故鄉\n" * 30, encoding="utf-8")
