@@ -156,6 +156,7 @@ def draw(points, law, floors, datasets, png):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker  # noqa: F401 (matplotlib.ticker, below)
     names = sorted({p["dataset"] for p in points})
     cols = 4
     rows = -(-len(names) // cols)
@@ -177,6 +178,13 @@ def draw(points, law, floors, datasets, png):
                         label=label + (f", dropout {dropout:g}" if dropout else ""))
                 ax.plot(n, predictions(law, here, datasets, floors), "--", color=colour)
         ax.set_xscale("log")
+        ax.set_xticks(sorted({12 * p["n_layer"] * p["n_embd"] ** 2 / 1e6 for p in points if p["dataset"] == name}))
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:.2g}"))  # the shapes' sizes
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+        ax.ticklabel_format(axis="y", useOffset=False)  # a corpus with one point: its value, not an offset
+        low, high = ax.get_ylim()
+        if high - low < 0.02:  # one point, or points close together: a window of 0.02 around them
+            ax.set_ylim((low + high) / 2 - 0.01, (low + high) / 2 + 0.01)
         ax.set_title(name)
         ax.set_xlabel("parameters in the blocks (M)")
     for row in axes:
