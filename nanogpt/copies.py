@@ -70,19 +70,20 @@ def sha256_of(path):
     return digest.digest()
 
 
-def suffix_array(tokens):
-    """The suffix array of tokens (a numpy array of unsigned ints, which it overwrites), as int32 or int64
-    positions.
-
-    divsufsort sorts bytes: tokens below 256 are sorted as one byte each, wider ones as big-endian bytes (whose
-    order is the tokens' order; swapped in place) with the suffixes that start inside a token dropped in place.
-    Peak memory: the tokens and 4 (8 from 2**31 bytes) per byte sorted: 7 bytes a token below 256, 10 for uint16.
-    A caller that passes its only reference to tokens frees them once sorted, before the compaction's chunks."""
+def sorted_bytes(tokens):
+    """divsufsort's suffix array of tokens as bytes (which it overwrites): one byte a token where all are below
+    256, else big-endian bytes, whose order is the tokens' order (swapped in place). Int32 positions, int64 from
+    2**31 bytes."""
     if not len(tokens) or tokens.max() < 256:
-        return divsufsort(tokens.astype(np.uint8))
-    width = tokens.dtype.itemsize
-    sa = divsufsort(tokens.byteswap(inplace=True).view(np.uint8) if np.little_endian else tokens.view(np.uint8))
-    del tokens  # sorted: from here the memory is the byte-level array's alone (and the chunks')
+        return divsufsort(tokens.astype(np.uint8, copy=False))
+    return divsufsort(tokens.byteswap(inplace=True).view(np.uint8) if np.little_endian else tokens.view(np.uint8))
+
+
+def whole_tokens(sa, width):
+    """sorted_bytes' array of tokens `width` bytes wide, as the tokens' suffix array: the suffixes that start
+    inside a token dropped and the rest divided by width, in place, a chunk at a time."""
+    if width == 1:
+        return sa
     kept = 0
     for start in range(0, len(sa), CHUNK):  # compact in place: kept never passes the chunk being read
         chunk = sa[start:start + CHUNK]
@@ -96,9 +97,17 @@ def write_index(folder, dtype, train="train.bin", out=INDEX_FILE):
     """Build the index of folder/train (tokens of dtype) and write it to folder/out, through a temporary file
     renamed into place; returns its path."""
     path = os.path.join(folder, train)
+    # peak memory, the tokens and 4 bytes (8 from 2**31) per byte sorted: 5 bytes a token below 256, 10 for uint16;
+    # the tokens are let go before anything else is allocated (narrowed, then sorted, then compacted)
     with open_regular(path) as f:
-        sa = suffix_array(np.fromfile(f, dtype=dtype))  # its only reference: the tokens are freed once sorted
-    n = len(sa)  # one suffix a token
+        tokens = np.fromfile(f, dtype=dtype)
+    n = len(tokens)
+    width = 1 if not n or tokens.max() < 256 else tokens.dtype.itemsize
+    if width == 1:
+        tokens = tokens.astype(np.uint8)  # the wide copy goes as the narrow one arrives
+    sa = sorted_bytes(tokens)
+    del tokens
+    sa = whole_tokens(sa, width)  # one suffix a token
     entry = np.dtype(np.int32 if n < 2**31 else np.int64)
     header = HEADER.pack(MAGIC, VERSION, np.dtype(dtype).itemsize, entry.itemsize, n, sha256_of(path))
     fd, tmp = tempfile.mkstemp(prefix=f".{out}.", dir=folder)
