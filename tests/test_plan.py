@@ -140,6 +140,9 @@ def fixed_speed(monkeypatch):
         probed.append(list(candidates))
         return Speed(0.005, 1e-10, {"S0": 0.01})
     monkeypatch.setattr(planning, "probe", probe)
+    # a shape timed once chosen runs as the line says: the choice stands
+    monkeypatch.setattr(planning, "iteration_seconds", lambda cfg, vocab_size, *a, **k:
+                        0.005 + 1e-10 * flops_per_iter(vars(cfg), vocab_size))
     return probed
 
 
@@ -183,12 +186,38 @@ def test_the_plan_counts_the_time_dropout_takes(monkeypatch):
     takes 30 times as long is not worth dropout's epochs, and the probe measures the factor."""
     assert Speed(0.0, 1e-10, {}, 3.0).seconds(1e9, 0.2) == pytest.approx(3 * Speed(0.0, 1e-10, {}).seconds(1e9))
     monkeypatch.setattr(planning, "probe", lambda *a, **k: Speed(0.005, 1e-10, {"S0": 0.01}, 30.0))
+    monkeypatch.setattr(planning, "iteration_seconds", lambda cfg, vocab_size, *a, **k:
+                        0.005 + 1e-10 * flops_per_iter(vars(cfg), vocab_size))
     _, plan = make_plan(TrainConfig(minutes=30, device="cpu"), {}, corpus(train_tokens=100_000), torch.device("cpu"),
                         torch.float32, elapsed=3.0, log=lambda *a: None)
     assert plan["dropout"] == 0.0
     cfg = TrainConfig(**{**LADDER["S0"], "block_size": 16, "batch_size": 2, "device": "cpu"})
     speed = planning.probe({"S0": cfg}, 65, torch.device("cpu"), torch.float32, budget=60, dropout=0.2)
     assert speed.dropout_factor >= 1.0 and list(speed.probed) == ["S0"]
+
+
+def test_a_chosen_shape_the_probe_did_not_time_is_timed_and_chosen_again(monkeypatch):
+    """The line through the probed shapes is optimistic between them: the shape it chooses is timed itself, and the
+    plan's iterations are what that time affords (or another shape wins with it)."""
+    line = lambda cfg, vocab_size: 0.005 + 1e-10 * flops_per_iter(vars(cfg), vocab_size)  # noqa: E731
+    timed = []
+
+    def slow_in_between(cfg, vocab_size, *a, **k):  # S3 and S4 three times slower than the line
+        timed.append(cfg.n_embd)
+        return line(cfg, vocab_size) * (3.0 if cfg.n_embd in (192, 256) else 1.0)
+    monkeypatch.setattr(planning, "probe", lambda *a, **k: Speed(0.005, 1e-10, {"S0": 0.01, "S6": 1.0}))
+    monkeypatch.setattr(planning, "iteration_seconds", slow_in_between)
+    args = (TrainConfig(minutes=30, device="cpu"), {}, corpus(train_tokens=300_000), torch.device("cpu"),
+            torch.float32)
+    _, plan = make_plan(*args, elapsed=3.0, log=lambda *a: None)
+    assert len(timed) == len(plan["timed"]) <= planning.TIMED_CHOICES and "S3" in plan["timed"]
+    assert plan["timed"]["S3"] == pytest.approx(3 * line(TrainConfig(**{**LADDER["S3"], "device": "cpu"}), 65))
+    keys = {**LADDER[plan["shape"]], "block_size": 128, "batch_size": 12, "gradient_accumulation_steps": 1}
+    assert plan["seconds_per_iter"] == pytest.approx(slow_in_between(TrainConfig(**{**keys, "device": "cpu"}), 65))
+    # without the timing (the line believed), the plan would have chosen a shape that was timed slower
+    monkeypatch.setattr(planning, "TIMED_CHOICES", 0)
+    _, believed = make_plan(*args, elapsed=3.0, log=lambda *a: None)
+    assert believed["shape"] in plan["timed"] and believed["shape"] != plan["shape"]
 
 
 def test_too_short_a_budget_names_the_shortest_one_and_that_one_plans(fixed_speed):

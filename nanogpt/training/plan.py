@@ -6,7 +6,7 @@ architecture and optimizer, docs/speedrun.md), and the schedule fitted to the it
 import math
 import os
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -206,6 +206,7 @@ def step_times(model, step_model, optimizer, batch_size, block_size, accum, grad
 
 PROBE_ITERS = 4  # iterations a probe of one shape runs: one to warm up, three timed
 PROBE_SHARE = 0.02  # of the budget, at most, for timing the larger shape
+TIMED_CHOICES = 2  # shapes timed after being chosen, at most (each a probe of one shape)
 
 
 def iteration_seconds(cfg, vocab_size, device, dtype, warmup=1, iters=PROBE_ITERS - 1):
@@ -231,9 +232,11 @@ class Speed:
     b: float
     probed: dict  # shape name -> measured seconds per iteration
     dropout_factor: float = 1.0
+    timed: dict = field(default_factory=dict)  # shapes timed after a plan chose them: their seconds, not the line's
 
-    def seconds(self, flops, dropout=0.0):
-        return (self.a + self.b * flops) * (self.dropout_factor if dropout else 1.0)
+    def seconds(self, flops, dropout=0.0, name=None):
+        base = self.timed[name] if name in self.timed else self.a + self.b * flops
+        return base * (self.dropout_factor if dropout else 1.0)
 
 
 def probe(candidates, vocab_size, device, dtype, budget, dropout=0.0):
@@ -311,28 +314,42 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1):
     dropouts = (given["dropout"],) if "dropout" in given else DROPOUTS
     speed = probe(candidates, corpus.vocab_size, device, dtype, budget, 0.0 if "dropout" in given else max(dropouts))
     elapsed += time.time() - t0
-    train_seconds = (budget - elapsed - EXIT_SECONDS) * (1 - EVAL_SHARE)
-    choices = []
-    for name, c in candidates.items():
-        keys = vars(c)
-        per_iter_tokens = c.batch_size * c.block_size * c.gradient_accumulation_steps
-        for p in dropouts:
-            per_iter = speed.seconds(flops_per_iter(keys, corpus.vocab_size), p)  # a dropout of yours was probed
-            fits = int(train_seconds / per_iter)  # the iterations the budget has time for
-            useful = max(MIN_ITERS, math.ceil(max_epochs(p) * corpus.train_tokens / per_iter_tokens))
-            iters = min(fits, useful, given.get("max_iters", math.inf))  # a max_iters of yours is a ceiling
-            prediction = predict_bpb({**keys, "dropout": p}, iters * per_iter_tokens, corpus)
-            choices.append((prediction, iters * per_iter, name, p, iters, per_iter, fits))
-    smallest = min(choices, key=lambda ch: ch[5])
-    if smallest[6] < MIN_ITERS:
-        need = (elapsed + EXIT_SECONDS + MIN_ITERS * smallest[5] / (1 - EVAL_SHARE)) / 60
-        raise UserError(f"--minutes={cfg.minutes:g} is too short to train on {corpus.path} here: the shortest "
-                        f"budget this machine allows for it is --minutes={math.ceil(need * 10) / 10:g}")
-    able = [c for c in choices if c[6] >= MIN_ITERS]
-    lowest = min(c[0] for c in able)
-    # the law cannot tell predictions within TIE of each other apart: of those, the quickest run
-    predicted, _, name, dropout, iters, per_iter, fits = min((c for c in able if c[0] <= lowest * (1 + TIE)),
-                                                             key=lambda c: (c[1], c[0]))
+
+    def train_seconds():  # what the budget leaves for training, less what probing has spent
+        return (budget - elapsed - EXIT_SECONDS) * (1 - EVAL_SHARE)
+
+    def choose():
+        choices = []
+        for name, c in candidates.items():
+            keys = vars(c)
+            per_iter_tokens = c.batch_size * c.block_size * c.gradient_accumulation_steps
+            for p in dropouts:
+                per_iter = speed.seconds(flops_per_iter(keys, corpus.vocab_size), p, name)  # yours was probed
+                fits = int(train_seconds() / per_iter)  # the iterations the budget has time for
+                useful = max(MIN_ITERS, math.ceil(max_epochs(p) * corpus.train_tokens / per_iter_tokens))
+                iters = min(fits, useful, given.get("max_iters", math.inf))  # a max_iters of yours is a ceiling
+                prediction = predict_bpb({**keys, "dropout": p}, iters * per_iter_tokens, corpus)
+                choices.append((prediction, iters * per_iter, name, p, iters, per_iter, fits))
+        smallest = min(choices, key=lambda ch: ch[5])
+        if smallest[6] < MIN_ITERS:
+            need = (elapsed + EXIT_SECONDS + MIN_ITERS * smallest[5] / (1 - EVAL_SHARE)) / 60
+            raise UserError(f"--minutes={cfg.minutes:g} is too short to train on {corpus.path} here: the shortest "
+                            f"budget this machine allows for it is --minutes={math.ceil(need * 10) / 10:g}")
+        able = [c for c in choices if c[6] >= MIN_ITERS]
+        lowest = min(c[0] for c in able)
+        # the law cannot tell predictions within TIE of each other apart: of those, the quickest run
+        return min((c for c in able if c[0] <= lowest * (1 + TIE)), key=lambda c: (c[1], c[0]))
+
+    # the line through the probed shapes is optimistic between them (a shape in the middle ran 10-25% slower here),
+    # so a chosen shape not probed is timed itself and the choice made again with its time, TIMED_CHOICES at most
+    for _ in range(TIMED_CHOICES):
+        chosen = choose()[2]
+        if chosen in speed.probed or chosen in speed.timed:
+            break
+        t0 = time.time()
+        speed.timed[chosen] = iteration_seconds(candidates[chosen], corpus.vocab_size, device, dtype)
+        elapsed += time.time() - t0
+    predicted, _, name, dropout, iters, per_iter, fits = choose()
     ends_early = iters < fits and iters < given.get("max_iters", math.inf)
     chosen = candidates[name]
     keys = {k: v for k, v in {**LADDER[name], **split}.items() if k not in given}
@@ -345,7 +362,7 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1):
     # within a few epochs: the best checkpoint must not fall between two evaluations), as many as the share allows
     epochs = iters * tokens_per_iter / corpus.train_tokens
     eval_seconds = (windows * chosen.block_size / tokens_per_iter + 5) * per_iter / 3  # forward only: a third
-    affordable = EVAL_SHARE * train_seconds / max(eval_seconds, 1e-9)
+    affordable = EVAL_SHARE * train_seconds() / max(eval_seconds, 1e-9)
     evals = int(max(3, min(affordable, max(10, min(200, epochs)))))
     keys.update(eval_windows=windows, eval_iters=5, eval_interval=max(1, iters // evals), log_interval=max(1, iters // 100),
                 always_save_checkpoint=False, keep_best=True, matmul_dtype="auto")
@@ -358,6 +375,7 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1):
            f"{corpus.hardness:.2f} bits a byte",
            f"this machine: {per_iter * 1000:.1f} ms an iteration of {tokens_per_iter:,} tokens "
            f"({', '.join(f'{n} {s * 1000:.1f} ms' for n, s in speed.probed.items())} probed"
+           + "".join(f", {n} {s * 1000:.1f} ms timed once chosen" for n, s in speed.timed.items())
            + (f"; dropout takes {speed.dropout_factor:.2f}x as long" if speed.dropout_factor != 1.0 else "") + ")",
            f"{final['n_layer']} layers x {final['n_embd']} ({params / 1e6:.2f}M in the blocks): the lowest predicted "
            f"val bpb of {len(candidates)} shapes at this budget",
@@ -378,7 +396,7 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1):
             "epochs": epochs, "iters": iters, "dropout": dropout, "ends_early": ends_early,
             "predicted_val_bpb": predicted,
             "predicted_sigma": predicted * LAW["rel_sigma"], "seconds_per_iter": per_iter,
-            "probe": speed.probed, "corpus": {k: v for k, v in vars(corpus).items()}, "kept": sorted(given),
+            "probe": speed.probed, "timed": speed.timed, "corpus": {k: v for k, v in vars(corpus).items()}, "kept": sorted(given),
             "why": why, "planned_at": elapsed}
     return keys, plan
 
