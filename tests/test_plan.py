@@ -321,6 +321,17 @@ def test_a_device_lost_while_probing_is_one_line(monkeypatch, char_dataset):
                  lambda: 0.0, log=lambda *a: None)
 
 
+def test_a_dataset_not_prepared_says_so_before_any_tokenizer_is_loaded(tmp_path, monkeypatch):
+    """A folder without meta or splits (prepare refused the text) would be read as GPT-2 tokens, whose BPE needs a
+    download: the missing train.bin is the error, and no tokenizer is asked for."""
+    from nanogpt.training.plan import plan_run
+    monkeypatch.setattr(planning, "tokenizer_from_meta", lambda meta: pytest.fail("a tokenizer was loaded"))
+    cfg = TrainConfig(dataset=str(tmp_path), minutes=1, device="cpu")
+    with pytest.raises(UserError, match=rf"--minutes: {re.escape(str(tmp_path))}/train.bin is missing; prepare"):
+        plan_run(cfg, {}, None, str(tmp_path), torch.device("cpu"), torch.float32, 0, 1, lambda: 0.0,
+                 log=lambda *a: None)
+
+
 def test_a_plan_under_torchrun_is_rank_0s_on_every_rank_and_holds_the_budget(tmp_path, char_dataset):
     out = tmp_path / "ddp"
     start = time.time()

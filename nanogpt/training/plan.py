@@ -83,17 +83,23 @@ class Corpus:
         return self.train_tokens * self.bytes_per_token
 
 
+def split_paths(data_dir):
+    """{split: path} of a prepared dataset's train.bin and val.bin, or the error that says how to prepare it."""
+    paths = {split: os.path.join(data_dir, f"{split}.bin") for split in ("train", "val")}
+    for path in paths.values():
+        if not os.path.isfile(path):
+            raise UserError(f"--minutes: {path} is missing; prepare the dataset first (python data/prepare.py "
+                            f"--input YOUR_TEXT --out {data_dir})")
+    return paths
+
+
 def read_corpus(data_dir, meta, token_bytes, sample=800_000):
     """The Corpus of a prepared dataset. token_bytes: (vocab_size,) the UTF-8 bytes of each token. Its hardness is
     measured on about the last `sample` bytes of train and the first quarter as many of val (a second or less), so
     that the same text scores the same under any tokenizer."""
     dtype = np.dtype((meta or {}).get("dtype", "uint16"))
     data = {}
-    for split in ("train", "val"):
-        path = os.path.join(data_dir, f"{split}.bin")
-        if not os.path.isfile(path):
-            raise UserError(f"--minutes: {path} is missing; prepare the dataset first (python data/prepare.py "
-                            f"--input YOUR_TEXT --out {data_dir})")
+    for split, path in split_paths(data_dir).items():
         data[split] = np.memmap(path, dtype=dtype, mode="r") if os.path.getsize(path) else np.zeros(0, dtype)
     lengths = np.array([len(b) for b in token_bytes], dtype=np.float64)
     train, val = data["train"], data["val"]
@@ -453,6 +459,7 @@ def plan_run(cfg, given, meta, data_dir, device, dtype, rank, world, elapsed, lo
     keys = plan = error = None
     if rank == 0:
         try:
+            split_paths(data_dir)  # before the tokenizer: a dataset that is not there needs no GPT-2 BPE
             vocab = (meta or {}).get("vocab_size") or cfg.vocab_size
             try:
                 strings = token_byte_strings(tokenizer_from_meta(meta), vocab)
