@@ -42,7 +42,7 @@ from nanogpt.training.distributed import (all_ranks, barrier, from_rank0, gather
 from nanogpt.training.metrics import Clock, Metrics
 from nanogpt.training.notes import cpu_time_of, startup_notes
 from nanogpt.training.optim import OptimizerSettings, configure_optimizers, lr_scale
-from nanogpt.training.plan import Deadline
+from nanogpt.training.plan import Deadline, minutes_text, plan_summary
 from nanogpt.training.resume import resume_command
 from nanogpt.training.sharding import first_non_finite, held_bytes
 from nanogpt.training.startup import Start, start_run
@@ -222,6 +222,8 @@ class Run(Start):
         if self.iter_num == self.start_iter:
             self.log_memory()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.threads is not None:
+            self.threads.check()  # a clock read; every half second a look at the load
         self.iter_num += 1
         self.rng_at_iter = None
         self.bar.update(1)
@@ -264,7 +266,7 @@ class Run(Start):
             return
         before, self.cfg.max_iters, self.cfg.lr_decay_iters = self.cfg.max_iters, target, target
         self.bar.total = target
-        self.metrics.write(f"budget: {before} -> {target} iterations to end within {self.cfg.minutes:g} minutes",
+        self.metrics.write(f"budget: {before} -> {target} iterations to end within {minutes_text(self.cfg.minutes)}",
                            kind="budget", iter=self.iter_num, max_iters=target, previous=before)
 
     def save(self, name, rng=None):
@@ -287,6 +289,8 @@ class Run(Start):
     def close(self):
         self.bar.close()
         self.metrics.close()
+        if self.threads is not None:
+            self.threads.restore()
 
     def finish(self, stop):
         """After the loop: save what a signal interrupted; the summary."""
@@ -313,12 +317,11 @@ class Run(Start):
             log(f"done: {ran} iters in {summary['time']:.1f} s{total}; val loss {self.last_val:.4f} "
                 f"(best {self.best_val_loss:.4f}); checkpoint {latest_form(self.ckpt_path)}")
             if self.plan is not None and self.best_bpb is not None:
-                p = self.plan
-                log(f"plan: predicted val bpb {p['predicted_val_bpb']:.3f} +- {p['predicted_sigma']:.3f}, measured "
-                    f"{self.best_bpb:.3f} (the best checkpoint's); {summary['time']:.0f} s of the {cfg.minutes * 60:.0f} s "
-                    f"budget so far")
-                self.metrics.record(kind="plan_result", iter=self.iter_num, predicted_val_bpb=p["predicted_val_bpb"],
-                                    measured_val_bpb=self.best_bpb, seconds=summary["time"], budget=cfg.minutes * 60)
+                log(plan_summary(self.plan, self.best_bpb, self.iter_num, self.clock.before + summary["time"],
+                                 cfg.minutes))
+                self.metrics.record(kind="plan_result", iter=self.iter_num, predicted_val_bpb=self.plan["predicted_val_bpb"],
+                                    measured_val_bpb=self.best_bpb, seconds=self.clock.before + summary["time"],
+                                    budget=cfg.minutes * 60)
         return summary
 
 

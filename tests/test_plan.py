@@ -136,7 +136,7 @@ def fixed_speed(monkeypatch):
     """A machine of 1e-10 s per FLOP and 5 ms an iteration, without timing anything."""
     probed = []
 
-    def probe(candidates, vocab_size, device, dtype, budget, dropout=0.0):
+    def probe(candidates, vocab_size, device, dtype, budget, dropout=0.0, left=math.inf):
         probed.append(list(candidates))
         return Speed(0.005, 1e-10, {"S0": 0.01})
     monkeypatch.setattr(planning, "probe", probe)
@@ -224,10 +224,74 @@ def test_too_short_a_budget_names_the_shortest_one_and_that_one_plans(fixed_spee
     cfg = TrainConfig(minutes=0.01, device="cpu")
     with pytest.raises(UserError, match=r"the shortest budget this machine allows for it is --minutes=") as e:
         make_plan(cfg, {}, corpus(), torch.device("cpu"), torch.float32, elapsed=3.0, log=lambda *a: None)
-    shortest = float(re.search(r"--minutes=([0-9.]+)$", str(e.value)).group(1))
+    shortest = float(re.search(r"--minutes=([0-9.]+) \(2 x 64, the smallest shape, takes 130 ms an iteration on "
+                               r"\d+ thread\(s\)\)$", str(e.value)).group(1))  # 5 ms + 1e-10 s x 1.25 GFLOP
     keys, plan = make_plan(TrainConfig(minutes=shortest, device="cpu"), {}, corpus(), torch.device("cpu"),
                            torch.float32, elapsed=3.0, log=lambda *a: None)
     assert plan["iters"] >= planning.MIN_ITERS
+
+
+def test_too_short_a_budget_is_said_after_timing_the_smallest_shape_alone_and_names_a_large_vocabulary(monkeypatch):
+    """Once the smallest shape cannot run MIN_ITERS in the budget nothing more is timed (GPT-2's vocabulary spent
+    most of a minute on timings before saying so), and the error says where the time goes."""
+    timed = []
+
+    def seconds(cfg, vocab_size, *a, **k):
+        timed.append(cfg.n_embd)
+        return 0.5
+    monkeypatch.setattr(planning, "iteration_seconds", seconds)
+    with pytest.raises(UserError, match=r"too short .* takes 500 ms an iteration on \d+ thread\(s\), most of it the "
+                                        r"output layer over a vocabulary of 50,257\)$"):
+        make_plan(TrainConfig(minutes=0.25, device="cpu"), {}, corpus(vocab=50257), torch.device("cpu"),
+                  torch.float32, elapsed=3.0, log=lambda *a: None)
+    assert timed == [64]
+    with pytest.raises(UserError) as e:  # a small vocabulary: the time is the model's, and no word of the head
+        make_plan(TrainConfig(minutes=0.25, device="cpu"), {}, corpus(), torch.device("cpu"), torch.float32,
+                  elapsed=3.0, log=lambda *a: None)
+    assert "output layer" not in str(e.value)
+
+
+def test_a_planned_run_on_a_busy_cpu_probes_and_trains_on_the_idle_cores(tmp_path, char_dataset, monkeypatch):
+    """Two threads beside a busy process ran 10-70 times slower than one: a run bound by the clock takes the
+    cores other processes leave idle, from the probe on, and gives PyTorch's count back at its end."""
+    from nanogpt.cpu import threads as threads_module
+    monkeypatch.setattr(threads_module, "others_busy", lambda then, now: 1.0)  # one of two cores busy
+    monkeypatch.setattr(threads_module, "MIN_INTERVAL", 0.0)
+    monkeypatch.setattr(threads_module.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    given = torch.get_num_threads()
+    torch.set_num_threads(2)
+    seen = []
+    real = planning.iteration_seconds
+    monkeypatch.setattr(planning, "iteration_seconds", lambda *a, **k: (seen.append(torch.get_num_threads()),
+                                                                        real(*a, **k))[1])
+    try:
+        out = str(tmp_path / "out")
+        given_keys = {"dataset": str(char_dataset), "out_dir": out, "minutes": 0.1, "device": "cpu"}
+        lines = []
+        train(TrainConfig(**given_keys), given_keys, log=lines.append, t_start=time.time())
+        assert seen and set(seen) == {1}
+        assert torch.get_num_threads() == 2  # given back
+        assert any("ms an iteration of" in line and "on 1 thread(s)" in line for line in lines)
+    finally:
+        torch.set_num_threads(given)
+
+
+def test_the_summary_says_when_a_run_fell_short_of_its_plan():
+    plan = {"predicted_val_bpb": 2.0, "predicted_sigma": 0.2, "iters": 268}
+    assert planning.plan_summary(plan, 2.1, 260, 59.0, 1) == ("plan: predicted val bpb 2.000 +- 0.200, measured "
+                                                             "2.100 (the best checkpoint's); 59 s of the 60 s budget so far")
+    assert "it ran 10 of the 268 iterations planned" in planning.plan_summary(plan, 3.0, 10, 44.0, 1)
+
+
+def test_no_prediction_is_worse_than_a_uniform_guess_and_a_tiny_text_is_told_it_will_be_memorized(fixed_speed):
+    tiny = corpus(train_tokens=270, val_tokens=30, vocab=40)
+    assert predict_bpb({**LADDER["S0"], "block_size": 16}, 1000, tiny) <= math.log2(40)
+    _, plan = make_plan(TrainConfig(minutes=1, device="cpu", block_size=16), {"block_size": 16}, tiny,
+                        torch.device("cpu"), torch.float32, elapsed=3.0, log=lambda *a: None)
+    assert plan["iters"] == planning.MIN_ITERS and plan["predicted_val_bpb"] <= math.log2(40)
+    [line] = [w for w in plan["why"] if "the run ends after about" in w]
+    assert line.startswith("50 iterations, the fewest a plan runs, are already") and "memorize" in line
+    assert not any("is as many as a model learns from" in w for w in plan["why"])
 
 
 def test_planned_run_holds_its_budget_logs_its_plan_and_keeps_the_best_checkpoint(tmp_path, char_dataset):
@@ -244,7 +308,7 @@ def test_planned_run_holds_its_budget_logs_its_plan_and_keeps_the_best_checkpoin
     assert any("epochs of the corpus" in line for line in plan["why"])
     # a few KB of text is worth a few epochs, far less than 18 s buys: the run ends early, and says so
     assert plan["ends_early"] and (plan["epochs"] <= planning.MAX_EPOCHS or plan["iters"] == planning.MIN_ITERS)
-    assert any("more would only memorize this text" in line for line in plan["why"])
+    assert any("more would only memorize this text" in line or "the fewest a plan runs" in line for line in plan["why"])
     assert summary["iters"] == plan["iters"]
     assert any(line.startswith("plan: 0.3 minutes on") for line in lines)
     evals = records(out, "eval")

@@ -1,4 +1,4 @@
-"""Decoding's thread count on a shared CPU: the cores other processes leave idle.
+"""The thread count on a shared CPU: the cores other processes leave idle (decoding, and a planned run's training).
 
 A decode step is some 25 products of a few microseconds to a fraction of a millisecond, each split across
 PyTorch's threads, which wait for each other at its end. When another process holds one of those cores,
@@ -6,7 +6,9 @@ every product waits for the thread that lost its core: measured on 2 cores with 
 decode 4.7x slower than with the machine to themselves, 1 thread about as fast (docs/generation.md). So
 while decoding, the threads are the cores not busy with other processes' work (at least 1, at most what
 PyTorch was given: OMP_NUM_THREADS or torch.set_num_threads), read from Linux's /proc/stat over the last
-interval and looked at again every CHECK_SECONDS. Elsewhere (no /proc/stat) PyTorch's count stays.
+interval and looked at again every CHECK_SECONDS. Elsewhere (no /proc/stat) PyTorch's count stays. Training
+loses the same way (a probe of 2 x 64 took 2.1 s an iteration on 2 threads beside a busy process, 27 ms on 1), so
+a run bound by a clock (--minutes) fits its threads too; other runs keep theirs, whose sums are reproducible.
 """
 import os
 import time

@@ -179,9 +179,10 @@ def predict_bpb(keys, tokens, corpus, law=LAW):
              * (1 + law["N_dropout"] * keys.get("dropout", 0.0)))
     n = min(blocks_params(keys), fills) / 1e6
     s = learnable_bytes(tokens * corpus.bytes_per_token, corpus.train_bytes, keys.get("dropout", 0.0), law) / 1e6
-    return (law["e0"] + law["e1"] * corpus.hardness + law["e2"] * math.log(corpus.train_bytes / 1e6)
-            + law["A"] * n ** -law["alpha"]
-            + law["B"] * max(s, 1e-6) ** -law["beta"])
+    bpb = (law["e0"] + law["e1"] * corpus.hardness + law["e2"] * math.log(corpus.train_bytes / 1e6)
+           + law["A"] * n ** -law["alpha"] + law["B"] * max(s, 1e-6) ** -law["beta"])
+    # far below the study's sizes the law runs past what no training at all scores: a uniform guess
+    return min(bpb, math.log2(max(2, corpus.vocab_size)) / corpus.bytes_per_token)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -245,14 +246,17 @@ class Speed:
         return base * (self.dropout_factor if dropout else 1.0)
 
 
-def probe(candidates, vocab_size, device, dtype, budget, dropout=0.0):
+def probe(candidates, vocab_size, device, dtype, budget, dropout=0.0, left=math.inf):
     """Speed of this machine: the smallest candidate timed, then the largest whose timing costs at most
     PROBE_SHARE of the budget (by the first one's speed), and a line through the two in FLOPs. With a dropout,
-    the largest timed is timed again with it, for the factor a run with dropout takes."""
+    the largest timed is timed again with it, for the factor a run with dropout takes. left: the seconds the
+    budget has for training; when the smallest cannot run MIN_ITERS in them, nothing more is timed."""
     names = list(candidates)
     small = names[0]
     probed = {small: iteration_seconds(candidates[small], vocab_size, device, dtype)}
     f_small = flops_per_iter(vars(candidates[small]), vocab_size)
+    if MIN_ITERS * probed[small] > left:  # too short for anything: the plan says so now, not after more timing
+        return Speed(0.0, probed[small] / f_small, probed)
     affordable = [n for n in names[1:] if PROBE_ITERS * probed[small] * flops_per_iter(vars(candidates[n]), vocab_size)
                   / f_small <= PROBE_SHARE * budget]
     large = affordable[-1] if affordable else small
@@ -297,6 +301,35 @@ def largest_block(corpus, wanted=128):
     return context_that_fits(corpus.path, corpus.train_tokens, corpus.val_tokens, wanted)
 
 
+def early_end_lines(ends_early, iters, epochs, dropout, finish, minutes, capped):
+    """The plan's line on a run that ends well before its budget: the epochs a corpus is worth, the fewest
+    iterations a plan runs on a text too small for them, or the user's max_iters."""
+    end = f"the run ends after about {finish / 60:.1f} of the {minutes_text(minutes)}"
+    if capped:
+        return [f"your max_iters={iters:,} is the run's length: {end}"]
+    if not ends_early:
+        return []
+    if epochs > 1.05 * max_epochs(dropout):  # MIN_ITERS, not the epoch limit, set the length
+        return [f"{iters} iterations, the fewest a plan runs, are already {epochs:.0f} epochs of a text this small "
+                f"(the study's smallest corpus had 35,000 tokens): {end}, and the model will largely memorize it; "
+                f"give more text for a model that writes its own"]
+    return [f"{max_epochs(dropout):g} epochs is as many as a model learns from at this dropout (the study's runs "
+            f"had their best at 2.4 to 4.3 without it, 10 with 0.2), so {end}: more would only memorize this text"]
+
+
+def why_slow(cfg, seconds, vocab_size, device):
+    """What the too-short error says of the smallest shape: its time, its threads, and a large vocabulary."""
+    keys = vars(cfg)
+    head = 6 * keys["n_embd"] * vocab_size  # the output layer's training FLOPs a token, of flops_per_iter's
+    text = f"{keys['n_layer']} x {keys['n_embd']}, the smallest shape, takes {seconds * 1000:,.0f} ms an iteration"
+    if device.type == "cpu":
+        text += f" on {torch.get_num_threads()} thread(s)"
+    if head * keys["block_size"] * keys["batch_size"] * keys["gradient_accumulation_steps"] > flops_per_iter(
+            keys, vocab_size) / 2:
+        text += f", most of it the output layer over a vocabulary of {vocab_size:,}"
+    return text
+
+
 def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1):
     """(keys, plan): the config keys of the best run of cfg.minutes for corpus on this machine, and the plan's
     record (what it chose, why, and its prediction). given: the keys the user set, which stay as they are;
@@ -318,11 +351,12 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1):
     t0 = time.time()
     # a dropout of yours is in the candidates, so their timing holds it (and the factor stays 1)
     dropouts = (given["dropout"],) if "dropout" in given else DROPOUTS
-    speed = probe(candidates, corpus.vocab_size, device, dtype, budget, 0.0 if "dropout" in given else max(dropouts))
-    elapsed += time.time() - t0
 
     def train_seconds():  # what the budget leaves for training, less what probing has spent
         return (budget - elapsed - EXIT_SECONDS) * (1 - EVAL_SHARE)
+    speed = probe(candidates, corpus.vocab_size, device, dtype, budget, 0.0 if "dropout" in given else max(dropouts),
+                  left=train_seconds())
+    elapsed += time.time() - t0
 
     def choose():
         choices = []
@@ -338,9 +372,11 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1):
                 choices.append((prediction, iters * per_iter, name, p, iters, per_iter, fits))
         smallest = min(choices, key=lambda ch: ch[5])
         if smallest[6] < MIN_ITERS:
-            need = (elapsed + EXIT_SECONDS + MIN_ITERS * smallest[5] / (1 - EVAL_SHARE)) / 60
+            # at that budget the probe times its larger shapes too (PROBE_SHARE each, dropout's a second time)
+            need = (elapsed + EXIT_SECONDS + MIN_ITERS * smallest[5] / (1 - EVAL_SHARE)) / (1 - 3 * PROBE_SHARE) / 60
             raise UserError(f"--minutes={cfg.minutes:g} is too short to train on {corpus.path} here: the shortest "
-                            f"budget this machine allows for it is --minutes={math.ceil(need * 10) / 10:g}")
+                            f"budget this machine allows for it is --minutes={math.ceil(need * 10) / 10:g} "
+                            f"({why_slow(candidates[smallest[2]], smallest[5], corpus.vocab_size, device)})")
         able = [c for c in choices if c[6] >= MIN_ITERS]
         lowest = min(c[0] for c in able)
         # the law cannot tell predictions within TIE of each other apart: of those, the quickest run
@@ -379,7 +415,8 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1):
     why = [f"{corpus.train_tokens:,} train tokens ({corpus.train_bytes / 1e6:.2f} MB), vocabulary {corpus.vocab_size:,}"
            f", {corpus.bytes_per_token:.2f} bytes a token; n-grams of its train text predict its val text at "
            f"{corpus.hardness:.2f} bits a byte",
-           f"this machine: {per_iter * 1000:.1f} ms an iteration of {tokens_per_iter:,} tokens "
+           f"this machine: {per_iter * 1000:.1f} ms an iteration of {tokens_per_iter:,} tokens"
+           + (f" on {torch.get_num_threads()} thread(s)" if device.type == "cpu" else "") + " "
            f"({', '.join(f'{n} {s * 1000:.1f} ms' for n, s in speed.probed.items())} probed"
            + "".join(f", {n} {s * 1000:.1f} ms timed once chosen" for n, s in speed.timed.items())
            + (f"; dropout takes {speed.dropout_factor:.2f}x as long" if speed.dropout_factor != 1.0 else "") + ")",
@@ -389,10 +426,8 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1):
            + (f": dropout {dropout} (it lets a model learn from more epochs of a small corpus)" if dropout else
               ": no dropout (over so few epochs it slows learning more than it saves)")
            + ("; the best checkpoint is kept (a small corpus peaks within a few epochs)" if epochs > 4.5 else ""),
-           *([f"{max_epochs(dropout):g} epochs is as many as a model learns from at this dropout (the study's "
-              f"runs had their best at 2.4 to 4.3 without it, 10 with 0.2), so the run ends after about "
-              f"{finish / 60:.1f} of the {minutes_text(cfg.minutes)}: more would only memorize this text"]
-             if ends_early and finish < 0.9 * budget else []),
+           *early_end_lines(ends_early and finish < 0.9 * budget, iters, epochs, dropout, finish, cfg.minutes,
+                            given.get("max_iters") == iters and finish < 0.9 * budget),
            f"warm-up {final['warmup_iters']}, cosine decay to {final['min_lr']:.1e}; an evaluation every "
            f"{final['eval_interval']} iterations over {final['eval_windows']} fixed val windows; best.pt and ckpt.pt "
            f"keep the best val loss"]
@@ -481,6 +516,17 @@ def plan_run(cfg, given, meta, data_dir, device, dtype, rank, world, elapsed, lo
         log(f"  {line}")
     log(f"  predicted val bpb at the end: {plan['predicted_val_bpb']:.3f} +- {plan['predicted_sigma']:.3f}")
     return replace(cfg, **keys), plan
+
+
+def plan_summary(plan, measured, iters, seconds, minutes):
+    """The summary's line: predicted against measured, the budget spent (a resumed run's earlier training
+    counted), and a run that fell well short of its planned iterations, which the prediction assumed."""
+    line = (f"plan: predicted val bpb {plan['predicted_val_bpb']:.3f} +- {plan['predicted_sigma']:.3f}, measured "
+            f"{measured:.3f} (the best checkpoint's); {seconds:.0f} s of the {minutes * 60:.0f} s budget so far")
+    if iters < 0.8 * plan["iters"]:
+        line += (f"; it ran {iters:,} of the {plan['iters']:,} iterations planned, as this machine ran slower than "
+                 f"its probe (busy?), so the prediction was for a longer run")
+    return line
 
 
 def last_plan(out_dir):

@@ -16,6 +16,7 @@ import torch
 from model import GPT, GPTConfig
 from nanogpt.checkpoint import (RUNTIME_FIELDS, config_from_model_args, load_checkpoint, load_sharded,
                                 model_from_checkpoint, set_rng_state)
+from nanogpt.cpu.threads import Threads
 from nanogpt.dataset import dataset_dir
 from nanogpt.device import autocast, peak_flops_for, resolve_device, resolve_dtype, should_compile, training_kernels
 from nanogpt.errors import UserError
@@ -67,6 +68,7 @@ class Start:
     world: int = 1
     log: typing.Callable = print
     plan: dict | None = None  # --minutes: what the plan chose and predicted (plan.py)
+    threads: object = None  # --minutes on a CPU: cpu.threads.Threads, fitted to the load as the run goes
 
     def restore(self, optimizer, scaler):
         """(iter_num, best_val_loss, train_time) of the run: a resumed one's from its checkpoint, with the
@@ -125,6 +127,9 @@ def start_run(cfg, overrides, rank, local_rank, world, log, lock, into=Start, el
     data_dir = dataset_dir(cfg.dataset)
     meta = read_meta(data_dir)
     plan = None
+    # a planned run is bound by the clock, not by reproducible sums: on a CPU its threads are the cores other
+    # processes leave idle (two threads on two cores with one busy ran 10-70x slower), from the probe on
+    threads = Threads() if cfg.minutes is not None and device.type == "cpu" else None
     if cfg.minutes is not None:
         if ckpt is None:
             cfg, plan = plan_run(cfg, overrides, meta, data_dir, device, dtype, rank, world, elapsed, log)
@@ -151,7 +156,7 @@ def start_run(cfg, overrides, rank, local_rank, world, log, lock, into=Start, el
     return into(cfg, model, device, dtype, batches, meta, sharded, compile, kernels, tasks, token_bytes,
                 ctx=nullcontext() if sharded else autocast(device, dtype),
                 peak=cfg.peak_flops or peak_flops_for(device, dtype), ckpt_path=ckpt_path,
-                replacing=replacing, ckpt=ckpt, rank=rank, world=world, log=log, plan=plan)
+                replacing=replacing, ckpt=ckpt, rank=rank, world=world, log=log, plan=plan, threads=threads)
 
 
 def build_model(cfg, ckpt, meta, data_dir, overrides, device, ckpt_path, log):
