@@ -394,6 +394,9 @@ def test_a_dataset_not_prepared_says_so_before_any_tokenizer_is_loaded(tmp_path,
     with pytest.raises(UserError, match=rf"--minutes: {re.escape(str(tmp_path))}/train.bin is missing; prepare"):
         plan_run(cfg, {}, None, str(tmp_path), torch.device("cpu"), torch.float32, 0, 1, lambda: 0.0,
                  log=lambda *a: None)
+    with pytest.raises(UserError, match=r"there is no dataset folder .*/nowhere; prepare one"):
+        plan_run(cfg, {}, None, str(tmp_path / "nowhere"), torch.device("cpu"), torch.float32, 0, 1, lambda: 0.0,
+                 log=lambda *a: None)
 
 
 def test_a_plan_under_torchrun_is_rank_0s_on_every_rank_and_holds_the_budget(tmp_path, char_dataset):

@@ -86,6 +86,9 @@ class Corpus:
 def split_paths(data_dir):
     """{split: path} of a prepared dataset's train.bin and val.bin, or the error that says how to prepare it."""
     paths = {split: os.path.join(data_dir, f"{split}.bin") for split in ("train", "val")}
+    if not os.path.isdir(data_dir):
+        raise UserError(f"--minutes: there is no dataset folder {data_dir}; prepare one (python data/prepare.py "
+                        f"--input YOUR_TEXT --out {data_dir})")
     for path in paths.values():
         if not os.path.isfile(path):
             raise UserError(f"--minutes: {path} is missing; prepare the dataset first (python data/prepare.py "
