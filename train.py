@@ -60,6 +60,7 @@ def train(cfg, overrides=None, log=print, t_start=None, config_files=()):
     stop = StopFlag()  # first: a signal during start-up stops the run at once, with nothing saved
     lock = OutDirLock(cfg.out_dir)  # taken once the run is about to write
     world = 1
+    threads = torch.get_num_threads()  # a planned run fits them to the load (startup.py): the caller's come back
     try:
         rank, local_rank, world = setup_distributed(cfg.device, cfg.backend)
         stop.abandon = world == 1  # DDP ranks stop together, at a log iteration
@@ -77,6 +78,8 @@ def train(cfg, overrides=None, log=print, t_start=None, config_files=()):
         return {"iters": None, "val_loss": None, "best_val_loss": None, "time": time.time() - t_start,
                 "train_time": None, "interrupted": True, "reached": None}
     finally:
+        if torch.get_num_threads() != threads:  # however the run ended: a refused plan, Ctrl-C, an error
+            torch.set_num_threads(threads)
         lock.release()
         stop.restore()
         teardown(world)
@@ -289,8 +292,6 @@ class Run(Start):
     def close(self):
         self.bar.close()
         self.metrics.close()
-        if self.threads is not None:
-            self.threads.restore()
 
     def finish(self, stop):
         """After the loop: save what a signal interrupted; the summary."""
@@ -318,10 +319,10 @@ class Run(Start):
                 f"(best {self.best_val_loss:.4f}); checkpoint {latest_form(self.ckpt_path)}")
             if self.plan is not None and self.best_bpb is not None:
                 log(plan_summary(self.plan, self.best_bpb, self.iter_num, self.clock.before + summary["time"],
-                                 cfg.minutes))
-                self.metrics.record(kind="plan_result", iter=self.iter_num, predicted_val_bpb=self.plan["predicted_val_bpb"],
-                                    measured_val_bpb=self.best_bpb, seconds=self.clock.before + summary["time"],
-                                    budget=cfg.minutes * 60)
+                                 cfg.minutes, reached=self.reached is not None))
+                self.metrics.record(kind="plan_result", iter=self.iter_num, measured_val_bpb=self.best_bpb,
+                                    predicted_val_bpb=self.plan["predicted_val_bpb"], budget=cfg.minutes * 60,
+                                    seconds=self.clock.before + summary["time"])
         return summary
 
 

@@ -71,11 +71,10 @@ def sha256_of(path):
 
 
 def sorted_bytes(tokens):
-    """divsufsort's suffix array of tokens as bytes (which it overwrites): one byte a token where all are below
-    256, else big-endian bytes, whose order is the tokens' order (swapped in place). Int32 positions, int64 from
-    2**31 bytes."""
-    if not len(tokens) or tokens.max() < 256:
-        return divsufsort(tokens.astype(np.uint8, copy=False))
+    """divsufsort's suffix array of tokens as bytes (which it overwrites): a uint8 token one byte, a wider one its
+    big-endian bytes, whose order is the tokens' order (swapped in place). Int32 positions, int64 from 2**31 bytes."""
+    if tokens.dtype.itemsize == 1:
+        return divsufsort(tokens)
     return divsufsort(tokens.byteswap(inplace=True).view(np.uint8) if np.little_endian else tokens.view(np.uint8))
 
 
@@ -102,9 +101,9 @@ def write_index(folder, dtype, train="train.bin", out=INDEX_FILE):
     with open_regular(path) as f:
         tokens = np.fromfile(f, dtype=dtype)
     n = len(tokens)
-    width = 1 if not n or tokens.max() < 256 else tokens.dtype.itemsize
-    if width == 1:
-        tokens = tokens.astype(np.uint8)  # the wide copy goes as the narrow one arrives
+    if not n or tokens.max() < 256:
+        tokens = tokens.astype(np.uint8)  # one byte a token: the wide copy goes as the narrow one arrives
+    width = tokens.dtype.itemsize
     sa = sorted_bytes(tokens)
     del tokens
     sa = whole_tokens(sa, width)  # one suffix a token

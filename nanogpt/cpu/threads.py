@@ -8,14 +8,15 @@ while decoding, the threads are the cores not busy with other processes' work (a
 PyTorch was given: OMP_NUM_THREADS or torch.set_num_threads), read from Linux's /proc/stat over the last
 interval and looked at again every CHECK_SECONDS. Elsewhere (no /proc/stat) PyTorch's count stays. Training
 loses the same way (a probe of 2 x 64 took 2.1 s an iteration on 2 threads beside a busy process, 27 ms on 1), so
-a run bound by a clock (--minutes) fits its threads too; other runs keep theirs, whose sums are reproducible.
+a run bound by a clock (--minutes, one process) fits its threads too: once before its probe, then every
+CHECK_SECONDS as it trains. Other runs keep theirs, whose sums are reproducible.
 """
 import os
 import time
 
 import torch
 
-CHECK_SECONDS = 0.5  # how often a running decode looks at the load again
+CHECK_SECONDS = 0.5  # how often a running decode (or planned training) looks at the load again
 MIN_INTERVAL = 0.02  # a look this soon after the last one keeps the count: too short a time to tell the load
 
 
@@ -57,8 +58,8 @@ def others_busy(then, now):
 
 
 class Threads:
-    """Within a decode: set() sets PyTorch's thread count to the cores other processes left idle since the last
-    look; restore() gives back the count it found."""
+    """Within a decode or a planned run: set() sets PyTorch's thread count to the cores other processes left idle
+    since the last look; restore() gives back the count it found."""
 
     def __init__(self):
         self.given = torch.get_num_threads()
@@ -80,7 +81,8 @@ class Threads:
             torch.set_num_threads(threads)
 
     def check(self):
-        """set() once CHECK_SECONDS have passed since the last look: called every step, costs a clock read."""
+        """set() once CHECK_SECONDS have passed since the last look: called every step or iteration, costs a clock
+        read."""
         if time.monotonic() - self.checked >= CHECK_SECONDS:
             self.set()
 

@@ -182,10 +182,9 @@ def predict_bpb(keys, tokens, corpus, law=LAW):
              * (1 + law["N_dropout"] * keys.get("dropout", 0.0)))
     n = min(blocks_params(keys), fills) / 1e6
     s = learnable_bytes(tokens * corpus.bytes_per_token, corpus.train_bytes, keys.get("dropout", 0.0), law) / 1e6
-    bpb = (law["e0"] + law["e1"] * corpus.hardness + law["e2"] * math.log(corpus.train_bytes / 1e6)
-           + law["A"] * n ** -law["alpha"] + law["B"] * max(s, 1e-6) ** -law["beta"])
-    # far below the study's sizes the law runs past what no training at all scores: a uniform guess
-    return min(bpb, math.log2(max(2, corpus.vocab_size)) / corpus.bytes_per_token)
+    return (law["e0"] + law["e1"] * corpus.hardness + law["e2"] * math.log(corpus.train_bytes / 1e6)
+            + law["A"] * n ** -law["alpha"]
+            + law["B"] * max(s, 1e-6) ** -law["beta"])
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -258,7 +257,7 @@ def probe(candidates, vocab_size, device, dtype, budget, dropout=0.0, left=math.
     small = names[0]
     probed = {small: iteration_seconds(candidates[small], vocab_size, device, dtype)}
     f_small = flops_per_iter(vars(candidates[small]), vocab_size)
-    if MIN_ITERS * probed[small] > left:  # too short for anything: the plan says so now, not after more timing
+    if MIN_ITERS * probed[small] > left - PROBE_ITERS * probed[small]:  # too short for anything: said now
         return Speed(0.0, probed[small] / f_small, probed)
     affordable = [n for n in names[1:] if PROBE_ITERS * probed[small] * flops_per_iter(vars(candidates[n]), vocab_size)
                   / f_small <= PROBE_SHARE * budget]
@@ -361,6 +360,8 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1):
                   left=train_seconds())
     elapsed += time.time() - t0
 
+    uniform = math.log2(max(2, corpus.vocab_size)) / corpus.bytes_per_token  # bits per byte of no training at all
+
     def choose():
         choices = []
         for name, c in candidates.items():
@@ -371,7 +372,8 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1):
                 fits = int(train_seconds() / per_iter)  # the iterations the budget has time for
                 useful = max(MIN_ITERS, math.ceil(max_epochs(p) * corpus.train_tokens / per_iter_tokens))
                 iters = min(fits, useful, given.get("max_iters", math.inf))  # a max_iters of yours is a ceiling
-                prediction = predict_bpb({**keys, "dropout": p}, iters * per_iter_tokens, corpus)
+                # far below the study's sizes the law runs past what a uniform guess over the vocabulary scores
+                prediction = min(predict_bpb({**keys, "dropout": p}, iters * per_iter_tokens, corpus), uniform)
                 choices.append((prediction, iters * per_iter, name, p, iters, per_iter, fits))
         smallest = min(choices, key=lambda ch: ch[5])
         if smallest[6] < MIN_ITERS:
@@ -386,13 +388,14 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1):
         return min((c for c in able if c[0] <= lowest * (1 + TIE)), key=lambda c: (c[1], c[0]))
 
     # the line through the probed shapes is optimistic between them (a shape in the middle ran 10-25% slower here),
-    # so a chosen shape not probed is timed itself and the choice made again with its time, TIMED_CHOICES at most
+    # so a chosen shape not probed is timed itself and the choice made again with its time, TIMED_CHOICES at most,
+    # each where its timing costs at most PROBE_SHARE of the budget (past that the line is all there is)
     for _ in range(TIMED_CHOICES):
-        chosen = choose()[2]
-        if chosen in speed.probed or chosen in speed.timed:
+        _, _, pick, _, _, per_iter, _ = choose()
+        if pick in speed.probed or pick in speed.timed or PROBE_ITERS * per_iter > PROBE_SHARE * budget:
             break
         t0 = time.time()
-        speed.timed[chosen] = iteration_seconds(candidates[chosen], corpus.vocab_size, device, dtype)
+        speed.timed[pick] = iteration_seconds(candidates[pick], corpus.vocab_size, device, dtype)
         elapsed += time.time() - t0
     predicted, _, name, dropout, iters, per_iter, fits = choose()
     ends_early = iters < fits and iters < given.get("max_iters", math.inf)
@@ -440,7 +443,8 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1):
             "epochs": epochs, "iters": iters, "dropout": dropout, "ends_early": ends_early,
             "predicted_val_bpb": predicted,
             "predicted_sigma": predicted * LAW["rel_sigma"], "seconds_per_iter": per_iter,
-            "probe": speed.probed, "timed": speed.timed, "corpus": {k: v for k, v in vars(corpus).items()}, "kept": sorted(given),
+            "probe": speed.probed, "timed": speed.timed, "corpus": {k: v for k, v in vars(corpus).items()},
+            "kept": sorted(given),
             "why": why, "planned_at": elapsed}
     return keys, plan
 
@@ -521,12 +525,13 @@ def plan_run(cfg, given, meta, data_dir, device, dtype, rank, world, elapsed, lo
     return replace(cfg, **keys), plan
 
 
-def plan_summary(plan, measured, iters, seconds, minutes):
+def plan_summary(plan, measured, iters, seconds, minutes, reached=False):
     """The summary's line: predicted against measured, the budget spent (a resumed run's earlier training
-    counted), and a run that fell well short of its planned iterations, which the prediction assumed."""
+    counted), and a run that fell well short of its planned iterations, which the prediction assumed (unless it
+    ended on reaching a target_loss: reached)."""
     line = (f"plan: predicted val bpb {plan['predicted_val_bpb']:.3f} +- {plan['predicted_sigma']:.3f}, measured "
             f"{measured:.3f} (the best checkpoint's); {seconds:.0f} s of the {minutes * 60:.0f} s budget so far")
-    if iters < 0.8 * plan["iters"]:
+    if iters < 0.8 * plan["iters"] and not reached:
         line += (f"; it ran {iters:,} of the {plan['iters']:,} iterations planned, as this machine ran slower than "
                  f"its probe (busy?), so the prediction was for a longer run")
     return line

@@ -68,7 +68,7 @@ class Start:
     world: int = 1
     log: typing.Callable = print
     plan: dict | None = None  # --minutes: what the plan chose and predicted (plan.py)
-    threads: object = None  # --minutes on a CPU: cpu.threads.Threads, fitted to the load as the run goes
+    threads: Threads | None = None  # --minutes on a CPU: the thread count, fitted to the load as the run goes
 
     def restore(self, optimizer, scaler):
         """(iter_num, best_val_loss, train_time) of the run: a resumed one's from its checkpoint, with the
@@ -126,10 +126,11 @@ def start_run(cfg, overrides, rank, local_rank, world, log, lock, into=Start, el
     dtype = resolve_dtype(cfg.dtype, device)
     data_dir = dataset_dir(cfg.dataset)
     meta = read_meta(data_dir)
-    plan = None
     # a planned run is bound by the clock, not by reproducible sums: on a CPU its threads are the cores other
-    # processes leave idle (two threads on two cores with one busy ran 10-70x slower), from the probe on
-    threads = Threads() if cfg.minutes is not None and device.type == "cpu" else None
+    # processes leave idle (two threads on two cores beside a busy process trained up to 78x slower), from the
+    # probe on; not under torchrun, whose ranks would each count the others as load and step at the slowest's pace
+    threads = Threads() if cfg.minutes is not None and device.type == "cpu" and world == 1 else None
+    plan = None
     if cfg.minutes is not None:
         if ckpt is None:
             cfg, plan = plan_run(cfg, overrides, meta, data_dir, device, dtype, rank, world, elapsed, log)
