@@ -282,6 +282,26 @@ def test_a_planned_run_on_a_busy_cpu_probes_and_trains_on_the_idle_cores(tmp_pat
         torch.set_num_threads(given)
 
 
+def test_evaluations_stay_within_their_share_when_an_iteration_is_long(fixed_speed):
+    """GPT-2's vocabulary on a short budget: 137 windows and 5 train batches took 15 s an evaluation, four of them
+    half of a 108 s budget. The plan reads fewer windows and one train batch where four evaluations (three and
+    iteration 0's) would pass EVAL_SHARE of the training time; a long budget keeps its 400 windows."""
+    def plan_for(minutes, vocab):
+        keys, plan = make_plan(TrainConfig(minutes=minutes, device="cpu"), {}, corpus(vocab=vocab),
+                               torch.device("cpu"), torch.float32, elapsed=3.0, log=lambda *a: None)
+        share = planning.EVAL_SHARE * (minutes * 60 - 3.0 - planning.EXIT_SECONDS) * (1 - planning.EVAL_SHARE)
+        return keys, plan, share
+    keys, plan, share = plan_for(2, 8000)
+    windows, eval_iters = keys["eval_windows"], keys["eval_iters"]
+    assert eval_iters == 1 and planning.MIN_WINDOWS < windows < 400
+    per_eval = (windows * 128 / 1536 + eval_iters) * plan["seconds_per_iter"] / 2
+    assert 4 * per_eval <= share < 4 * per_eval * 1.1  # as many windows as fit
+    keys, _, _ = plan_for(5, 50257)  # where even two batches are more than the share: two batches
+    assert (keys["eval_windows"], keys["eval_iters"]) == (planning.MIN_WINDOWS, 1)
+    keys, _, _ = plan_for(60, 65)
+    assert keys["eval_windows"] == 400
+
+
 def test_the_summary_says_when_a_run_fell_short_of_its_plan():
     plan = {"predicted_val_bpb": 2.0, "predicted_sigma": 0.2, "iters": 268}
     assert planning.plan_summary(plan, 2.1, 260, 59.0, 1) == (
@@ -425,11 +445,11 @@ def test_a_planned_run_that_ends_worse_than_its_best_leaves_ckpt_at_the_best(tmp
     import train as train_module
     calls = []
 
-    def overfitting(*args, **kwargs):  # the real losses, then val worse after the second evaluation
+    def overfitting(*args, **kwargs):  # the real losses, then val far worse after the second evaluation
         losses = dict(real(*args, **kwargs))
         calls.append(None)
         if len(calls) > 2:
-            losses["val"] += 1.0
+            losses["val"] += 10.0  # past any gain a few more iterations bring, however often the plan evaluates
         return losses
     real = train_module.estimate_loss
     monkeypatch.setattr(train_module, "estimate_loss", overfitting)

@@ -216,6 +216,7 @@ def step_times(model, step_model, optimizer, batch_size, block_size, accum, grad
 PROBE_ITERS = 4  # iterations a probe of one shape runs: one to warm up, three timed
 PROBE_SHARE = 0.02  # of the budget, at most, for timing the larger shape
 TIMED_CHOICES = 2  # shapes timed after being chosen, at most (each a probe of one shape)
+DROPOUT_FACTOR = 1.8  # dropout's time where the probe cannot afford to time it: the most measured (1.13-1.82)
 
 
 def iteration_seconds(cfg, vocab_size, device, dtype, warmup=1, iters=PROBE_ITERS - 1):
@@ -265,7 +266,9 @@ def probe(candidates, vocab_size, device, dtype, budget, dropout=0.0, left=math.
     if large != small:
         probed[large] = iteration_seconds(candidates[large], vocab_size, device, dtype)
     factor = 1.0
-    if dropout:
+    if dropout and PROBE_ITERS * probed[large] > PROBE_SHARE * budget:
+        factor = DROPOUT_FACTOR  # timing it would cost more than its share: the slowest factor measured
+    elif dropout:
         factor = max(1.0, iteration_seconds(replace(candidates[large], dropout=dropout), vocab_size, device, dtype)
                      / probed[large])
     f_large = flops_per_iter(vars(candidates[large]), vocab_size)
@@ -279,6 +282,7 @@ def probe(candidates, vocab_size, device, dtype, budget, dropout=0.0, left=math.
 # Choosing: every shape of the ladder with the user's keys over it, at every dropout; the lowest prediction wins.
 # ---------------------------------------------------------------------------------------------------------------
 MIN_ITERS = 50  # fewer iterations than this train nothing worth keeping
+MIN_WINDOWS = 24  # val windows an evaluation reads at the least (two batches), however short the budget
 TIE = 0.002  # predictions closer than this (relative) are the same to the law
 # The most epochs a plan schedules, by dropout. In the study every run without dropout had its best val loss at 2.4
 # to 4.3 epochs, and a schedule that ran on past that was worse at its best than one that ended there (its rate was
@@ -377,8 +381,10 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1):
                 choices.append((prediction, iters * per_iter, name, p, iters, per_iter, fits))
         smallest = min(choices, key=lambda ch: ch[5])
         if smallest[6] < MIN_ITERS:
-            # at that budget the probe times its larger shapes too (PROBE_SHARE each, dropout's a second time)
-            need = (elapsed + EXIT_SECONDS + MIN_ITERS * smallest[5] / (1 - EVAL_SHARE)) / (1 - 3 * PROBE_SHARE) / 60
+            # at that budget the probe times its larger shapes too (PROBE_SHARE each, dropout's a second time),
+            # and the smallest's own time varies from probe to probe (4% between two here): a tenth to spare
+            need = (elapsed + EXIT_SECONDS + MIN_ITERS * smallest[5] / (1 - EVAL_SHARE)) / (1 - 3 * PROBE_SHARE)
+            need *= 1.1 / 60
             raise UserError(f"--minutes={cfg.minutes:g} is too short to train on {corpus.path} here: the shortest "
                             f"budget this machine allows for it is --minutes={math.ceil(need * 10) / 10:g} "
                             f"({why_slow(candidates[smallest[2]], smallest[5], corpus.vocab_size, device)})")
@@ -404,16 +410,24 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1):
     keys.update(block_size=block, dropout=dropout)
     tokens_per_iter = chosen.batch_size * chosen.block_size * chosen.gradient_accumulation_steps
     keys.update(schedule_keys({**vars(chosen), **keys}, iters * tokens_per_iter))
-    # evaluations: fixed windows over val, as many as keep all evaluations within EVAL_SHARE of the training time
+    # evaluations: fixed windows over val and eval_iters batches of train each, within EVAL_SHARE of the training
+    # time all together; a batch forward costs up to half an iteration (GPT-2's vocabulary: 0.64 of one measured)
+    def eval_seconds(windows, train_batches):
+        return (windows * chosen.block_size / tokens_per_iter + train_batches) * per_iter / 2
+    share = EVAL_SHARE * train_seconds()
     windows = given.get("eval_windows") or max(1, min(400, corpus.val_tokens // chosen.block_size))
+    eval_iters = given.get("eval_iters", 5)
+    if "eval_windows" not in given and 4 * eval_seconds(windows, eval_iters) > share:  # 3, and iteration 0's
+        eval_iters = given.get("eval_iters", world)  # fewer windows, and train's loss from a batch a process
+        fit = (share / 4 / (per_iter / 2) - eval_iters) * tokens_per_iter / chosen.block_size
+        windows = max(min(windows, MIN_WINDOWS), min(windows, int(fit)))
     # about 10 evaluations, or one an epoch where the corpus is seen more often than that (a small corpus peaks
     # within a few epochs: the best checkpoint must not fall between two evaluations), as many as the share allows
     epochs = iters * tokens_per_iter / corpus.train_tokens
-    eval_seconds = (windows * chosen.block_size / tokens_per_iter + 5) * per_iter / 3  # forward only: a third
-    affordable = EVAL_SHARE * train_seconds() / max(eval_seconds, 1e-9)
+    affordable = share / max(eval_seconds(windows, eval_iters), 1e-9)
     evals = int(max(3, min(affordable, max(10, min(200, epochs)))))
-    keys.update(eval_windows=windows, eval_iters=5, eval_interval=max(1, iters // evals), log_interval=max(1, iters // 100),
-                always_save_checkpoint=False, keep_best=True, matmul_dtype="auto")
+    keys.update(eval_windows=windows, eval_iters=eval_iters, eval_interval=max(1, iters // evals),
+                log_interval=max(1, iters // 100), always_save_checkpoint=False, keep_best=True, matmul_dtype="auto")
     keys = {k: v for k, v in keys.items() if k not in given}
     final = {**vars(chosen), **keys}
     params = blocks_params(final)
