@@ -165,7 +165,7 @@ class Run(Start):
         began = time.time()
         self.clock.pause()  # evaluating and saving is not training time
         losses = estimate_loss(self.model, self.batches, cfg, self.ctx, self.rank, self.world, self.token_bytes,
-                               collective=self.sharded)
+                               collective=self.world > 1)
         self.last_val, bpb = losses["val"], losses.get("val_bpb")
         self.metrics.write(f"iter {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
                            + (f", val bpb {bpb:.4f}" if bpb is not None else ""), kind="eval", iter=it,

@@ -106,3 +106,14 @@ def test_ctrl_c_under_torchrun_saves_and_prints_the_torchrun_command_to_resume(t
               f"--out_dir={tmp_path / 'out'}")
     assert resume in out, (out[-2000:], err[-2000:])
     assert load_checkpoint(str(tmp_path / "out" / "ckpt.pt"))["iter_num"] > 0
+
+
+def test_an_evaluation_whose_batches_do_not_divide_among_the_ranks_ends(tmp_path, char_dataset):
+    """One train batch for two ranks (a plan's eval_iters on a short budget): DDP broadcasts the rotary buffers in
+    every forward, so a rank that ran one forward fewer left the other waiting in the broadcast for ever. Each rank
+    now runs as many forwards as the one with most, the extra one ignored."""
+    result = torchrun("train.py", f"--dataset={char_dataset}", f"--out_dir={tmp_path / 'o'}", "--pos_emb=rope",
+                      "--eval_iters=1", "--eval_windows=9", "--eval_interval=2", "--gradient_accumulation_steps=2",
+                      timeout=60)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "iter 4: train loss" in result.stdout

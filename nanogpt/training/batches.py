@@ -95,8 +95,8 @@ def estimate_loss(model, batches, cfg, ctx, rank=0, world=1, token_bytes=None, c
     token_bytes (V,): the UTF-8 bytes of each token; then also val_bpb, bits per
     byte of val text: the summed loss of the val targets in bits over their bytes,
     which compares across tokenizers (for one byte per token it is loss / ln 2).
-    collective: every rank must run the model equally often (FSDP's all-gathers): a rank with one
-    batch fewer runs one more and ignores it.
+    collective: every rank must run the model equally often (FSDP's all-gathers, DDP's buffer broadcasts): a
+    rank with one batch fewer runs one more and ignores it.
     """
     out = {}
     model.eval()
@@ -107,9 +107,10 @@ def estimate_loss(model, batches, cfg, ctx, rank=0, world=1, token_bytes=None, c
             parts = (batches.get(split, (EVAL[split], k)) for k in range(cfg.eval_iters))
         # sum of batch losses x windows, windows; then the summed token loss in nats and the bytes it covers
         total = torch.zeros(4, dtype=torch.float64, device=batches.device)
-        seen = 0
+        seen, spare = 0, None
         for k, (x, y) in enumerate(parts):
             seen = k + 1
+            spare = spare or (x, y)  # a batch for a rank whose share is one short (even none)
             if k % world != rank:
                 continue
             with ctx:
@@ -122,7 +123,7 @@ def estimate_loss(model, batches, cfg, ctx, rank=0, world=1, token_bytes=None, c
                 total[3] += token_bytes[y.clamp(min=0)][y >= 0].sum()
         if collective and len(range(rank, seen, world)) < math.ceil(seen / world):
             with ctx:
-                model(x, y)
+                model(*spare)
         if world > 1:
             dist.all_reduce(total)
         total = total.tolist()  # sync point: once per split per eval
