@@ -28,7 +28,8 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from nanogpt.training.plan import LADDER, TRAIN_SHARE, schedule_keys  # noqa: E402
+from nanogpt.tokenizer import read_meta, token_byte_strings, tokenizer_from_meta  # noqa: E402
+from nanogpt.training.plan import LADDER, TRAIN_SHARE, read_corpus, schedule_keys  # noqa: E402
 
 # (dataset, budget: minutes or epochs, shape, dropout): the grid. Sizes around each budget's best, more at the small
 # budgets, dropout where a small corpus is seen many times.
@@ -51,6 +52,16 @@ GRID = (
     # how the largest useful model grows with the corpus: 700 KB, four epochs decayed to their end
     + [("warpeace700k", "4ep", s, 0.0) for s in ("S3", "S4", "S5")]
     + [("warpeace100k", "13ep", "S5", 0.3)]  # more dropout for more epochs: as many as max_epochs(0.3) allows
+    # the second round of corpora: the floor of a new text is what the law knew least (8.2% rms left out), and a floor
+    # needs a corpus each, so more texts, a point or two each, at the sizes users bring (60 KB to 1.2 MB; Latin,
+    # Spanish, classical Chinese prose and verse)
+    + [(d, "4ep", "S3", 0.0) for d in ("alice", "frankenstein100k", "frankenstein", "moby100k", "quijote100k",
+                                        "sherlock")]
+    + [(d, "4ep", "S2", 0.0) for d in ("lunyu", "mengzi", "guwen", "yuanqu1m")]
+    + [("moby", 3, "S3", 0.0), ("twocities", 1, "S2", 0.0), ("tangshi", 1, "S2", 0.0)]
+    # dropout's 10 epochs, which a plan chooses for a small text with minutes to spare, on three more of them
+    + [("frankenstein100k", "10ep", "S4", 0.2), ("quijote100k", "10ep", "S5", 0.2), ("mengzi", "10ep", "S3", 0.2)]
+    + [("lunyu", "10ep", "S3", 0.2), ("guwen", "10ep", "S2", 0.2)]  # mengzi's was worse than 4 epochs without it
 )
 
 
@@ -79,6 +90,14 @@ def bench(dataset_dir, shape):
         with open(out) as f:
             b = json.load(f)
     return b["tokens_per_iter"] / (b["train_ms"] / 1000)
+
+
+def corpus_record(dataset_dir):
+    """What the law reads of a prepared dataset (plan.read_corpus): each point carries it, so the law refits from the
+    points alone (runs/study_fit.py)."""
+    meta = read_meta(dataset_dir)
+    c = read_corpus(dataset_dir, meta, token_byte_strings(tokenizer_from_meta(meta), meta["vocab_size"]))
+    return {k: v for k, v in vars(c).items() if k != "path"}
 
 
 def train_tokens(args, dataset):
@@ -111,7 +130,8 @@ def run_point(args, clock, point):
     return {"name": name, "dataset": dataset, "minutes": minutes, "shape": shape, "dropout": dropout,
             "tok_s_2threads": tok_s, "vocab_size": meta.get("vocab_size"), **keys,
             "best_val_bpb": best["val_bpb"], "best_iter": best["iter"], "final_val_bpb": evals[-1]["val_bpb"],
-            "final_train_loss": evals[-1]["train_loss"], "final_val_loss": evals[-1]["val_loss"]}
+            "final_train_loss": evals[-1]["train_loss"], "final_val_loss": evals[-1]["val_loss"],
+            "corpus": corpus_record(os.path.join(args.datasets, dataset))}
 
 
 def main():

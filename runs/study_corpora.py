@@ -23,8 +23,8 @@ import os
 import re
 
 
-def gutenberg(path, out):
-    with open(path, encoding="utf-8-sig") as f:
+def gutenberg(path, out, encoding="utf-8-sig"):
+    with open(path, encoding=encoding) as f:
         text = f.read().replace("\r\n", "\n")
     start = text.find("\n", text.find("*** START OF")) + 1
     with open(out, "w", encoding="utf-8") as f:
@@ -58,6 +58,30 @@ def poems(files, out, key="paragraphs", limit=None):
         f.write("\n".join(parts))
 
 
+def prose(path, out):
+    """A classic's chapters (chinese-poetry's 论语 and 四书五经 JSON): each chapter's title, then its paragraphs."""
+    with open(path, encoding="utf-8") as f:
+        chapters = json.load(f)
+    with open(out, "w", encoding="utf-8") as f:
+        f.write("\n".join(c["chapter"] + "\n" + "\n".join(c["paragraphs"]) + "\n" for c in chapters))
+
+
+def guwen(path, out):
+    """古文觀止 (chinese-poetry's 蒙学/guwenguanzhi.json): each piece's title, source and paragraphs, in order."""
+    with open(path, encoding="utf-8") as f:
+        book = json.load(f)
+    pieces = [p for volume in book["content"] for p in volume["content"]]
+    with open(out, "w", encoding="utf-8") as f:
+        f.write("\n".join(p["chapter"] + "\n" + p.get("source", "") + "\n" + "\n".join(p["paragraphs"]) + "\n"
+                           for p in pieces))
+
+
+# The books the law was fitted to beyond the first ones (docs/minutes.md): Project Gutenberg's file names
+BOOKS = {"moby": ("2701-0.txt", "utf-8-sig"), "alice": ("11-0.txt", "utf-8-sig"),
+         "frankenstein": ("84-0.txt", "utf-8-sig"), "sherlock": ("1661.txt", "utf-8-sig"),
+         "twocities": ("98-0.txt", "utf-8-sig"), "quijote": ("2000-8.txt", "latin-1")}
+
+
 def numbered(folder, pattern):
     """folder's files matching pattern (one group: their number), in numeric order."""
     names = [n for n in os.listdir(folder) if re.fullmatch(pattern, n)]
@@ -70,6 +94,8 @@ def main():
     p.add_argument("--war_and_peace", required=True, help="Project Gutenberg's #2600, as text")
     p.add_argument("--pride", required=True, help="Project Gutenberg's #1342, as text")
     p.add_argument("--shakespeare", required=True, help="tiny Shakespeare (data/shakespeare_char/input.txt)")
+    p.add_argument("--books", help="a folder of Project Gutenberg's files for the later fit corpora: " +
+                   ", ".join(f"{f} ({n})" for n, (f, _) in BOOKS.items()))
     p.add_argument("--out", required=True)
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -87,6 +113,15 @@ def main():
     shijing = os.path.join(args.poetry, "诗经")
     poems([os.path.join(shijing, n) for n in sorted(os.listdir(shijing)) if n.endswith(".json")], out("shijing.txt"),
           key="content")
+    if args.books:  # the second round of fit corpora: more books and classical Chinese prose, 60 KB to 1.2 MB
+        for name, (file, encoding) in BOOKS.items():
+            gutenberg(os.path.join(args.books, file), out(f"{name}.txt"), encoding)
+        for name in ("moby", "frankenstein", "quijote"):
+            head(out(f"{name}.txt"), 100_000, out(f"{name}100k.txt"))
+        prose(os.path.join(args.poetry, "论语", "lunyu.json"), out("lunyu.txt"))
+        prose(os.path.join(args.poetry, "四书五经", "mengzi.json"), out("mengzi.txt"))
+        guwen(os.path.join(args.poetry, "蒙学", "guwenguanzhi.json"), out("guwen.txt"))
+        poems([os.path.join(args.poetry, "元曲", "yuanqu.json")], out("yuanqu1m.txt"), limit=1_000_000)
     for name in sorted(os.listdir(args.out)):
         print(f"{name}: {os.path.getsize(out(name)):,} bytes")
 

@@ -1,6 +1,11 @@
 """Fit the law of nanogpt/training/plan.py to the study's points (runs/study.py), and draw the frontier.
 
-    python runs/study_fit.py --datasets /work/ds --study /work/study --png docs/minutes_frontier.png
+    python runs/study_fit.py --png docs/minutes_frontier.png                      # the committed points
+    python runs/study_fit.py --study /work/study --datasets /work/ds             # a study's own points.jsonl
+
+The study's points as measured are committed (docs/minutes_points.jsonl), each with what the law reads of its corpus
+(its tokens, bytes a token and hardness: plan.read_corpus), so the law refits without the corpora; --datasets is needed
+only for points that lack that record (a study run before it was written).
 
 Prints the fitted constants (LAW), the error of each point, each corpus's error when the law is fitted without it
 (leave one corpus out: how far a prediction on a corpus never seen can be off), and the table of the best point at
@@ -18,43 +23,58 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from nanogpt.tokenizer import read_meta, token_byte_strings, tokenizer_from_meta  # noqa: E402
-from nanogpt.training.plan import DROPOUTS, LAW, max_epochs, predict_bpb, read_corpus  # noqa: E402
+from nanogpt.training.plan import LAW, Corpus, max_epochs, planned_dropouts, predict_bpb  # noqa: E402
+from runs.study import corpus_record  # noqa: E402
+
+POINTS = os.path.join(ROOT, "docs", "minutes_points.jsonl")  # the study's points, as measured
 
 # alpha and beta stay at Chinchilla's exponents (Hoffmann et al., 2022: 0.34 and 0.28): two budgets and three sizes
 # a corpus cannot pin them down, and freed they trade against the floor (beta ran to its bound, the floor below 0)
 SHARED = ("A", "B", "R", "R_dropout", "dropout_cost")
+FITTED = ("e0", "e1", *SHARED)  # the constants of LAW this script fits (the rest are read off the study by hand)
 LOW = (0.0, 0.0, 0.5, 0.0, 0.0)
 HIGH = (10.0, 50.0, 100.0, 500.0, 4.5)
 
 
-def corpus_of(datasets, name, cache={}):
-    if name not in cache:
-        path = os.path.join(datasets, name)
-        meta = read_meta(path)
-        cache[name] = read_corpus(path, meta, token_byte_strings(tokenizer_from_meta(meta), meta["vocab_size"]))
-    return cache[name]
+def read_points(path, datasets=None):
+    """The measured points of a study (points.jsonl), each with its corpus's record: measured again from the prepared
+    datasets where they are given (a changed measure then reaches every point), else the one each point carries."""
+    with open(path) as f:
+        runs = [json.loads(line) for line in f if '"best_val_bpb"' in line]
+    records = {}
+    for p in runs:
+        if datasets is not None:
+            if p["dataset"] not in records:
+                records[p["dataset"]] = corpus_record(os.path.join(datasets, p["dataset"]))
+            p["corpus"] = records[p["dataset"]]
+        elif "corpus" not in p:
+            raise SystemExit(f"{path}: point {p['name']} has no corpus record; give --datasets to measure it")
+    return runs
+
+
+def corpus_of(point):
+    return Corpus(point["dataset"], **point["corpus"])
 
 
 def tokens_of(point):
     return point["max_iters"] * point["batch_size"] * point["block_size"]
 
 
-def epochs_of(point, datasets):
-    return tokens_of(point) / corpus_of(datasets, point["dataset"]).train_tokens
+def epochs_of(point):
+    return tokens_of(point) / point["corpus"]["train_tokens"]
 
 
-def predictions(law, points, datasets, floors=None):
+def predictions(law, points, floors=None):
     """The law's val bpb for each point; floors: a floor for each corpus, in place of the law's e0 + e1 * hardness."""
     out = []
     for p in points:
-        c = corpus_of(datasets, p["dataset"])
-        here = law if floors is None else {**law, "e0": floors[p["dataset"]], "e1": 0.0, "e2": 0.0}
+        c = corpus_of(p)
+        here = law if floors is None else {**law, "e0": floors[p["dataset"]], "e1": 0.0}
         out.append(predict_bpb(p, tokens_of(p), c, here))
     return np.array(out)
 
 
-def fit(points, datasets, start=LAW):
+def fit(points, start=LAW):
     """The law fitted in two steps: first what it says within a corpus (A, B, R: the shapes, budgets and
     dropouts), each corpus with a floor of its own; then the floors as a line in the corpora's hardness (e0, e1).
     Within a corpus the floor cancels, so the shape the plan chooses does not hang on how well hardness predicts
@@ -71,15 +91,24 @@ def fit(points, datasets, start=LAW):
               *([1.0] * len(names))]
         def residuals(v):
             law, floors = unpack(v)
-            return np.log(np.maximum(predictions(law, points, datasets, floors), 0.05)) - np.log(target)
+            return np.log(np.maximum(predictions(law, points, floors), 0.05)) - np.log(target)
         r = least_squares(residuals, x0, bounds=([*LOW, *[-5.0] * len(names)], [*HIGH, *[5.0] * len(names)]))
         if best is None or r.cost < best.cost:
             best = r
     law, floors = unpack(best.x)
-    x = np.array([[1.0, corpus_of(datasets, n).hardness, math.log(corpus_of(datasets, n).train_bytes / 1e6)]
-                  for n in names])
-    e0, e1, e2 = np.linalg.lstsq(x, [floors[n] for n in names], rcond=None)[0]
-    return {**law, "e0": float(e0), "e1": float(e1), "e2": float(e2)}, floors
+    corpora = {p["dataset"]: corpus_of(p) for p in points}
+    x = np.array([[1.0, corpora[n].hardness] for n in names])
+    e0, e1 = np.linalg.lstsq(x, [floors[n] for n in names], rcond=None)[0]
+    return {**law, "e0": float(e0), "e1": float(e1)}, floors
+
+
+def fitted(runs):
+    """(points, beyond): the runs the law describes, and the rest. The law describes the runs a plan makes: none past
+    the epochs a plan schedules at its dropout (those runs peaked there, with their rate still high), none at a
+    dropout it does not choose (0.3; any on Chinese text); the rest are shown after the fit."""
+    points = [p for p in runs if epochs_of(p) <= 1.1 * max_epochs(p["dropout"])
+              and p["dropout"] in planned_dropouts(corpus_of(p))]
+    return points, [p for p in runs if p not in points]
 
 
 def budget_order(budget):
@@ -89,31 +118,32 @@ def budget_order(budget):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--datasets", required=True)
-    p.add_argument("--study", required=True)
+    p.add_argument("--points", default=POINTS, help="a study's points (default: the committed ones)")
+    p.add_argument("--study", help="a study's folder: its points.jsonl, in place of --points")
+    p.add_argument("--datasets", help="the prepared datasets: each corpus's record measured again from them")
+    p.add_argument("--write", help="write the points, with the records measured, to this file (docs/minutes_points.jsonl)")
     p.add_argument("--png")
     args = p.parse_args()
-    with open(os.path.join(args.study, "points.jsonl")) as f:
-        runs = [json.loads(line) for line in f if '"best_val_bpb"' in line]
-    # the law describes the runs a plan makes: none past the epochs a plan schedules at its dropout (those runs
-    # peaked there, with their rate still high), none at a dropout it does not choose; both are shown after the fit
-    points = [p for p in runs if epochs_of(p, args.datasets) <= 1.1 * max_epochs(p["dropout"])
-              and p["dropout"] in DROPOUTS]
-    beyond = [p for p in runs if p not in points]
-    law, floors = fit(points, args.datasets)
-    pred = predictions(law, points, args.datasets)
-    within = predictions(law, points, args.datasets, floors)
+    runs = read_points(os.path.join(args.study, "points.jsonl") if args.study else args.points, args.datasets)
+    corpora = {p["dataset"]: corpus_of(p) for p in runs}
+    if args.write:
+        with open(args.write, "w") as f:
+            f.writelines(json.dumps(p) + "\n" for p in runs)
+    points, beyond = fitted(runs)
+    law, floors = fit(points)
+    pred = predictions(law, points)
+    within = predictions(law, points, floors)
     rel = pred / np.array([p["best_val_bpb"] for p in points]) - 1
-    print("LAW = dict(" + ", ".join(f"{k}={law[k]:.4g}" for k in ("e0", "e1", "e2", *SHARED)) + ")")
+    print("LAW = dict(" + ", ".join(f"{k}={law[k]:.4g}" for k in FITTED) + ")")
     print(f"in-sample: rms relative error {math.sqrt((rel ** 2).mean()) * 100:.2f}%, worst {abs(rel).max() * 100:.2f}%")
     rel_within = within / np.array([p["best_val_bpb"] for p in points]) - 1
     print(f"within a corpus (its own floor): rms {math.sqrt((rel_within ** 2).mean()) * 100:.2f}%, "
           f"worst {abs(rel_within).max() * 100:.2f}%")
-    print("floors: " + ", ".join(f"{n} {f:.3f} (hardness {corpus_of(args.datasets, n).hardness:.3f})"
+    print("floors: " + ", ".join(f"{n} {f:.3f} (hardness {corpora[n].hardness:.3f})"
                                  for n, f in floors.items()))
     print(f"\n{'point':34s} {'params':>7s} {'tokens':>7s} {'epochs':>6s} {'val bpb':>8s} {'law':>7s}")
     for pt, y, e in zip(points, pred, rel):
-        c = corpus_of(args.datasets, pt["dataset"])
+        c = corpus_of(pt)
         tokens = tokens_of(pt)
         print(f"{pt['name']:34s} {12 * pt['n_layer'] * pt['n_embd'] ** 2 / 1e6:6.2f}M {tokens / 1e6:6.2f}M "
               f"{tokens / c.train_tokens:6.1f} {pt['best_val_bpb']:8.4f} {y:7.4f} {e * 100:+5.1f}%")
@@ -121,7 +151,7 @@ def main():
         print("\nnot fitted: runs scheduled past the epochs a plan allows at their dropout (their best came sooner), "
               "or at a dropout the plan does not choose")
         for pt in beyond:
-            print(f"{pt['name']:34s} {epochs_of(pt, args.datasets):6.1f} epochs, best at iteration {pt['best_iter']:,} "
+            print(f"{pt['name']:34s} {epochs_of(pt):6.1f} epochs, best at iteration {pt['best_iter']:,} "
                   f"of {pt['max_iters']:,}: {pt['best_val_bpb']:.4f}")
     # leave one corpus out: the law without a corpus, on that corpus
     print("\nleave one corpus out (fitted on the others, predicting this one):")
@@ -129,8 +159,8 @@ def main():
     for name in sorted({p["dataset"] for p in points}):
         rest = [p for p in points if p["dataset"] != name]
         held = [p for p in points if p["dataset"] == name]
-        v, _ = fit(rest, args.datasets, law)
-        e = predictions(v, held, args.datasets) / np.array([p["best_val_bpb"] for p in held]) - 1
+        v, _ = fit(rest, law)
+        e = predictions(v, held) / np.array([p["best_val_bpb"] for p in held]) - 1
         errors.extend(e)
         print(f"  {name:18s} mean {e.mean() * 100:+5.1f}%, worst {abs(e).max() * 100:5.1f}% over {len(held)} points")
     errors = np.array(errors)
@@ -147,10 +177,10 @@ def main():
             print(f"{name:18s} {minutes!s:>7s} {b['shape'] + ('/d' + str(b['dropout']) if b['dropout'] else ''):>10s} "
                   f"{b['best_val_bpb']:8.4f}   {others}")
     if args.png:
-        draw(points, law, floors, args.datasets, args.png)
+        draw(points, law, floors, args.png)
 
 
-def draw(points, law, floors, datasets, png):
+def draw(points, law, floors, png):
     """Each corpus's points against parameters, a colour a budget, and the law with that corpus's own floor
     (dashed): how well it ranks shapes and budgets, the choice a plan makes."""
     import matplotlib
@@ -176,7 +206,7 @@ def draw(points, law, floors, datasets, png):
                 label = f"{minutes:g} min" if isinstance(minutes, (int, float)) else minutes
                 ax.plot(n, [p["best_val_bpb"] for p in here], marker, color=colour,
                         label=label + (f", dropout {dropout:g}" if dropout else ""))
-                ax.plot(n, predictions(law, here, datasets, floors), "--", color=colour)
+                ax.plot(n, predictions(law, here, floors), "--", color=colour)
         ax.set_xscale("log")
         ax.set_xticks(sorted({12 * p["n_layer"] * p["n_embd"] ** 2 / 1e6 for p in points if p["dataset"] == name}))
         ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:.2g}"))  # the shapes' sizes
