@@ -42,7 +42,7 @@ def test_repeated_bytes_count_less_and_never_more_than_the_law_allows():
     assert learnable_bytes(2 * u, u, 0.0) == pytest.approx(u + u * r * (1 - math.exp(-1 / r)))
     many = [learnable_bytes(e * u, u, 0.0) for e in (1, 2, 4, 16, 1000)]
     assert many == sorted(many) and many[-1] <= u * (1 + r)  # saturates at 1 + R epochs' worth
-    law = {**LAW, "R_dropout": 10.0}  # the study found none; the law's form allows it
+    law = {**LAW, "dropout_cost": 0.0}  # repeats last longer under dropout (R + R_dropout * p), its cost aside
     assert learnable_bytes(16 * u, u, 0.2, law) > learnable_bytes(16 * u, u, 0.0, law)  # repeats worth more
 
 
@@ -104,13 +104,38 @@ def test_hardness_reads_all_of_the_text_not_the_end_of_train_beside_the_start_of
     np.concatenate([letters(700_000), phrase(100_000)]).tofile(tmp_path / "train.bin")
     np.concatenate([phrase(30_000), letters(70_000)]).tofile(tmp_path / "val.bin")
     c = planning.read_corpus(str(tmp_path), {"vocab_size": 256}, [bytes([i]) for i in range(256)])
-    assert 1.2 < c.hardness < 2.0 and c.bytes_per_char == 1.0  # 70% of val at 2 bits a byte, the rest next to nothing
+    assert 1.2 < c.hardness < 2.0 and c.ideographs == 0.0  # 70% of val at 2 bits a byte, the rest next to nothing
 
 
-def test_a_texts_bytes_a_character_are_counted_by_hand():
-    assert planning.bytes_per_char("the cat sat".encode()) == 1.0
-    assert planning.bytes_per_char("床前明月光".encode()) == 3.0  # five characters of three bytes
-    assert planning.bytes_per_char("é a".encode()) == pytest.approx(4 / 3)  # é is two bytes
+def test_the_share_of_chinese_characters_is_counted_by_hand():
+    assert planning.ideograph_share("床前明月光".encode()) == 1.0
+    assert planning.ideograph_share("床前 明月光。\n".encode()) == pytest.approx(5 / 6)  # the 。 counts, spaces do not
+    assert planning.ideograph_share("2026年 GPT".encode()) == pytest.approx(1 / 8)
+    for other in ("the cat sat", "한국어 문장", "ภาษาไทย", "ひらがな"):  # Korean, Thai, kana: not Chinese characters
+        assert planning.ideograph_share(other.encode()) == 0.0
+
+
+def test_the_same_text_is_as_hard_under_any_tokenizer(tmp_path):
+    """Characters as tokens, or bytes (a character split across three tokens): the hardness reads the same text."""
+    import numpy as np
+    rng = np.random.default_rng(0)
+    chars = list("床前明月光疑是地上霜舉頭望低思故鄉，。\n")
+    text = "".join(rng.choice(chars, 120_000, p=np.linspace(1, 3, len(chars)) / np.linspace(1, 3, len(chars)).sum()))
+    hardness = []
+    for name, vocab in (("chars", chars), ("bytes", [bytes([i]) for i in range(256)])):
+        folder = tmp_path / name
+        folder.mkdir()
+        if name == "chars":
+            ids, strings = np.array([chars.index(c) for c in text], np.uint16), [c.encode() for c in chars]
+        else:
+            ids, strings = np.frombuffer(text.encode(), np.uint8).astype(np.uint16), vocab
+        cut = len(ids) * 9 // 10
+        ids[:cut].tofile(folder / "train.bin")
+        ids[cut:].tofile(folder / "val.bin")
+        c = planning.read_corpus(str(folder), {"vocab_size": len(strings)}, strings)
+        assert c.ideographs > 0.8
+        hardness.append(c.hardness)
+    assert hardness[0] == pytest.approx(hardness[1], rel=0.02)
 
 
 def test_law_predicts_lower_bpb_for_more_data_and_more_parameters():
@@ -227,15 +252,25 @@ def test_a_small_corpus_gets_few_epochs_then_dropout_and_a_large_one_the_whole_b
     assert not large["ends_early"] and large["dropout"] == 0.0 and large["epochs"] < 1
 
 
+def test_dropout_is_weighed_only_on_a_model_about_as_large_as_the_text_fills_without_it():
+    """The study: dropout paid on 6 x 256 and 6 x 384 over 100 KB (2.5 to 5 times the 2M such a text fills) and not on
+    4 x 192 over tiny Shakespeare's 1 MB (0.3 of its 6.3M)."""
+    small, book = corpus(train_tokens=100_000), corpus(train_tokens=700_000)  # fill 2M and 5.3M without dropout
+    assert planning.planned_dropouts(small, LADDER["S3"]) == planning.DROPOUTS  # 1.8M: as good as at the cap
+    assert planning.planned_dropouts(small, LADDER["S2"]) == (0.0,)  # 0.8M
+    assert planning.planned_dropouts(book, LADDER["S3"]) == (0.0,) and planning.planned_dropouts(book, LADDER["S4"]) \
+        == planning.DROPOUTS  # 1.8M and 4.7M against 0.8 x 5.3M
+
+
 def test_a_small_chinese_text_gets_no_dropout_however_long_the_budget(fixed_speed):
-    """The study: dropout's 10 epochs paid on four English and Spanish texts of 100 KB and on none of three classical
-    Chinese ones, so the same text in 3-byte characters plans 4 epochs without it, and says why."""
-    chinese = Corpus("data/x", 35_000, 4_000, 3000, 2.9, 2.5, bytes_per_char=2.9)
+    """The study: dropout's 10 epochs paid on three English and Spanish texts of 100 KB and on none of three classical
+    Chinese ones, so a text of Chinese characters plans 4 epochs without it, and says why."""
+    chinese = Corpus("data/x", 35_000, 4_000, 3000, 2.9, 2.5, ideographs=0.85)
     keys, plan = make_plan(TrainConfig(minutes=30, device="cpu"), {}, chinese, torch.device("cpu"), torch.float32,
                            elapsed=3.0, log=lambda *a: None)
     assert plan["dropout"] == 0.0 and keys["dropout"] == 0.0 and plan["epochs"] <= planning.max_epochs(0.0) + 0.1
     assert any("on Chinese text it did not pay" in line for line in plan["why"])
-    latin = Corpus("data/x", 35_000, 4_000, 3000, 2.9, 2.5, bytes_per_char=1.0)
+    latin = Corpus("data/x", 35_000, 4_000, 3000, 2.9, 2.5, ideographs=0.0)
     assert make_plan(TrainConfig(minutes=30, device="cpu"), {}, latin, torch.device("cpu"), torch.float32,
                      elapsed=3.0, log=lambda *a: None)[1]["dropout"] == 0.2
 

@@ -61,21 +61,31 @@ def schedule_keys(keys, tokens):
 # (tokens x bytes per token, less dropout_cost * dropout of them) with repeats counting less:
 # S = U + U * R * (1 - exp(-(epochs - 1) / R)) past one epoch of U unique bytes (Muennighoff et al., 2023), R
 # growing with dropout; E: the corpus's own floor, e0 + e1 * hardness (how well character n-grams of 80 KB of its
-# train text, spread over it, predict its val text, in bits per byte). N_100k and N_dropout are read off the study's 100 KB points,
-# N_exponent off its 100 KB and 700 KB points, the rest fitted.
+# train text, spread over it, predict its val text, in bits per byte). N_100k and N_dropout are read off the study's
+# 100 KB points, N_exponent off its 100 KB and 700 KB points, rel_sigma is the fit's leave-one-corpus-out error; the
+# rest runs/study_fit.py fits (tests/test_plan.py holds them to its fit of docs/minutes_points.jsonl).
 LAW = dict(e0=-1.201, e1=0.9142, A=0.1067, alpha=0.34, B=0.7313, beta=0.28, R=1.286, R_dropout=16.95,
            dropout_cost=3.521, N_100k=2e6, N_exponent=0.5, N_dropout=25.0, rel_sigma=0.0498)
 DROPOUTS = (0.0, 0.2)  # the dropouts the plan chooses among: the study measured these two
-# Dropout's 10 epochs of a small text paid on English and Spanish (2.5% to 6.3% below 4 epochs without it, four texts
-# of 100 KB) and not on classical Chinese (論語, 孟子, 古文觀止: 1.5% worse or more), where each character is a word
-# of 3 bytes: a text of such characters is planned without dropout. Alphabets of 2-byte letters (Greek, Cyrillic)
-# count with the one-byte ones, untested.
-WORD_CHARACTERS = 2.5  # bytes a character, at least: Chinese and Japanese characters (3 bytes each)
+# Dropout's 10 epochs of a small text paid on English and Spanish (2.5% to 6.3% below 4 epochs without it, three texts
+# of 100 KB) and not on classical Chinese (論語, 孟子, 古文觀止: 0.7% to 1.6% worse), where each character is a
+# word: a text mostly of Chinese characters is planned without dropout. Other scripts are planned as English is.
+IDEOGRAPHS = 0.5  # the share of a text's characters (spaces aside) that are CJK ideographs, from which it counts
 
 
-def planned_dropouts(corpus):
-    """The dropouts a plan weighs for corpus: none for a text of word characters (Chinese), else DROPOUTS."""
-    return (0.0,) if corpus.bytes_per_char >= WORD_CHARACTERS else DROPOUTS
+# Dropout paid where it let a model as large as the text fills without it, or larger, learn (6 x 256 and 6 x 384 on
+# 100 KB, 2.5 to 5 times that cap), and not on a much smaller one: 4 x 192 on tiny Shakespeare (0.3 of it) was 8.5%
+# worse at 3 minutes and tied at 10. So a shape is weighed with dropout only from this share of the cap up (the
+# cap, 2M at 100 KB, is read off the study's points, not fitted: 4 x 192, 1.8M, counts as at it).
+DROPOUT_FILL = 0.8
+
+
+def planned_dropouts(corpus, keys=None):
+    """The dropouts a plan weighs for corpus (and a shape's keys): none for a text of Chinese characters, nor for a
+    shape smaller than DROPOUT_FILL of what the text fills without dropout; else DROPOUTS."""
+    if corpus.ideographs >= IDEOGRAPHS or (keys is not None and blocks_params(keys) < DROPOUT_FILL * fills(corpus, 0.0)):
+        return (0.0,)
+    return DROPOUTS
 
 
 @dataclass
@@ -86,8 +96,8 @@ class Corpus:
     val_tokens: int
     vocab_size: int
     bytes_per_token: float  # mean UTF-8 bytes of a train token
-    hardness: float  # bits per byte on val of character n-gram models of train (80 KB of each, spread over it)
-    bytes_per_char: float = 1.0  # mean UTF-8 bytes of a character: 1 for English, about 3 for Chinese
+    hardness: float  # bits per byte on val of character n-gram models of train (80 KB of train, 20 of val, spread)
+    ideographs: float = 0.0  # the share of its characters (spaces aside) that are CJK ideographs: 0 for English
 
     @property
     def train_bytes(self):
@@ -107,13 +117,17 @@ def split_paths(data_dir):
     return paths
 
 
-def read_corpus(data_dir, meta, token_bytes, sample=80_000, pieces=8):
+HARDNESS_SAMPLE = 80_000  # bytes of train the hardness reads (and a quarter as many of val)
+SMALL_TEXT_SIGMA = 0.16  # the relative uncertainty of a text smaller than that: the study's 65 KB 論語 was 16% off
+
+
+def read_corpus(data_dir, meta, token_bytes, sample=HARDNESS_SAMPLE, pieces=8):
     """The Corpus of a prepared dataset. token_bytes: (vocab_size,) the UTF-8 bytes of each token. Its hardness is
     measured on about `sample` bytes of train and a quarter as many of val (a tenth of a second), each taken in
     `pieces` runs spread from the split's start to its end: the same amount of every corpus, so that it measures the
     text and not how much of it there is (the law's N and S terms hold the size), and all of it, not the end of train
     beside the start of val, which read alike (the same play or chapter: tiny Shakespeare's end of train predicted its
-    start of val 0.2 bits a byte better than its whole train does its whole val). The same text scores the same
+    start of val 0.3 bits a byte better than its whole train does its whole val). The same text scores the same
     under any tokenizer."""
     dtype = np.dtype((meta or {}).get("dtype", "uint16"))
     data = {}
@@ -124,27 +138,36 @@ def read_corpus(data_dir, meta, token_bytes, sample=80_000, pieces=8):
     if len(train) < 2:
         raise UserError(f"--minutes: {data_dir}/train.bin has {len(train)} tokens; give prepare more text")
     known = lambda ids: np.asarray(ids)[np.asarray(ids) < len(lengths)]  # noqa: E731  (ids past the vocabulary)
+    if not len(known(spread(train, 10_000, pieces))):
+        raise UserError(f"--minutes: {data_dir}/train.bin holds no token id below its vocabulary of {len(lengths):,}: "
+                        f"is meta's dtype ({dtype}) the one prepare wrote? Prepare the dataset again")
     per_token = max(1.0, float(lengths[known(spread(train, 10_000, pieces))].mean()))
     some_train = known(spread(train, int(sample / per_token), pieces))
     some_val = known(spread(val, int(sample / 4 / per_token), pieces))
     text = lambda ids: b"".join(token_bytes[i] for i in ids.tolist())  # noqa: E731
     hardness = ngram_bits_per_byte(text(some_train), text(some_val)) if len(some_val) else 8.0
     return Corpus(data_dir, len(train), len(val), len(lengths), float(lengths[some_train].mean()), hardness,
-                  bytes_per_char(text(some_train)))
+                  ideograph_share(text(some_train)))
 
 
 def spread(ids, count, pieces):
     """`count` of ids in `pieces` equal runs spread evenly from its start to its end; all of ids where it is shorter."""
     if len(ids) <= count:
         return np.asarray(ids)
-    run = max(1, count // pieces)
+    pieces = max(1, min(pieces, count))
+    run = count // pieces
     return np.concatenate([np.asarray(ids[i:i + run]) for i in np.linspace(0, len(ids) - run, pieces).astype(np.int64)])
 
 
-def bytes_per_char(text):
-    """Mean UTF-8 bytes of a character of text (bytes): every byte but a continuation byte (10xxxxxx) starts one."""
-    a = np.frombuffer(text, np.uint8)
-    return len(a) / max(1, int(np.count_nonzero((a & 0xC0) != 0x80)))
+def ideograph_share(text):
+    """The share of the characters of text (UTF-8 bytes), spaces aside, that are CJK ideographs (the unified blocks,
+    their extensions and the compatibility ones): 1 for classical Chinese, about 0.9 for modern Chinese with its
+    digits and Latin words, 0 for English, Korean or Thai."""
+    c = np.frombuffer(text.decode("utf-8", "ignore").encode("utf-32-le"), np.uint32)
+    c = c[~np.isin(c, (0x20, 0x0A, 0x0D, 0x09, 0x3000))]
+    cjk = (((c >= 0x3400) & (c <= 0x4DBF)) | ((c >= 0x4E00) & (c <= 0x9FFF)) | ((c >= 0xF900) & (c <= 0xFAFF))
+           | ((c >= 0x20000) & (c <= 0x2FFFF)))
+    return float(cjk.mean()) if len(c) else 0.0
 
 
 def ngram_bits_per_byte(train, val, longest=5, discount=0.75):
@@ -211,12 +234,14 @@ def floor(corpus, law=LAW):
     return law["e0"] + law["e1"] * corpus.hardness
 
 
+def fills(corpus, dropout, law=LAW):
+    """The blocks' parameters a corpus fills at most: more under dropout (it keeps a larger model from memorizing)."""
+    return law["N_100k"] * (corpus.train_bytes / 1e5) ** law["N_exponent"] * (1 + law["N_dropout"] * dropout)
+
+
 def predict_bpb(keys, tokens, corpus, law=LAW):
     """The law's val bpb for a run of keys on corpus that trains on `tokens` tokens."""
-    # a corpus fills so many parameters at most, more under dropout (it keeps a larger model from memorizing)
-    fills = (law["N_100k"] * (corpus.train_bytes / 1e5) ** law["N_exponent"]
-             * (1 + law["N_dropout"] * keys.get("dropout", 0.0)))
-    n = min(blocks_params(keys), fills) / 1e6
+    n = min(blocks_params(keys), fills(corpus, keys.get("dropout", 0.0), law)) / 1e6
     s = learnable_bytes(tokens * corpus.bytes_per_token, corpus.train_bytes, keys.get("dropout", 0.0), law) / 1e6
     return (floor(corpus, law) + law["A"] * n ** -law["alpha"]
             + law["B"] * max(s, 1e-6) ** -law["beta"])
@@ -406,7 +431,7 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1):
         for name, c in candidates.items():
             keys = vars(c)
             per_iter_tokens = c.batch_size * c.block_size * c.gradient_accumulation_steps
-            for p in dropouts:
+            for p in dropouts if "dropout" in given else planned_dropouts(corpus, keys):
                 per_iter = speed.seconds(flops_per_iter(keys, corpus.vocab_size), p, name)  # yours was probed
                 fits = int(train_seconds() / per_iter)  # the iterations the budget has time for
                 useful = max(MIN_ITERS, math.ceil(max_epochs(p) * corpus.train_tokens / per_iter_tokens))
@@ -479,21 +504,29 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1):
            f"val bpb of {len(candidates)} shapes at this budget",
            f"{iters:,} iterations, {iters * tokens_per_iter / 1e6:.2f}M tokens: {epochs:.1f} epochs of the corpus"
            + (f": dropout {dropout} (it lets a model learn from more epochs of a small corpus)" if dropout else
-              ": no dropout (over so few epochs it slows learning more than it saves)" if len(dropouts) > 1 else
               ": no dropout (on Chinese text it did not pay in the study, even over 10 epochs)"
-              if "dropout" not in given else "")
+              if len(dropouts) == 1 and "dropout" not in given else
+              ": no dropout (it paid in the study only on a model larger than the text fills without it)"
+              if len(planned_dropouts(corpus, vars(chosen))) == 1 and "dropout" not in given and epochs > 3.5 else
+              ": no dropout (over so few epochs it slows learning more than it saves)" if "dropout" not in given
+              else "")
            + ("; the best checkpoint is kept (a small corpus peaks within a few epochs)" if epochs > 4.5 else ""),
            *early_end_lines(ends_early and finish < 0.9 * budget, iters, epochs, dropout, finish, cfg.minutes,
                             given.get("max_iters") == iters and finish < 0.9 * budget),
            f"warm-up {final['warmup_iters']}, cosine decay to {final['min_lr']:.1e}; an evaluation every "
            f"{final['eval_interval']} iterations over {final['eval_windows']} fixed val windows; best.pt and ckpt.pt "
            f"keep the best val loss"]
+    sigma = LAW["rel_sigma"]
+    if corpus.train_bytes < HARDNESS_SAMPLE:  # its hardness read all of it, fewer bytes than the study's corpora
+        sigma = SMALL_TEXT_SIGMA
+        why.append(f"a text under {HARDNESS_SAMPLE // 1000} KB: its prediction is the least certain (+-"
+                   f"{sigma:.0%}; the study's smallest, 65 KB, was 16% off)")
     if given:
         why.append("kept as you set them: " + ", ".join(f"{k}={v}" for k, v in given.items()))
     plan = {"minutes": cfg.minutes, "shape": name, "params": params, "tokens": iters * tokens_per_iter,
             "epochs": epochs, "iters": iters, "dropout": dropout, "ends_early": ends_early,
             "predicted_val_bpb": predicted,
-            "predicted_sigma": predicted * LAW["rel_sigma"], "seconds_per_iter": per_iter,
+            "predicted_sigma": predicted * sigma, "seconds_per_iter": per_iter,
             "probe": speed.probed, "timed": speed.timed, "corpus": {k: v for k, v in vars(corpus).items()},
             "kept": sorted(given),
             "why": why, "planned_at": elapsed}
