@@ -138,10 +138,11 @@ def read_corpus(data_dir, meta, token_bytes, sample=HARDNESS_SAMPLE, pieces=8):
     if len(train) < 2:
         raise UserError(f"--minutes: {data_dir}/train.bin has {len(train)} tokens; give prepare more text")
     known = lambda ids: np.asarray(ids)[np.asarray(ids) < len(lengths)]  # noqa: E731  (ids past the vocabulary)
-    if not len(known(spread(train, 10_000, pieces))):
+    some = known(spread(train, 10_000, pieces))
+    if not len(some):
         raise UserError(f"--minutes: {data_dir}/train.bin holds no token id below its vocabulary of {len(lengths):,}: "
                         f"is meta's dtype ({dtype}) the one prepare wrote? Prepare the dataset again")
-    per_token = max(1.0, float(lengths[known(spread(train, 10_000, pieces))].mean()))
+    per_token = max(1.0, float(lengths[some].mean()))
     some_train = known(spread(train, int(sample / per_token), pieces))
     some_val = known(spread(val, int(sample / 4 / per_token), pieces))
     text = lambda ids: b"".join(token_bytes[i] for i in ids.tolist())  # noqa: E731
@@ -383,6 +384,17 @@ def early_end_lines(ends_early, iters, epochs, dropout, finish, minutes, capped)
             f"had their best at 2.4 to 4.3 without it, 10 with 0.2), so {end}: more would only memorize this text"]
 
 
+def dropout_reason(dropout, corpus, keys, epochs):
+    """The plan line's word on the dropout of a run of keys over `epochs` of corpus."""
+    if dropout:
+        return f": dropout {dropout} (it lets a model learn from more epochs of a small corpus)"
+    if corpus.ideographs >= IDEOGRAPHS:
+        return ": no dropout (on Chinese text it did not pay in the study, even over 10 epochs)"
+    if len(planned_dropouts(corpus, keys)) == 1 and epochs > 3.5:
+        return ": no dropout (it paid in the study only on a model larger than the text fills without it)"
+    return ": no dropout (over so few epochs it slows learning more than it saves)"
+
+
 def why_slow(cfg, seconds, vocab_size, device):
     """What the too-short error says of the smallest shape: its time, its threads, and a large vocabulary."""
     keys = vars(cfg)
@@ -503,13 +515,7 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1):
            f"{final['n_layer']} layers x {final['n_embd']} ({params / 1e6:.2f}M in the blocks): the lowest predicted "
            f"val bpb of {len(candidates)} shapes at this budget",
            f"{iters:,} iterations, {iters * tokens_per_iter / 1e6:.2f}M tokens: {epochs:.1f} epochs of the corpus"
-           + (f": dropout {dropout} (it lets a model learn from more epochs of a small corpus)" if dropout else
-              ": no dropout (on Chinese text it did not pay in the study, even over 10 epochs)"
-              if len(dropouts) == 1 and "dropout" not in given else
-              ": no dropout (it paid in the study only on a model larger than the text fills without it)"
-              if len(planned_dropouts(corpus, vars(chosen))) == 1 and "dropout" not in given and epochs > 3.5 else
-              ": no dropout (over so few epochs it slows learning more than it saves)" if "dropout" not in given
-              else "")
+           + ("" if "dropout" in given and not dropout else dropout_reason(dropout, corpus, vars(chosen), epochs))
            + ("; the best checkpoint is kept (a small corpus peaks within a few epochs)" if epochs > 4.5 else ""),
            *early_end_lines(ends_early and finish < 0.9 * budget, iters, epochs, dropout, finish, cfg.minutes,
                             given.get("max_iters") == iters and finish < 0.9 * budget),
