@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from nanogpt import cpu
-from nanogpt.generate import Penalties, sample_next, window_start
+from nanogpt.generate import KVCache, Penalties, sample_next, window_start
 
 
 class SlotCache:
@@ -73,6 +73,13 @@ class SlotCache:
         if self.same:
             return None
         return (torch.arange(self.end, device=self.k.device) <= self.new[..., None])[:, None]
+
+    def decode_rows(self):
+        """([the position of each row's next token], [its slot]): where decode.c's block step
+        (nanogpt/cpu/fused_step.py) writes and reads, in k and v (n_layer, slots, nkv, block, hs). Fixes, as
+        positions(1) does, where advance() moves, and checks that the block has room."""
+        self.positions(1)
+        return [self.lengths[s] for s in self.slots], list(self.slots)
 
     def advance(self, T):
         for s in self.slots:
@@ -177,7 +184,7 @@ class Engine:
     @torch.inference_mode()
     def run(self):
         # autocast first: cpu.decoding packs the weights in its dtype
-        with self.autocast, cpu.decoding(self.model, self.max_batch) as self.decode:
+        with self.autocast, cpu.decoding(self.model, self.max_batch, self.scratch) as self.decode:
             while True:
                 with self.wake:
                     while not (self.stopping or self.waiting or self.active or self.tasks):
@@ -199,7 +206,7 @@ class Engine:
         """Decode every submitted sequence to its end on the calling thread, then return: a batch job (rl.py's
         samples), the same steps as run() takes for a server."""
         self.batch_job = True  # an exception ends the job (guarded re-raises it), not one sequence
-        with self.autocast, cpu.decoding(self.model, self.max_batch) as self.decode:  # autocast first, as run()
+        with self.autocast, cpu.decoding(self.model, self.max_batch, self.scratch) as self.decode:  # as run()
             try:
                 while self.waiting or self.active:
                     self.drop_cancelled()
@@ -275,6 +282,10 @@ class Engine:
             logits, _ = self.model(torch.tensor([seq.history[seq.start:]], device=self.device), kv_cache=self.cache,
                                    last_only=True)
         self.choose([seq], logits[:, -1])
+
+    def scratch(self):
+        """An empty cache of max_batch rows at one position: what cpu.decoding times its kernels on."""
+        return KVCache(self.model.config, self.max_batch, self.device, torch.float32)
 
     def step(self, seqs):
         """One decode step of every active sequence. A sequence whose window is full shifts its context

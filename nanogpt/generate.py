@@ -45,6 +45,14 @@ class KVCache:
         """None: every row sits at the same positions, so the causal rule applies."""
         return None
 
+    def decode_rows(self):
+        """([the position of each row's next token], [its row of k and v]): where decode.c's block step
+        (nanogpt/cpu/fused_step.py) writes and reads, in k and v (n_layer, B, nkv, block, hs). Checks as
+        positions(1) does that the block has room."""
+        if self.pos + 1 > self.k.size(3):
+            self.positions(1)  # its error
+        return [self.pos] * self.k.size(1), list(range(self.k.size(1)))
+
     def advance(self, T):
         self.pos += T
 
@@ -360,7 +368,8 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, 
     was_training = model.training
     model.eval()
     try:
-        with cpu.decoding(model, B) as step:  # B rows per step
+        scratch = lambda: KVCache(model.config, B, idx.device, torch.float32)  # noqa: E731  (to time kernels on)
+        with cpu.decoding(model, B, scratch) as step:  # B rows per step
             # the last `block` tokens are all any forward reads: nothing grows with max_new_tokens
             window = torch.empty(B, block, dtype=idx.dtype, device=idx.device)  # tokens n - block .. n - 1
             held = min(T, block)

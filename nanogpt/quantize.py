@@ -3,9 +3,12 @@
 Each linear layer's weight becomes int8 rows, each row times one scale: w[i, j] ~ scale[i] * q[i, j], with
 scale[i] = max_j |w[i, j]| / 127 (rounded to a number float16 and bfloat16 both hold exactly) and
 q = round(w / scale) in [-127, 127]. A decode step then reads a byte per weight instead of four. The
-products run on PyTorch's own int8 kernel (torch.ops.aten._weight_int8pack_mm: the input rounded to bfloat16,
-the int8 weight converted as it is read, the sum in float32, the output rounded to bfloat16), which torchao's
-int8 weight-only layout also calls on CPU. Biases, norms, embeddings and attention stay as they were.
+layers' own forward (the prompt, and decoding where nothing faster applies) runs on PyTorch's int8 kernel
+(torch.ops.aten._weight_int8pack_mm: the input rounded to bfloat16, the int8 weight converted as it is read, the
+sum in float32, the output rounded to bfloat16), which torchao's int8 weight-only layout also calls on CPU. On
+CPUs with AVX-512, decoding runs decode.c's int8 product on the same rows where it measures faster
+(nanogpt/cpu/native.py: the input rounded to 16-bit integers on its row's scale, integer products summed
+exactly). Biases, norms, embeddings and attention stay as they were.
 
 The same numbers go into a GGUF file as llama.cpp's Q8_0 (export.py --quantize=int8): Q8_0 holds blocks of
 32 int8 values with a float16 scale each, and every block of a row gets that row's scale, so llama.cpp

@@ -34,12 +34,17 @@ def main():
     p.add_argument("--block_size", type=int, default=256)
     p.add_argument("--vocab_size", type=int, default=65)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--kernel", choices=["measured", "packed", "plain"], default="measured")
+    p.add_argument("--kernel", choices=["measured", "packed", "plain", "native"], default="measured",
+                   help="float32 products (--quantize int8: the int8 ones, measured, int8 or native)")
     p.add_argument("--quantize", choices=["", "int8"], default="")
     p.add_argument("--steps", type=int, default=250)
     a = p.parse_args()
     torch.set_num_threads(a.threads)
-    nanogpt.cpu.FLOAT32_KERNEL = None if a.kernel == "measured" else a.kernel
+    kernel = None if a.kernel == "measured" else a.kernel
+    if a.quantize:
+        nanogpt.cpu.INT8_KERNEL = {"packed": "int8", "plain": "int8"}.get(kernel, kernel)
+    else:
+        nanogpt.cpu.FLOAT32_KERNEL = kernel
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=a.n_layer, n_head=a.n_head, n_embd=a.n_embd, block_size=a.block_size,
                           vocab_size=a.vocab_size, bias=False, dropout=0.0)).eval()

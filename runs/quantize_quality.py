@@ -4,6 +4,10 @@ val bpb over the whole val split, and greedy agreement (docs/generation.md).
     python runs/quantize_quality.py --out_dir out-shakespeare-char-cpu --dataset data/shakespeare_char
     python runs/quantize_quality.py --out_dir out-tangshi-cpu --dataset data/tangshi --json q.json
 
+"int8" is the int8 layers' own forward (PyTorch's int8 product: inputs rounded to bfloat16); "int8, decode.c" the
+same rows multiplied by decode.c's product (inputs rounded to 16-bit integers), as decoding runs them where it
+measures that faster (docs/generation.md).
+
 val bpb: every model scores the same consecutive windows of the val split (--context tokens, each token predicted
 from the window before it), in bits per byte. Greedy agreement: from --prompts windows of val (their first
 --prompt_tokens tokens), --new_tokens greedy tokens each; the share of tokens equal to float32's at the same place,
@@ -26,6 +30,7 @@ def main():
     import torch
 
     from minutes_bench import val_bpb  # beside this script: the one val bpb of the runs' benchmarks
+    from nanogpt.cpu import native
     from nanogpt.cpu.kernels import bfloat16_products_supported
     from nanogpt.generate import generate
     from nanogpt.quantize import quantize
@@ -51,6 +56,8 @@ def main():
     if bfloat16_products_supported():
         variants["bfloat16"] = (model, lambda: torch.autocast("cpu", torch.bfloat16))
     variants["int8"] = (quantize(copy.deepcopy(model), "int8"), contextlib.nullcontext)
+    if native.available():  # the int8 rows as decoding multiplies them on this CPU: every product decode.c's
+        variants["int8, decode.c"] = (native_int8(quantize(copy.deepcopy(model), "int8")), contextlib.nullcontext)
 
     starts = np.linspace(0, len(val) - a.prompt_tokens - 1, a.prompts).astype(int)
     prompts = torch.from_numpy(np.stack([val[s:s + a.prompt_tokens] for s in starts]))
@@ -66,7 +73,7 @@ def main():
         runs = [int((row != ref).nonzero()[0]) if (row != ref).any() else a.new_tokens
                 for row, ref in zip(tokens, reference)]
         results[name] = {"val_bpb": val_bpb(m, a.dataset, context, ctx), "greedy_same": same, "greedy_run": statistics.mean(runs)}
-        print(f"{name:9s} val bpb {results[name]['val_bpb']:.4f}  greedy tokens as float32's: {same:6.1%}, "
+        print(f"{name:14s} val bpb {results[name]['val_bpb']:.4f}  greedy tokens as float32's: {same:6.1%}, "
               f"first difference after {results[name]['greedy_run']:.0f} of {a.new_tokens} (mean of {a.prompts})",
               flush=True)
     base = results["float32"]["val_bpb"]
@@ -76,6 +83,19 @@ def main():
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"out_dir": a.out_dir, "dataset": a.dataset, "context": context, **results}, f, indent=2)
+
+
+def native_int8(model):
+    """model (quantized) with each int8 layer's forward on decode.c's product (nanogpt/cpu/native.py), for every
+    row: the numbers decoding computes where it runs decode.c's step, for the val bpb of the whole split."""
+    from nanogpt.cpu import native
+    from nanogpt.quantize import Int8Linear
+    for m in model.modules():
+        if isinstance(m, Int8Linear):
+            weight = native.Weight(m.qweight, m.scale.float(), m.bias, m.in_features)
+            m.forward = (lambda w, m: lambda x: w(x.reshape(-1, m.in_features)).view(*x.shape[:-1], m.out_features)
+                         )(weight, m)
+    return model
 
 
 if __name__ == "__main__":

@@ -23,6 +23,8 @@ if "TIKTOKEN_CACHE_DIR" not in os.environ and os.path.isdir(TIKTOKEN_CACHE):
     os.environ["TIKTOKEN_CACHE_DIR"] = TIKTOKEN_CACHE
 # hypothesis keeps a .hypothesis directory: tests write only to temporary directories
 os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", os.path.join(tempfile.gettempdir(), "nanogpt-tests-hypothesis"))
+# and decoding's compiled products (nanogpt/cpu/native.py), in process and in every program a test starts
+os.environ.setdefault("NANOGPT_CACHE", os.path.join(tempfile.gettempdir(), f"nanogpt-tests-cache-{os.getuid()}"))
 
 from model import GPTConfig  # noqa: E402
 
@@ -32,11 +34,13 @@ CORPUS = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:
 
 @pytest.fixture(autouse=True)
 def packed_float32_kernel(monkeypatch):
-    """Decoding's float32 kernel is measured on each machine (nanogpt.cpu.float32_kernel); in process the tests
-    set it, packed, so that a test means the same everywhere. Tests of the plain kernel and of the measurement
-    set their own."""
+    """Decoding's kernels are measured on each machine (nanogpt.cpu.float32_kernel and the others); in process
+    the tests set them, PyTorch's (oneDNN's packed float32 and bfloat16, its int8 product), so that a test means
+    the same everywhere. Tests of the other kernels and of the measurement set their own."""
     import nanogpt.cpu
     monkeypatch.setattr(nanogpt.cpu, "FLOAT32_KERNEL", "packed")
+    monkeypatch.setattr(nanogpt.cpu, "BFLOAT16_KERNEL", "bfloat16")
+    monkeypatch.setattr(nanogpt.cpu, "INT8_KERNEL", "int8")
 
 
 @pytest.fixture

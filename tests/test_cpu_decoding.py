@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import nanogpt.cpu
+from nanogpt.cpu import native
 from nanogpt.cpu import threads as threads_module
 from nanogpt.cpu.kernels import onednn_available
 from nanogpt.cpu.threads import Threads
@@ -35,9 +36,49 @@ def test_the_float32_kernel_is_the_one_measured_faster_and_measured_once(monkeyp
     assert nanogpt.cpu.float32_kernel(linears) == ({"packed", "plain"} - {slow}).pop()
     assert calls.count("packed") == calls.count("plain") == 12  # 6 passes over 2 layers each, alternated
     nanogpt.cpu.float32_kernel(linears)
-    assert len(calls) == 24  # measured once for these shapes and threads
+    assert len(calls) == 24  # measured once for these shapes, rows and threads
+    assert nanogpt.cpu.float32_kernel(linears, copies=False) == "plain"  # no copy: not measured
     monkeypatch.setattr(nanogpt.cpu, "FLOAT32_KERNEL", slow)
     assert nanogpt.cpu.float32_kernel(linears) == slow  # set, not measured
+
+
+@pytest.mark.skipif(not native.available(), reason=f"no native products here: {native.why()}")
+@pytest.mark.parametrize("quantized", [False, True])
+@pytest.mark.parametrize("slow", ["native", "torch"])
+def test_decoding_takes_the_step_measured_faster_native_or_pytorchs(monkeypatch, tiny_config, slow, quantized):
+    """With no kernel set, decoding times the fused step on decode.c's products against the step on PyTorch's
+    (STEP_PROBES steps a pass, 6 passes each, alternated), keeps the faster for the whole generation, and measures
+    once per process; a kernel set is taken as it is."""
+    from nanogpt.cpu.fused_step import FusedStep
+    from nanogpt.generate import generate
+    from nanogpt.quantize import quantize
+    for name in ("FLOAT32_KERNEL", "INT8_KERNEL"):
+        monkeypatch.setattr(nanogpt.cpu, name, None)
+    monkeypatch.setattr(nanogpt.cpu, "_kernels", {})
+    from model import GPT
+    model = GPT(tiny_config).eval()
+    if quantized:
+        quantize(model, "int8")
+    calls, real = [], FusedStep.__call__
+
+    def timed(self, *a):
+        kind = "native" if self.blocks[0][1].kind == "native" else "torch"
+        calls.append(kind)
+        time.sleep(0.002 if kind == slow else 0)
+        return real(self, *a)
+    monkeypatch.setattr(FusedStep, "__call__", timed)
+    idx = torch.zeros(1, 1, dtype=torch.long)
+    generate(model, idx, 5, temperature=0)
+    probes = 2 * 6 * nanogpt.cpu.STEP_PROBES
+    assert calls[:probes].count("native") == calls[:probes].count("torch")
+    assert calls[probes:] == ["torch" if slow == "native" else "native"] * 4  # the generation's steps
+    generate(model, idx, 5, temperature=0)
+    assert len(calls) == probes + 8  # not measured again
+    monkeypatch.setattr(nanogpt.cpu, "INT8_KERNEL" if quantized else "FLOAT32_KERNEL", slow if slow == "native" else
+                        "int8" if quantized else "plain")
+    del calls[:]
+    generate(model, idx, 5, temperature=0)
+    assert calls == [slow] * 4  # set: not measured, taken even where slower
 
 
 class Load:

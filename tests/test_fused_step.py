@@ -8,7 +8,7 @@ import torch
 
 from model import GPTConfig
 from nanogpt import cpu
-from nanogpt.cpu import fused_step
+from nanogpt.cpu import fused_step, native
 from nanogpt.cpu.fused_step import SUPPORTED, FusedStep
 from nanogpt.cpu.kernels import onednn_available, packed_inference
 from nanogpt.generate import KVCache, generate
@@ -16,6 +16,7 @@ from test_generate import assert_attention_is_sharp, greedy_by_hand, sharp
 from test_model_options import OPTIONS
 
 pytestmark = pytest.mark.skipif(not onednn_available(), reason="this PyTorch build has no oneDNN")
+NATIVE = pytest.mark.skipif(not native.available(), reason=f"no native products here: {native.why()}")
 
 
 def packed_weights(model, rows):
@@ -29,24 +30,28 @@ def sharp32(config):
     return sharp(config).float()
 
 
-@pytest.mark.parametrize("kernel", ["packed", "plain"])
+@pytest.mark.parametrize("kernel", ["packed", "plain", pytest.param("native", marks=NATIVE)])
 @pytest.mark.parametrize("option", list(OPTIONS) + ["no_bias", "softcap_rope_swiglu"])
 def test_fused_steps_match_the_full_forward_for_every_option(tiny_config, option, kernel):
     """Prefill 5 positions with the model, then one fused step per position: each step's logits equal the
     last row of a full (uncached) forward over the sequence so far, and the cache holds the model's keys. Both
-    float32 kernels: packed copies (bias, activation and residual inside oneDNN's product) and the plain
-    weights (PyTorch's matmul, then the rest)."""
+    float32 kernels: packed copies (bias, activation and residual inside oneDNN's product), the plain
+    weights (PyTorch's matmul, then the rest) and matvec.c's products on them (bias, activation and residual
+    inside)."""
     extra = {"no_bias": dict(bias=False), "softcap_rope_swiglu": dict(logit_softcap=3.0, pos_emb="rope",
                                                                       activation="swiglu")}
     model = sharp32(replace(tiny_config, **OPTIONS.get(option, extra.get(option, {}))))
     idx = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1))
     assert_attention_is_sharp(model, idx)
     fused_cache, model_cache = (KVCache(model.config, 2, "cpu", torch.float32) for _ in range(2))
-    plain = kernel == "plain"
-    with torch.inference_mode(), (contextlib.nullcontext({}) if plain else packed_weights(model, 2)) as packed:
-        step = FusedStep.build(model, packed, plain=plain)
+    copied = kernel == "packed"
+    with torch.inference_mode(), (packed_weights(model, 2) if copied else contextlib.nullcontext({})) as packed:
+        step = FusedStep.build(model, packed, kernel=kernel)
         assert step is not None and step.valid()
         assert {p.kind for b in step.blocks for p in b[1:6] if isinstance(p, fused_step.Product)} == {kernel}
+        # decode.c's whole blocks on native products, but where a block has what they leave to Python
+        assert (step.layers is not None) == (kernel == "native" and option not in ("swiglu", "softcap_rope_swiglu",
+                                                                                   "value_embeds"))
         full, _ = model(idx)
         model(idx[:, :5], kv_cache=fused_cache)
         model(idx[:, :5], kv_cache=model_cache)

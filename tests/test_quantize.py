@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig
-from nanogpt.cpu import fused_step
+import nanogpt.cpu
+from nanogpt.cpu import fused_step, native
 from nanogpt.cpu.fused_step import FusedStep
 from nanogpt.cpu.kernels import bfloat16_products_supported, onednn_available
 from nanogpt.generate import KVCache, generate
@@ -16,6 +17,8 @@ from nanogpt.quantize import Int8Linear, int8_available, int8_rows, quantize
 from test_fused_step import packed_weights, sharp32
 from test_generate import greedy_by_hand
 from test_model_options import OPTIONS
+
+NATIVE = pytest.mark.skipif(not native.available(), reason=f"no native products here: {native.why()}")
 
 pytestmark = pytest.mark.skipif(not int8_available(), reason="this PyTorch has no _weight_int8pack_mm")
 
@@ -70,18 +73,59 @@ def test_quantize_replaces_every_linear_layer_and_keeps_a_tied_embedding(tiny_co
     torch.testing.assert_close(model.lm_head.dequantized(), wte.detach(), atol=wte.abs().max().item() / 127, rtol=0)
 
 
+def int16_rows(x):
+    """x rounded as the native int8 product rounds its input: each row to 16-bit integers times max |row| / 32767."""
+    scale = x.abs().amax(-1, keepdim=True) / 32767
+    scale = torch.where(scale > 0, scale, 1.0)
+    return torch.round(x / scale) * scale
+
+
+def rounding_inputs(model, rounding):
+    """model with each linear layer's input rounded by rounding(x) first (a forward pre-hook)."""
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear):
+            m.register_forward_pre_hook(lambda module, args: (rounding(args[0]),))
+    return model
+
+
+def as_float(model, quantized):
+    """model (float32) with each linear weight replaced by the weight quantized's int8 rows stand for and its input
+    rounded as the native int8 product rounds it (int16_rows): the float32 model whose products the native int8
+    kernel computes (sums of integers, exact, times the two scales)."""
+    model = copy.deepcopy(model)
+    layers = dict(quantized.named_modules())
+    with torch.no_grad():
+        for name, m in model.named_modules():
+            if isinstance(m, torch.nn.Linear):
+                m.weight = torch.nn.Parameter(layers[name].dequantized())
+    return rounding_inputs(model, int16_rows)
+
+
 @pytest.mark.skipif(not onednn_available(), reason="this PyTorch build has no oneDNN")
+@pytest.mark.parametrize("kernel", ["int8", pytest.param("native", marks=NATIVE)])
 @pytest.mark.parametrize("option", ["gpt2", "gelu_tanh", "relu2", "swiglu", "modern", "softcap"])
-def test_int8_fused_steps_match_the_int8_models_own_forward(tiny_config, option):
+def test_int8_fused_steps_match_the_int8_models_own_forward(tiny_config, option, kernel):
     """The fused step's int8 products (bias, activation and residual after them) against the quantized model's
-    own uncached forward: the same int8 layers, computed by model.py."""
-    model = quantize(sharp32(replace(tiny_config, **OPTIONS[option])), "int8")
+    own uncached forward: the same int8 layers, computed by model.py, its inputs rounded to bfloat16 (1% of the
+    logits' spread). matvec.c's products (kernel native) round the inputs to 16-bit integers instead: from the
+    first position they are the float32 model on the weights the int8 rows stand for and inputs so rounded, to
+    float32's rounding."""
+    floats = sharp32(replace(tiny_config, **OPTIONS[option]))
+    model = quantize(copy.deepcopy(floats), "int8")
+    reference = as_float(floats, model)
     idx = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1))
     cache = KVCache(model.config, 2, "cpu", torch.float32)
     with torch.inference_mode(), packed_weights(model, 2) as packed:
-        step = FusedStep.build(model, packed)
+        step = FusedStep.build(model, packed, int8_kernel=kernel)
         assert step is not None and not packed  # nothing left to pack
+        assert {p.kind for b in step.blocks for p in b[1:6] if isinstance(p, fused_step.Product)} == {kernel}
         full, _ = model(idx)
+        exact, _ = reference(idx)
+        if kernel == "native":  # every position by the fused step: the cache holds its keys, not the forward's
+            for t in range(16):  # an input a hair from a rounding boundary may round the other way: 1e-4
+                scale = exact[:, t].abs().max().item()
+                torch.testing.assert_close(step(idx[:, t], cache)[:, 0], exact[:, t], atol=1e-4 * scale, rtol=1e-5)
+            return
         model(idx[:, :5], kv_cache=cache)
         for t in range(5, 16):
             logits = step(idx[:, t], cache)[:, 0]
@@ -89,26 +133,39 @@ def test_int8_fused_steps_match_the_int8_models_own_forward(tiny_config, option)
             torch.testing.assert_close(logits, full[:, t], atol=0.01 * scale, rtol=0)
 
 
+@pytest.mark.parametrize("kernel", ["int8", pytest.param("native", marks=NATIVE)])
 @pytest.mark.parametrize("width", [32, 40])
-def test_int8_generation_runs_fused_and_gives_the_int8_models_greedy_tokens(monkeypatch, tiny_config, width):
-    """n_embd 40: rows padded to 48 in every layer, the fused step's products included."""
-    model = quantize(sharp32(replace(tiny_config, n_embd=width, **OPTIONS["modern"])), "int8")
+def test_int8_generation_runs_fused_and_gives_the_int8_models_greedy_tokens(monkeypatch, tiny_config, width, kernel):
+    """n_embd 40: rows padded to 48 in every layer, the fused step's products included. The native kernel's
+    tokens are the float32 model's on the weights the int8 rows stand for."""
+    monkeypatch.setattr(nanogpt.cpu, "INT8_KERNEL", kernel)
+    floats = sharp32(replace(tiny_config, n_embd=width, **OPTIONS["modern"]))
+    model = quantize(copy.deepcopy(floats), "int8")
     calls = []
     real = FusedStep.__call__
-    monkeypatch.setattr(FusedStep, "__call__", lambda self, *a: calls.append(1) or real(self, *a))
+    monkeypatch.setattr(FusedStep, "__call__", lambda self, *a: calls.append(self.blocks[0][1].kind) or real(self, *a))
     idx = torch.randint(0, 64, (3, 4), generator=torch.Generator().manual_seed(2))
     out = generate(model, idx, 12, temperature=0)
-    assert len(calls) == 11
+    assert calls == [kernel] * 11
     with torch.inference_mode():
-        assert torch.equal(out, greedy_by_hand(model, idx, 12))
+        assert torch.equal(out, greedy_by_hand(as_float(floats, model) if kernel == "native" else model, idx, 12))
 
 
 @pytest.mark.skipif(not bfloat16_products_supported(), reason="this CPU has no native bfloat16 products")
+@pytest.mark.parametrize("kernel", ["bfloat16", pytest.param("native", marks=NATIVE)])
 @pytest.mark.parametrize("option", ["gpt2", "swiglu", "modern"])
-def test_bfloat16_fused_steps_run_on_bfloat16_weights_near_the_float32_forward(monkeypatch, tiny_config, option):
-    """Under bfloat16 autocast generation packs the weights in bfloat16 and runs the fused step (not the model's
-    autocast forward); its logits stay within bfloat16's rounding of the float32 model's."""
+def test_bfloat16_fused_steps_run_on_bfloat16_weights_near_the_float32_forward(monkeypatch, tiny_config, option,
+                                                                              kernel):
+    """Under bfloat16 autocast generation copies the weights in bfloat16 and runs the fused step (not the model's
+    autocast forward); its logits stay within bfloat16's rounding of the float32 model's. matvec.c's products
+    (kernel native) are the float32 model on weights and inputs rounded to bfloat16, to float32's rounding."""
+    monkeypatch.setattr(nanogpt.cpu, "BFLOAT16_KERNEL", kernel)
     model = sharp32(replace(tiny_config, **OPTIONS[option]))
+    rounded = copy.deepcopy(model)
+    for m in rounded.modules():
+        if isinstance(m, torch.nn.Linear):  # a new parameter: a tied embedding keeps its float32 table
+            m.weight = torch.nn.Parameter(m.weight.detach().bfloat16().float())
+    rounding_inputs(rounded, lambda x: x.bfloat16().float())
     calls, packs = [], []
     real, real_pack = FusedStep.__call__, fused_step.Product.__init__
     monkeypatch.setattr(FusedStep, "__call__", lambda self, *a: calls.append(1) or real(self, *a))
@@ -116,14 +173,22 @@ def test_bfloat16_fused_steps_run_on_bfloat16_weights_near_the_float32_forward(m
     idx = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
         full, _ = model(idx)
+        exact, _ = rounded(idx)
         with torch.autocast("cpu", torch.bfloat16):
             logits = []
             generate(model, idx[:, :5], 11, temperature=0,
                      on_step=lambda report: logits.append(report["logits"].float()))
-    assert len(calls) == 10 and set(packs) == {"bfloat16"}
+    assert len(calls) == 10 and set(packs) == {kernel}
     # teacher-forced comparison is the greedy one's first step; each later step continues its own tokens
     scale = full[:, 4].abs().max().item()
     torch.testing.assert_close(logits[0], full[:, 4], atol=0.03 * scale, rtol=0)
+    if kernel == "native":  # every position by the fused step: the cache holds its keys, not the forward's
+        cache = KVCache(model.config, 2, "cpu", torch.float32)
+        with torch.inference_mode(), torch.autocast("cpu", torch.bfloat16), nanogpt.cpu.decoding(model, 2) as step:
+            for t in range(16):
+                scale = exact[:, t].abs().max().item()
+                torch.testing.assert_close(step(idx[:, t], cache)[:, 0], exact[:, t], atol=2e-5 * scale, rtol=1e-5)
+        assert len(calls) == 26
 
 
 def test_the_fused_step_steps_aside_when_autocast_changes(tiny_config):

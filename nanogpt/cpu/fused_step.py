@@ -26,7 +26,8 @@ import torch.nn.functional as F
 from torch.nn.modules import module as nn_module
 
 from model import apply_rope, value_embedded
-from nanogpt.cpu.kernels import WeightVersion, packed_product, packed_product_add
+import nanogpt.cpu.native as native
+from nanogpt.cpu.kernels import WeightVersions, packed_product, packed_product_add
 from nanogpt.quantize import Int8Linear
 
 # every GPTConfig field and what this step supports of it (None: any value); a field added to
@@ -41,6 +42,9 @@ SUPPORTED = {
 # oneDNN post-ops applied inside the up-projection: (name, scalars, algorithm)
 FUSED_ACTIVATION = {"gelu": ("gelu", [], "none"), "gelu_tanh": ("gelu", [], "tanh"), "relu": ("relu", [], ""),
                     "relu2": ("relu", [], ""), None: ("none", [], "")}
+# the activations matvec.c applies inside its product (relu2 squared after it)
+NATIVE_ACTIVATION = {"gelu": "gelu", "gelu_tanh": "gelu_tanh", "relu": "relu", "relu2": "relu", None: None}
+NATIVE_BLOCK_ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "relu2")  # decode.c's block_step (no swiglu)
 # the same activations after a product that cannot fuse them (bfloat16 or int8 products)
 ACTIVATION = {"gelu": F.gelu, "gelu_tanh": lambda h: F.gelu(h, approximate="tanh"), "relu": F.relu, "relu2": F.relu,
               None: lambda h: h}
@@ -48,26 +52,34 @@ ACTIVATION = {"gelu": F.gelu, "gelu_tanh": lambda h: F.gelu(h, approximate="tanh
 
 class Product:
     """One linear layer's product in a fused step: product(x, act) is act(x W^T + b) and add(x, residual) is
-    residual + x W^T + b, for x and the result float32 (B, in) and (B, out). W is read as one of:
+    residual + x W^T + b, for x and the result float32 (B, in) and (B, out). kernel says how W is read:
     - "packed": float32 packed for oneDNN, bias, activation and addition inside its product;
     - "plain": the layer's own float32 weight, through PyTorch's default matmul (MKL's on x86);
-    - "bfloat16": packed in bfloat16, the input rounded to bfloat16 and the output back to float32;
-    - "int8": int8 rows (quantize.py), the input rounded to bfloat16 and the output back to float32."""
-    __slots__ = ("kind", "weight", "bias", "pad")
+    - "native": matvec.c's product (native.py) on the layer's own float32 weight, its bfloat16 copy or its
+      int8 rows, the sums in float32 and bias, activation and addition inside it;
+    - "bfloat16": packed in bfloat16 for oneDNN, the input rounded to bfloat16 and the output back to float32;
+    - "int8": int8 rows (quantize.py) through PyTorch's int8 product, the input rounded to bfloat16 and the
+      output back to float32.
+    copies: {layer: its weight as the kernel reads it} for "packed", "bfloat16" and a bfloat16 "native"."""
+    __slots__ = ("kind", "weight", "bias", "pad", "scale", "width")
 
-    def __init__(self, module, packed, dtype, plain=False):
-        self.bias, self.pad = module.bias, 0
+    def __init__(self, module, copies, kernel):
+        self.bias, self.pad, self.scale, self.width = module.bias, 0, None, module.in_features
         if isinstance(module, Int8Linear):
-            self.kind, self.weight, self.pad = "int8", (module.qweight, module.scale), module.pad
-        elif dtype == torch.bfloat16:
-            self.kind, self.weight = "bfloat16", packed[module]
-        elif plain:
-            self.kind, self.weight = "plain", module.weight
+            self.kind, self.pad = kernel, module.pad
+            self.weight = module.qweight if kernel == "native" else (module.qweight, module.scale)
+            self.scale = module.scale.float() if kernel == "native" else None
         else:
-            self.kind, self.weight = "packed", packed[module]
+            self.kind = kernel
+            self.weight = module.weight if kernel == "plain" or kernel == "native" and module not in copies \
+                else copies[module]
+        if self.kind == "native":
+            self.weight = native.Weight(self.weight.detach(), self.scale, self.bias, self.width)
 
     def __call__(self, x, act=None):
         kind = self.kind
+        if kind == "native":
+            return self.weight(x, NATIVE_ACTIVATION[act])
         if kind == "packed":
             return packed_product(x, self.weight, self.bias, FUSED_ACTIVATION[act])
         if kind == "plain":
@@ -86,6 +98,8 @@ class Product:
         return packed_product(x.to(torch.bfloat16), self.weight)
 
     def add(self, x, residual):
+        if self.kind == "native":
+            return self.weight(x, None, residual)
         if self.kind == "packed":
             return packed_product_add(x, self.weight, self.bias, residual)
         if self.bias is None and self.kind == "plain":
@@ -113,25 +127,31 @@ class FusedStep:
     kv_cache=cache)[0]."""
 
     @classmethod
-    def build(cls, model, packed, dtype=torch.float32, plain=False):
-        """The fused step for model (eval mode) and packed ({linear: packed weight}, from kernels.packed_inference,
-        packed in dtype: float32, or bfloat16 under bfloat16 autocast), or None where the model's own forward must
-        run (see the module's docstring). plain: float32 products on the layers' own weights (the default matmul),
-        nothing packed. Int8 layers (quantize.py) need no packed copy."""
+    def build(cls, model, copies, dtype=torch.float32, kernel=None, int8_kernel="int8"):
+        """The fused step for model (eval mode), or None where the model's own forward must run (see the module's
+        docstring). dtype: float32, or bfloat16 under bfloat16 autocast. kernel: how the linear layers' weights are
+        read (Product): "packed" (float32's default) or "bfloat16" (bfloat16's) on copies ({linear: its weight
+        packed for oneDNN}, kernels.packed_inference's), "plain" (float32), or "native" on the layers' own
+        float32 weights or copies in bfloat16. int8_kernel: "int8" or "native", for int8 layers (quantize.py),
+        which need no copy."""
+        kernel = kernel or ("bfloat16" if dtype == torch.bfloat16 else "packed")
         linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
         weight = model.transformer.wte.weight
+        copied = kernel in ("packed", "bfloat16") or kernel == "native" and dtype == torch.bfloat16
         if (weight.device.type != "cpu" or weight.dtype != torch.float32 or not supported(model.config)
-                or not (plain and dtype == torch.float32 or all(m in packed for m in linears))):
+                or kernel not in (("packed", "plain", "native") if dtype == torch.float32 else ("bfloat16", "native"))
+                or copied and not all(m in copies for m in linears)
+                or "native" in (kernel, int8_kernel) and not native.available()):
             return None
-        step = cls(model, packed, dtype, plain)
+        step = cls(model, copies if copied else {}, dtype, kernel, int8_kernel)
         return step if step.valid() else None
 
-    def __init__(self, model, packed, dtype=torch.float32, plain=False):
+    def __init__(self, model, copies, dtype, kernel, int8_kernel):
         self.model, self.config, self.dtype = model, model.config, dtype
         self.modules = list(model.modules())
         t, c = model.transformer, self.config
         norm = (lambda n: (n.weight,)) if c.norm == "rmsnorm" else (lambda n: (n.weight, n.bias))
-        weights = lambda m: Product(m, packed, dtype, plain)  # noqa: E731
+        weights = lambda m: Product(m, copies, int8_kernel if isinstance(m, Int8Linear) else kernel)  # noqa: E731
         # each block's tensors in the order __call__ reads them, gathered once: module attribute lookups
         # cost more than this step's small operations
         self.blocks = [(norm(b.ln_1), weights(b.attn.c_attn), weights(b.attn.c_proj), norm(b.ln_2),
@@ -143,8 +163,22 @@ class FusedStep:
         # (the modules' parameter dicts, the names, the parameters): checked with C loops (map), not Python's
         held = [(m._parameters, name, p) for m in self.modules for name, p in m._parameters.items() if p is not None]
         self.params = tuple(zip(*held)) or ((), (), ())
-        # the weights behind the packed copies: one changed in place or given new data since does too
-        self.packed_from = [WeightVersion(m.weight) for m in packed]
+        # the weights behind the copies: one changed in place or given new data since does too
+        self.copied_from = WeightVersions([m.weight for m in copies] + [
+            m.scale for m in self.modules if isinstance(m, Int8Linear) and int8_kernel == "native"])  # Product's copy
+        # decode.c's whole blocks, where every product is native and the block has nothing it leaves out
+        self.layers = None
+        products = [p for b in self.blocks for p in (b[1], b[2], b[4], b[5])]
+        if (all(p.kind == "native" for p in products) and c.activation in NATIVE_BLOCK_ACTIVATIONS
+                and all(b[6] is None for b in self.blocks)):
+            self.layers = [native.layer_of(c, b[0], b[1].weight, b[2].weight, b[3], b[4].weight, b[5].weight)
+                           for b in self.blocks]
+        # the tensors whose memory the native code reads by address: one given new data (.data =) sends the step
+        # back before any reads freed memory
+        self.addressed = tuple(t for t in [*(t for b in self.blocks for t in (*b[0], *b[3])), *(
+            x for p in products + [self.head] if p.kind == "native" for x in (p.weight.weight, p.weight.scale, p.bias))]
+            if t is not None)
+        self.addresses = tuple(map(torch.Tensor.data_ptr, self.addressed))
         self.attns = [block.attn for block in t.h]  # a tool may switch one to the manual path
         # every module's hook dicts (a hook registered later lands in them)
         self.hook_dicts = [d for m in self.modules for d in (m._forward_hooks, m._forward_pre_hooks)]
@@ -165,7 +199,8 @@ class FusedStep:
             return False
         return (all(attn.impl == "sdpa" for attn in self.attns)
                 and all(map(operator.is_, map(dict.get, *self.params[:2]), self.params[2]))
-                and all(version.holds(version.tensor) for version in self.packed_from)
+                and self.copied_from.holds()
+                and tuple(map(torch.Tensor.data_ptr, self.addressed)) == self.addresses
                 and not any(self.hook_dicts) and not global_hooks())
 
     def norm(self, x, params):
@@ -187,8 +222,17 @@ class FusedStep:
     def __call__(self, tokens, cache):
         """Logits (B, 1, V) for tokens (B,), one new position per row where the cache places it (a KVCache's
         next position, or a engine.SlotCache's rows each at its own, with its mask); stores their keys and
-        values in cache and advances it, as GPT.forward does with a kv_cache."""
+        values in cache and advances it, as GPT.forward does with a kv_cache. Under bfloat16 autocast only the
+        products are bfloat16's (Product): autocast is off for the rest, which stays float32."""
+        if self.dtype == torch.bfloat16:
+            with torch.autocast("cpu", enabled=False):
+                return self.step(tokens, cache)
+        return self.step(tokens, cache)
+
+    def step(self, tokens, cache):
         c = self.config
+        if self.layers is not None and hasattr(cache, "decode_rows") and cache.k.dtype == torch.float32:
+            return self.native_step(tokens, cache)
         pos, mask = cache.positions(1), cache.mask(1)  # (1,) or (B, 1); None or (B, 1, 1, L)
         x = F.embedding(tokens, self.wte)  # (B, C)
         rope = None
@@ -203,6 +247,21 @@ class FusedStep:
         logits = self.blocks_and_head(tokens, x, rope, attend)
         cache.advance(1)
         return logits.view(tokens.size(0), 1, -1)
+
+    def native_step(self, tokens, cache):
+        """step() with each block in decode.c, one call a block, for a cache that says where each row's token
+        goes (decode_rows: generate.KVCache, engine.SlotCache)."""
+        rows = torch.tensor(cache.decode_rows(), dtype=torch.int32)  # (2, B): each row's position and slot
+        x = F.embedding(tokens, self.wte)  # (B, C), its own memory: the blocks write it in place
+        rope = None
+        if self.wpe is not None:
+            x += F.embedding(rows[0], self.wpe)
+        else:
+            rope = torch.view_as_real(self.model.rope)  # (block, hs/2, 2): cos, sin
+        for layer, k, v in zip(self.layers, cache.k, cache.v):
+            native.block_step(layer, x, rows, rope, k, v)
+        cache.advance(1)
+        return self.model.softcap(self.head(self.norm(x, self.ln_f))).view(tokens.size(0), 1, -1)
 
     def blocks_and_head(self, tokens, x, rope, attend):
         """Logits (B, V) of one new position per row from its embedding x (B, C); rope: the rows' rotations

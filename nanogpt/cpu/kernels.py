@@ -23,9 +23,10 @@ Speedrun III). device.training_kernels decides which of the two a run uses.
 Generation packs too (packed_inference, through cpu.decoding), for inference mode only; fused_step.py's
 fused step reads those copies. This module is the one place that calls oneDNN. Both contexts set the layers'
 forward through patched_forwards, which gives each layer back what it ran before: generating inside
-packed_training leaves the training kernels in place. WeightVersion is the one rule for "has this weight
-changed": WeightCopy makes its copies again on it, and fused_step.FusedStep steps aside on it.
+packed_training leaves the training kernels in place. WeightVersion (WeightVersions for many) is the one rule for
+"has this weight changed": WeightCopy makes its copies again on it, and fused_step.FusedStep steps aside on it.
 """
+import operator
 import weakref
 from contextlib import contextmanager
 
@@ -59,6 +60,23 @@ class WeightVersion:
 
     def holds(self, tensor):
         return tensor is self.tensor and tensor._version == self.version and tensor.data_ptr() == self.address
+
+
+class WeightVersions:
+    """WeightVersion for many tensors, checked with C loops (map) rather than Python's: a decode step asks it of
+    some 50 tensors every step. holds() while each is at its address and unchanged in place."""
+    __slots__ = ("tensors", "versions", "addresses")
+    VERSION = operator.attrgetter("_version")
+
+    def __init__(self, tensors):
+        self.tensors = tuple(tensors)
+        self.versions, self.addresses = self.now()
+
+    def now(self):
+        return tuple(map(self.VERSION, self.tensors)), tuple(map(torch.Tensor.data_ptr, self.tensors))
+
+    def holds(self):
+        return self.now() == (self.versions, self.addresses)
 
 
 class WeightCopy:

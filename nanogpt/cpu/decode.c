@@ -1,0 +1,466 @@
+/* Decoding on CPUs with AVX-512 (F, BW, VL, VNNI, BF16): few-row products, and a transformer block's whole step.
+ *
+ * matvec: y = act(x W^T * scale + bias) + residual, for x float32 (B, K) with B small (one row per sequence
+ * decoded) and W (N, K) float32, bfloat16 or int8 rows, a float32 scale each. A decode step multiplies a row or a
+ * few by every weight matrix, so its time is the time it takes to read the weights; PyTorch's one-row products
+ * read bfloat16 and int8 weights at about half the rate they read float32 ones (docs/generation.md). Here each
+ * weight is read once and multiplied where it lies in registers:
+ *   - float32: float32 products and sums;
+ *   - bfloat16: x rounded to bfloat16 (as autocast's and oneDNN's bfloat16 products round it), pairs multiplied
+ *     and summed in float32 by AVX-512 BF16's dot product;
+ *   - int8: x rounded to 16-bit integers on its row's scale (max |x| / 32767: finer than bfloat16 for every value
+ *     above 1/128 of the largest), products of integers summed exactly in 32 bits, then times both scales.
+ * Rows of W are split over OpenMP threads (the runtime PyTorch loaded: its threads, not a second pool).
+ *
+ * block_step: one Block of model.py for one new position per row, each row at its own position in its own slot
+ * of the cache (generate.KVCache, engine.SlotCache): x += attn(norm_1(x)), x += mlp(norm_2(x)), the new keys and
+ * values written into the layer's cache. Each
+ * operation around the products costs a few microseconds from Python, some 150 of them a step; here they cost
+ * what their arithmetic costs. The same math as fused_step.py's: tests/test_native.py holds the two together.
+ *
+ * native.py compiles this file on first use and calls it through ctypes; tests/test_native.py holds it to
+ * float64 references. Rules: sizes positive; x, W and y contiguous; residual and y may be the same buffer,
+ * nothing else overlaps; scale NULL except for int8, bias and residual NULL where absent.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__) && \
+    defined(__AVX512BF16__)
+#include <immintrin.h>
+#define VECTOR 1
+#endif
+
+enum { F32 = 0, BF16 = 1, INT8 = 2 };
+enum { ACT_NONE = 0, ACT_RELU = 1, ACT_GELU = 2, ACT_GELU_TANH = 3, ACT_RELU2 = 4 };
+#define ROWS 4              /* rows of W summed together: each chunk of x is loaded once for ROWS rows */
+#define XROWS 4             /* rows of x summed together: each chunk of W is converted once for XROWS rows */
+#define INT_BLOCK 4096      /* int8 products summed in 32-bit lanes over at most this many columns, then in float32:
+                               each lane adds 2 * 32767 * 127 at most per 32 columns, < 2^31 over 8,256 */
+#define INT16_MAX_X 32767.0f
+#define ATTEND_PARALLEL 32768L  /* rows x heads x positions x head size from which attention is split over threads */
+
+static inline float activate(float v, int act) {
+    switch (act) {
+    case ACT_RELU: return v > 0.0f ? v : 0.0f;
+    case ACT_GELU: return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
+    case ACT_GELU_TANH: return 0.5f * v * (1.0f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v)));
+    case ACT_RELU2: return v > 0.0f ? v * v : 0.0f;
+    default: return v;
+    }
+}
+
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float v;
+    memcpy(&v, &bits, sizeof v);
+    return v;
+}
+
+static inline uint16_t f32_to_bf16(float v) { /* round to nearest even, as PyTorch's .bfloat16() (finite v) */
+    uint32_t bits;
+    memcpy(&bits, &v, sizeof bits);
+    if ((bits & 0x7f800000u) == 0x7f800000u) return (uint16_t)(bits >> 16 | ((bits & 0xffff) ? 0x40 : 0));
+    return (uint16_t)((bits + 0x7fff + ((bits >> 16) & 1)) >> 16);
+}
+
+/* x as the kernel reads it: float32 as given; bfloat16 rounded; int16 on each row's scale (xscale[b]) */
+typedef struct {
+    const float *f;
+    uint16_t *h;
+    int16_t *i;
+    float *xscale;
+    long ld; /* elements between rows of h and i: K rounded up to 32, the tail zero */
+} input;
+
+#ifdef VECTOR
+/* e^x for 16 floats, x <= 88: 2^n e^r, r = x - n ln 2 in [-ln2/2, ln2/2], e^r by its Taylor polynomial to r^7
+ * (relative error below 2e-7); below -104 (and -inf) it gives 0 */
+static inline __m512 exp16(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* erf for 16 floats: Abramowitz and Stegun 7.1.26, absolute error below 1.5e-7 */
+static inline __m512 erf16(__m512 x) {
+    __m512 a = _mm512_abs_ps(x);
+    __m512 t = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_fmadd_ps(a, _mm512_set1_ps(0.3275911f), _mm512_set1_ps(1.0f)));
+    __m512 p = _mm512_set1_ps(1.061405429f);
+    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(-1.453152027f));
+    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(1.421413741f));
+    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(-0.284496736f));
+    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(0.254829592f));
+    p = _mm512_mul_ps(p, t);
+    __m512 e = _mm512_fnmadd_ps(p, exp16(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(a, a))), _mm512_set1_ps(1.0f));
+    return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(e),  /* erf(-x) = -erf(x) */
+                               _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32((int)0x80000000u))));
+}
+
+/* the activations of activate() for 16 floats */
+static inline __m512 activate16(__m512 v, int act) {
+    __m512 zero = _mm512_setzero_ps(), half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
+    switch (act) {
+    case ACT_RELU: return _mm512_max_ps(v, zero);
+    case ACT_RELU2: v = _mm512_max_ps(v, zero); return _mm512_mul_ps(v, v);
+    case ACT_GELU:
+        return _mm512_mul_ps(_mm512_mul_ps(half, v), _mm512_add_ps(one, erf16(_mm512_mul_ps(v, _mm512_set1_ps(0.70710678118654752f)))));
+    case ACT_GELU_TANH: { /* tanh(u) = 1 - 2 / (e^(2u) + 1) */
+        __m512 u = _mm512_mul_ps(_mm512_set1_ps(0.79788456080286536f),
+                                 _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(0.044715f), v), _mm512_mul_ps(v, v), v));
+        __m512 e = exp16(_mm512_min_ps(_mm512_add_ps(u, u), _mm512_set1_ps(88.0f)));
+        __m512 th = _mm512_sub_ps(one, _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(e, one)));
+        return _mm512_mul_ps(_mm512_mul_ps(half, v), _mm512_add_ps(one, th));
+    }
+    default: return v;
+    }
+}
+
+/* sums[b][r] = x[b] . W[n + r] for b < nb, r < nr: W's chunks converted once, x's loaded once a chunk */
+static inline __attribute__((always_inline)) void dots(const input *x, int nb, const void *w, int kind, long n,
+                                                       int nr, int K, long ldw, float sums[XROWS][ROWS]) {
+    if (kind == F32) {
+        __m512 acc[XROWS][ROWS];
+        for (int b = 0; b < nb; b++)
+            for (int r = 0; r < nr; r++) acc[b][r] = _mm512_setzero_ps();
+        const float *wf = (const float *)w;
+        int k = 0;
+        for (; k + 16 <= K; k += 16) {
+            __m512 wk[ROWS];
+            for (int r = 0; r < nr; r++) wk[r] = _mm512_loadu_ps(wf + (n + r) * ldw + k);
+            for (int b = 0; b < nb; b++) {
+                __m512 xk = _mm512_loadu_ps(x->f + (long)b * K + k);
+                for (int r = 0; r < nr; r++) acc[b][r] = _mm512_fmadd_ps(wk[r], xk, acc[b][r]);
+            }
+        }
+        __mmask16 tail = (__mmask16)((1u << (K - k)) - 1);
+        if (tail) {
+            __m512 wk[ROWS];
+            for (int r = 0; r < nr; r++) wk[r] = _mm512_maskz_loadu_ps(tail, wf + (n + r) * ldw + k);
+            for (int b = 0; b < nb; b++) {
+                __m512 xk = _mm512_maskz_loadu_ps(tail, x->f + (long)b * K + k);
+                for (int r = 0; r < nr; r++) acc[b][r] = _mm512_fmadd_ps(wk[r], xk, acc[b][r]);
+            }
+        }
+        for (int b = 0; b < nb; b++)
+            for (int r = 0; r < nr; r++) sums[b][r] = _mm512_reduce_add_ps(acc[b][r]);
+    } else if (kind == BF16) {
+        __m512 acc[XROWS][ROWS];
+        for (int b = 0; b < nb; b++)
+            for (int r = 0; r < nr; r++) acc[b][r] = _mm512_setzero_ps();
+        const uint16_t *wh = (const uint16_t *)w;
+        for (int k = 0; k < K; k += 32) {
+            __mmask32 in = K - k >= 32 ? 0xffffffffu : (__mmask32)((1u << (K - k)) - 1);
+            __m512i wk[ROWS];
+            for (int r = 0; r < nr; r++) wk[r] = _mm512_maskz_loadu_epi16(in, wh + (n + r) * ldw + k);
+            for (int b = 0; b < nb; b++) {
+                __m512i xk = _mm512_loadu_si512((const void *)(x->h + b * x->ld + k));
+                for (int r = 0; r < nr; r++)
+                    acc[b][r] = _mm512_dpbf16_ps(acc[b][r], (__m512bh)wk[r], (__m512bh)xk);
+            }
+        }
+        for (int b = 0; b < nb; b++)
+            for (int r = 0; r < nr; r++) sums[b][r] = _mm512_reduce_add_ps(acc[b][r]);
+    } else {
+        float total[XROWS][ROWS] = {{0}};
+        const int8_t *wi = (const int8_t *)w;
+        for (int k0 = 0; k0 < K; k0 += INT_BLOCK) {
+            int k1 = K - k0 < INT_BLOCK ? K : k0 + INT_BLOCK;
+            __m512i acc[XROWS][ROWS];
+            for (int b = 0; b < nb; b++)
+                for (int r = 0; r < nr; r++) acc[b][r] = _mm512_setzero_si512();
+            for (int k = k0; k < k1; k += 32) {
+                __mmask32 in = k1 - k >= 32 ? 0xffffffffu : (__mmask32)((1u << (k1 - k)) - 1);
+                __m512i wk[ROWS];
+                for (int r = 0; r < nr; r++)
+                    wk[r] = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(in, wi + (n + r) * ldw + k));
+                for (int b = 0; b < nb; b++) {
+                    __m512i xk = _mm512_loadu_si512((const void *)(x->i + b * x->ld + k));
+                    for (int r = 0; r < nr; r++) acc[b][r] = _mm512_dpwssd_epi32(acc[b][r], wk[r], xk);
+                }
+            }
+            for (int b = 0; b < nb; b++)
+                for (int r = 0; r < nr; r++) {  /* the 16 lanes summed in 64 bits: in 32 they could overflow */
+                    __m512i wide = _mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_castsi512_si256(acc[b][r])),
+                                                    _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(acc[b][r], 1)));
+                    total[b][r] += (float)_mm512_reduce_add_epi64(wide);
+                }
+        }
+        for (int b = 0; b < nb; b++)
+            for (int r = 0; r < nr; r++) sums[b][r] = total[b][r] * x->xscale[b];
+    }
+}
+
+/* the rows [n0, n1) of y: dots called with constant counts where it can, so that each call is compiled for
+ * them and its accumulators stay in registers */
+static int rows(const input *x, int B, const void *w, int kind, const float *scale, const float *bias,
+                 const float *residual, float *y, int K, long ldw, int N, int act, long n0, long n1) {
+    float sums[XROWS][ROWS], room[2048];
+    long width = n1 - n0;
+    float *t = (long)B * width <= 2048 ? room : malloc((size_t)B * width * sizeof *t); /* the raw sums (B, width) */
+    if (!t) return -1;
+    for (long n = n0; n < n1; n += ROWS) {
+        int nr = n1 - n < ROWS ? (int)(n1 - n) : ROWS;
+        for (int b0 = 0; b0 < B; b0 += XROWS) {
+            int nb = B - b0 < XROWS ? B - b0 : XROWS;
+            input xb = *x;
+            xb.f += (long)b0 * K;
+            if (xb.h) xb.h += b0 * x->ld;
+            if (xb.i) xb.i += b0 * x->ld, xb.xscale += b0;
+            if (nr == ROWS && nb == 1) dots(&xb, 1, w, kind, n, ROWS, K, ldw, sums);
+            else if (nr == ROWS && nb == 2) dots(&xb, 2, w, kind, n, ROWS, K, ldw, sums);
+            else if (nr == ROWS && nb == 3) dots(&xb, 3, w, kind, n, ROWS, K, ldw, sums);
+            else if (nr == ROWS) dots(&xb, XROWS, w, kind, n, ROWS, K, ldw, sums);
+            else
+                for (int r = 0; r < nr; r++) {
+                    float one[XROWS][ROWS];
+                    dots(&xb, nb, w, kind, n + r, 1, K, ldw, one);
+                    for (int b = 0; b < nb; b++) sums[b][r] = one[b][0];
+                }
+            for (int b = 0; b < nb; b++)
+                for (int r = 0; r < nr; r++) t[(b0 + b) * width + (n - n0) + r] = sums[b][r];
+        }
+    }
+    /* y = act(t * scale + bias) + residual, 16 at a time: residual is read before y is written (they may alias) */
+    for (int b = 0; b < B; b++)
+        for (long j = 0; j < width; j += 16) {
+            __mmask16 in = width - j >= 16 ? 0xffff : (__mmask16)((1u << (width - j)) - 1);
+            long i = (long)b * N + n0 + j;
+            __m512 v = _mm512_maskz_loadu_ps(in, t + b * width + j);
+            if (scale) v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(in, scale + n0 + j));
+            if (bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(in, bias + n0 + j));
+            v = activate16(v, act);
+            if (residual) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(in, residual + i));
+            _mm512_mask_storeu_ps(y + i, in, v);
+        }
+    if (t != room) free(t);
+    return 0;
+}
+
+/* x's rows as kind reads them, into buffers of x->ld elements a row (malloc'd: the caller frees x->h, x->i) */
+static int prepare(input *x, const float *f, int B, int K, int kind) {
+    memset(x, 0, sizeof *x);
+    x->f = f;
+    x->ld = (K + 31) / 32 * 32;
+    if (kind == BF16) {
+        x->h = calloc((size_t)B * x->ld, sizeof *x->h);
+        if (!x->h) return -1;
+        for (int b = 0; b < B; b++)
+            for (int j = 0; j < K; j += 16) {  /* rounded to nearest even, as PyTorch's .bfloat16() */
+                __mmask16 in = K - j >= 16 ? 0xffff : (__mmask16)((1u << (K - j)) - 1);
+                __m256bh h = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(in, f + (long)b * K + j));
+                _mm256_mask_storeu_epi16(x->h + b * x->ld + j, in, (__m256i)h);
+            }
+    } else if (kind == INT8) {
+        x->i = calloc((size_t)B * x->ld, sizeof *x->i);
+        x->xscale = malloc((size_t)B * sizeof *x->xscale);
+        if (!x->i || !x->xscale) return -1;
+        for (int b = 0; b < B; b++) {
+            const float *row = f + (long)b * K;
+            __m512 top = _mm512_setzero_ps();
+            for (int j = 0; j < K; j += 16) {
+                __mmask16 in = K - j >= 16 ? 0xffff : (__mmask16)((1u << (K - j)) - 1);
+                top = _mm512_max_ps(top, _mm512_abs_ps(_mm512_maskz_loadu_ps(in, row + j)));
+            }
+            float amax = _mm512_reduce_max_ps(top), s = amax > 0.0f ? amax / INT16_MAX_X : 1.0f;
+            x->xscale[b] = s;
+            for (int j = 0; j < K; j += 16) {  /* row / s rounded to nearest even: within [-32767, 32767] */
+                __mmask16 in = K - j >= 16 ? 0xffff : (__mmask16)((1u << (K - j)) - 1);
+                __m512i q = _mm512_cvtps_epi32(_mm512_div_ps(_mm512_maskz_loadu_ps(in, row + j), _mm512_set1_ps(s)));
+                _mm256_mask_storeu_epi16(x->i + b * x->ld + j, in, _mm512_cvtsepi32_epi16(q));
+            }
+        }
+    }
+    return 0;
+}
+
+#endif
+
+/* y (B, N) = act(x (B, K) W[:, :K]^T * scale + bias) + residual, W's rows ldw >= K elements apart, over `threads`
+ * threads (rows of W split between them). Returns 0, -1 where memory ran out, -2 in a build
+ * without the AVX-512 loops (matvec_vector() is 0: native.py does not call it there). */
+int matvec(const float *x, int B, const void *w, int kind, const float *scale, const float *bias,
+           const float *residual, float *y, int K, int ldw, int N, int act, int threads) {
+#ifndef VECTOR
+    (void)x, (void)B, (void)w, (void)kind, (void)scale, (void)bias, (void)residual, (void)y, (void)K, (void)ldw;
+    (void)N, (void)act, (void)threads;
+    return -2;
+#else
+    input in;
+    int status = prepare(&in, x, B, K, kind);
+    long blocks = (N + ROWS - 1) / ROWS;
+    if (status == 0 && (threads <= 1 || blocks < 2 * threads)) {
+        status = rows(&in, B, w, kind, scale, bias, residual, y, K, ldw, N, act, 0, N);
+    } else if (status == 0) {
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads) reduction(| : status)
+        {
+            int t = omp_get_thread_num(), nt = omp_get_num_threads();
+            long b0 = blocks * t / nt, b1 = blocks * (t + 1) / nt;
+            long n1 = b1 * ROWS < N ? b1 * ROWS : N;
+            status |= rows(&in, B, w, kind, scale, bias, residual, y, K, ldw, N, act, b0 * ROWS, n1);
+        }
+#else
+        status = rows(&in, B, w, kind, scale, bias, residual, y, K, ldw, N, act, 0, N);
+#endif
+    }
+    free(in.h);
+    free(in.i);
+    free(in.xscale);
+    return status;
+#endif
+}
+
+#ifdef VECTOR
+static inline float dot(const float *a, const float *b, int n) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int j = 0; j < n; j += 16) {
+        __mmask16 in = n - j >= 16 ? 0xffff : (__mmask16)((1u << (n - j)) - 1);
+        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(in, a + j), _mm512_maskz_loadu_ps(in, b + j), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+/* y = norm(x) over n values: LayerNorm (rms 0: (x - mean) / sqrt(var + eps) * w + b) or RMSNorm (rms 1:
+ * x / sqrt(mean(x^2) + eps) * w); w, b NULL: none */
+static void norm(const float *x, float *y, int n, int rms, const float *w, const float *b, float eps) {
+    float mean = 0.0f, var = 0.0f;
+    if (!rms) {
+        for (int j = 0; j < n; j++) mean += x[j];
+        mean /= n;
+    }
+    for (int j = 0; j < n; j++) var += (x[j] - mean) * (x[j] - mean);
+    float inv = 1.0f / sqrtf(var / n + eps);
+    for (int j = 0; j < n; j++) y[j] = (x[j] - mean) * inv * (w ? w[j] : 1.0f) + (b ? b[j] : 0.0f);
+}
+
+/* out (hs) = softmax_l(q . K[l] / sqrt(hs)) V[l] over l < L; p: L floats of room */
+static void attend_one(const float *q, const float *k, const float *v, long stride, float *out, int L, int hs,
+                       float *p) {
+    float scale = 1.0f / sqrtf((float)hs), top = -INFINITY, total = 0.0f;
+    for (int l = 0; l < L; l++) top = fmaxf(top, p[l] = dot(q, k + l * stride, hs) * scale);
+    __m512 sum = _mm512_setzero_ps();
+    for (int l = 0; l < L; l += 16) {
+        __mmask16 in = L - l >= 16 ? 0xffff : (__mmask16)((1u << (L - l)) - 1);
+        __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(in, p + l), _mm512_set1_ps(top)));
+        e = _mm512_maskz_mov_ps(in, e);
+        _mm512_mask_storeu_ps(p + l, in, e);
+        sum = _mm512_add_ps(sum, e);
+    }
+    total = _mm512_reduce_add_ps(sum);
+    for (int j = 0; j < hs; j++) out[j] = 0.0f;
+    for (int l = 0; l < L; l++) {
+        float weight = p[l] / total;
+        const float *row = v + l * stride;
+        for (int j = 0; j < hs; j++) out[j] += weight * row[j];
+    }
+}
+#endif
+
+/* one linear layer as block_step reads it: matvec's arguments but x, y and the residual */
+typedef struct {
+    const void *w;
+    const float *scale, *bias;
+    int kind, K, ldw, N;
+} linear;
+
+/* one Block's shape and weights (model.py's names); k, v: the layer's cache (B, nkv, block, hs), contiguous */
+typedef struct {
+    int C, nh, nkv, hs, hidden, block, rms, act, qk_norm;
+    float eps;
+    const float *ln1_w, *ln1_b, *ln2_w, *ln2_b;
+    linear c_attn, c_proj, c_fc, mlp_proj;
+} layer;
+
+#ifdef VECTOR
+static int product(const linear *m, const float *x, int B, const float *residual, float *y, int act, int threads) {
+    return matvec(x, B, m->w, m->kind, m->scale, m->bias, residual, y, m->K, m->ldw, m->N, act, threads);
+}
+#endif
+
+/* x (B, C) after layer L for one new token per row: row b's at position pos[b] of cache slot slot[b]. k and v: the
+ * layer's cache (slots, nkv, block, hs), row b's key and value written at (slot[b], pos[b]), its attention over
+ * that slot's positions 0 .. pos[b]; rope: the table (block, hs / 2, 2) of (cos, sin), or NULL. Returns 0, -1
+ * where memory ran out, -2 without AVX-512. */
+int block_step(const layer *L, float *x, int B, const int *pos, const int *slot, const float *rope, float *k,
+               float *v, int threads) {
+#ifndef VECTOR
+    (void)L, (void)x, (void)B, (void)pos, (void)slot, (void)rope, (void)k, (void)v, (void)threads;
+    return -2;
+#else
+    int C = L->C, nh = L->nh, nkv = L->nkv, hs = L->hs, width = (nh + 2 * nkv) * hs, status = 0;
+    long hstride = (long)L->block * hs, bstride = nkv * hstride, work = 0;
+    float *h = malloc((size_t)B * C * sizeof *h), *qkv = malloc((size_t)B * width * sizeof *qkv);
+    float *y = malloc((size_t)B * nh * hs * sizeof *y), *a = malloc((size_t)B * L->hidden * sizeof *a);
+    if (!h || !qkv || !y || !a) status = -1;
+    for (int b = 0; b < B && !status; b++) norm(x + (long)b * C, h + (long)b * C, C, L->rms, L->ln1_w, L->ln1_b, L->eps);
+    if (!status) status = product(&L->c_attn, h, B, NULL, qkv, ACT_NONE, threads);
+    for (int b = 0; b < B && !status; b++) {
+        float *row = qkv + (long)b * width;  /* q heads, then k heads, then v heads */
+        const float *turn = rope ? rope + (long)pos[b] * hs : NULL;  /* hs / 2 pairs at this row's position */
+        for (int i = 0; i < nh + nkv; i++) {
+            float *head = row + i * hs;
+            if (L->qk_norm) norm(head, head, hs, 1, NULL, NULL, L->eps);
+            for (int j = 0; turn && j < hs / 2; j++) {
+                float re = head[2 * j], im = head[2 * j + 1], c = turn[2 * j], s = turn[2 * j + 1];
+                head[2 * j] = re * c - im * s;
+                head[2 * j + 1] = re * s + im * c;
+            }
+        }
+        for (int g = 0; g < nkv; g++) {
+            long at = slot[b] * bstride + g * hstride + (long)pos[b] * hs;
+            memcpy(k + at, row + (nh + g) * hs, hs * sizeof *k);
+            memcpy(v + at, row + (nh + nkv + g) * hs, hs * sizeof *v);
+        }
+        work += (long)nh * (pos[b] + 1) * hs;
+    }
+    /* each row's and head's attention: split over the threads where there is enough of it */
+    int failed = 0;
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) if (threads > 1 && work >= ATTEND_PARALLEL)
+#endif
+    for (long bh = 0; bh < (status ? 0 : (long)B * nh); bh++) {
+        long b = bh / nh, i = bh % nh, at = slot[b] * bstride + (i / (nh / nkv)) * hstride;
+        int seen = pos[b] + 1;
+        float room[1024], *scores = seen <= 1024 ? room : malloc((size_t)seen * sizeof *scores);
+        if (scores) attend_one(qkv + b * width + i * hs, k + at, v + at, hs, y + bh * hs, seen, hs, scores);
+        else {
+#ifdef _OPENMP
+#pragma omp atomic write
+#endif
+            failed = 1;
+        }
+        if (scores != room) free(scores);
+    }
+    if (failed) status = -1;
+    if (!status) status = product(&L->c_proj, y, B, x, x, ACT_NONE, threads);  /* heads concatenated, added */
+    for (int b = 0; b < B && !status; b++) norm(x + (long)b * C, h + (long)b * C, C, L->rms, L->ln2_w, L->ln2_b, L->eps);
+    if (!status) status = product(&L->c_fc, h, B, NULL, a, L->act, threads);
+    if (!status) status = product(&L->mlp_proj, a, B, x, x, ACT_NONE, threads);
+    free(h), free(qkv), free(y), free(a);
+    return status;
+#endif
+}
+
+/* 1 where this build has the AVX-512 loops (F, BW, VNNI, BF16), 0 where it sums one value at a time */
+int matvec_vector(void) {
+#ifdef VECTOR
+    return 1;
+#else
+    return 0;
+#endif
+}

@@ -1,0 +1,210 @@
+"""matvec.c's few-row products, compiled on first use with this machine's C compiler and called through ctypes.
+
+Decoding multiplies a row (or one per sequence) by every weight matrix, and PyTorch's own one-row products read
+bfloat16 and int8 weights at about half the rate they read float32 ones (docs/generation.md). matvec.c reads all
+three at close to the rate this CPU streams memory. It is compiled once per machine (the source, the compiler,
+its flags and this CPU's features name the library) into the user's cache directory and loaded from there;
+where no C compiler works, or NANOGPT_NATIVE=0, available() is False and decoding keeps PyTorch's products.
+
+The cache directory is NANOGPT_CACHE, else $XDG_CACHE_HOME/nanogpt, else ~/.cache/nanogpt. A library is loaded
+only from a directory this user owns and no one else may write to: another user's file there would be code run
+as this one. Elsewhere it is compiled into a private temporary directory for this process.
+"""
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+
+import torch
+
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "decode.c")
+# tried in order: the first that compiles is used (no OpenMP: one thread; no -march=native: no AVX-512 build)
+FLAGS = (["-O3", "-march=native", "-fopenmp"], ["-O3", "-march=native"], ["-O3"])
+KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
+ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "relu2": 4}
+_lock = threading.Lock()
+_library = {}  # "lib": the loaded library or None, "why": why not
+
+
+def cache_dir():
+    for path in (os.environ.get("NANOGPT_CACHE"),
+                 os.environ.get("XDG_CACHE_HOME") and os.path.join(os.environ["XDG_CACHE_HOME"], "nanogpt")):
+        if path:
+            return path
+    return os.path.join(os.path.expanduser("~"), ".cache", "nanogpt")
+
+
+def private(path):
+    """True where path is a directory this user owns and only this user may write to."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return os.path.isdir(path) and st.st_uid == os.getuid() and not st.st_mode & 0o022
+
+
+def cpu_features():
+    """What names this CPU's instruction set: /proc/cpuinfo's flags line (Linux), else the platform's words."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return line
+    except OSError:
+        pass
+    return platform.machine() + platform.processor()
+
+
+def compiler():
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+
+
+def build(cc, directory):
+    """The path of the library compiled from SOURCE into directory (already there: reused), or raise
+    OSError with the compiler's last line."""
+    with open(SOURCE, "rb") as f:
+        source = f.read()
+    errors = []
+    for flags in FLAGS:
+        key = hashlib.sha256(b"\0".join([source, cc.encode(), " ".join(flags).encode(), cpu_features().encode()]))
+        path = os.path.join(directory, f"decode-{key.hexdigest()[:16]}.so")
+        if os.path.exists(path):
+            return path
+        tmp = f"{path}.{os.getpid()}.tmp"
+        run = subprocess.run([cc, *flags, "-fPIC", "-shared", "-o", tmp, SOURCE, "-lm"],
+                             capture_output=True, text=True)
+        if run.returncode == 0:
+            os.replace(tmp, path)  # whole or not at all: another process may be loading it
+            return path
+        errors.append((run.stderr.strip().splitlines() or ["failed"])[-1])
+    raise OSError(errors[-1])
+
+
+def library():
+    """The loaded library, or None (available() says why)."""
+    with _lock:
+        if "lib" not in _library:
+            _library["lib"], _library["why"] = load()
+        return _library["lib"]
+
+
+def load():
+    if os.environ.get("NANOGPT_NATIVE", "1") == "0":
+        return None, "NANOGPT_NATIVE=0"
+    if torch.backends.mkldnn.is_available() is None:  # pragma: no cover
+        return None, "no CPU backend"
+    cc = compiler()
+    if cc is None:
+        return None, "no C compiler (cc, gcc or clang) on PATH"
+    directory = cache_dir()
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+    except OSError:
+        pass
+    if not private(directory):
+        directory = tempfile.mkdtemp(prefix="nanogpt-native-")
+    try:
+        lib = ctypes.CDLL(build(cc, directory))
+    except (OSError, subprocess.SubprocessError) as e:
+        return None, f"decode.c did not compile: {e}"
+    p, i = ctypes.c_void_p, ctypes.c_int
+    lib.matvec.argtypes = [p, i, p, i, p, p, p, p, i, i, i, i, i]
+    lib.block_step.argtypes = [p, p, i, p, p, p, p, p, i]
+    lib.matvec.restype = lib.block_step.restype = lib.matvec_vector.restype = ctypes.c_int
+    return lib, ""
+
+
+def available():
+    """True where the library compiled and loaded, with AVX-512 (a build without it sums one value at a time,
+    slower than PyTorch's)."""
+    lib = library()
+    return lib is not None and lib.matvec_vector() == 1
+
+
+def why():
+    """Why available() is False ("" where it is True)."""
+    lib = library()
+    if lib is not None and not lib.matvec_vector():
+        return "this CPU or compiler has no AVX-512"
+    return _library["why"]
+
+
+class Weight:
+    """A weight as matvec.c multiplies it: product(x, act, residual) is act(x W[:, :width]^T * scale + bias) +
+    residual, float32 (B, N), for x (B, width). weight (N, K >= width) float32, bfloat16 or int8, contiguous;
+    scale float32 (N,) (int8 rows) or None; bias (N,) or None (read at each call: it may be replaced); act None,
+    "relu", "gelu" or "gelu_tanh". On torch's thread count. Everything a call does not change is set here: a
+    decode step makes some 25 of these calls, and Python's work per call is a share of the step."""
+    __slots__ = ("weight", "scale", "bias", "args", "width", "N", "call")
+
+    def __init__(self, weight, scale=None, bias=None, width=None):
+        assert weight.is_contiguous() and weight.dtype in KINDS and (scale is None) != (weight.dtype == torch.int8)
+        self.weight, self.scale, self.bias, self.N = weight, scale, bias, weight.size(0)
+        self.args = (weight.data_ptr(), KINDS[weight.dtype], None if scale is None else scale.data_ptr())
+        self.width = (weight.size(1) if width is None else width, weight.size(1), weight.size(0))
+        self.call = library().matvec
+
+    def __call__(self, x, act=None, residual=None):
+        if x.dtype is not torch.float32 or not x.is_contiguous():
+            x = x.float().contiguous()  # attention's output under autocast is bfloat16: the library reads memory
+        if residual is not None and (residual.dtype is not torch.float32 or not residual.is_contiguous()):
+            residual = residual.float().contiguous()
+        y = torch.empty(x.size(0), self.N)
+        bias = self.bias
+        w, kind, scale = self.args
+        if self.call(x.data_ptr(), x.size(0), w, kind, scale, None if bias is None else bias.data_ptr(),
+                     None if residual is None else residual.data_ptr(), y.data_ptr(), *self.width,
+                     ACTIVATIONS[act], torch.get_num_threads()):
+            raise MemoryError("no memory for a decode step's input rows")
+        return y
+
+
+def matvec(x, weight, scale=None, bias=None, residual=None, act=None, width=None):
+    """Weight(weight, scale, bias, width)(x, act, residual): one product."""
+    return Weight(weight, scale, bias, width)(x, act, residual)
+
+
+class Linear(ctypes.Structure):
+    """decode.c's linear: a Weight as block_step reads it."""
+    _fields_ = [("w", ctypes.c_void_p), ("scale", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("kind", ctypes.c_int),
+                ("K", ctypes.c_int), ("ldw", ctypes.c_int), ("N", ctypes.c_int)]
+
+
+class Layer(ctypes.Structure):
+    """decode.c's layer: one Block's shape, norms and products."""
+    _fields_ = [(name, ctypes.c_int) for name in ("C", "nh", "nkv", "hs", "hidden", "block", "rms", "act", "qk_norm")] \
+        + [("eps", ctypes.c_float)] + [(name, ctypes.c_void_p) for name in ("ln1_w", "ln1_b", "ln2_w", "ln2_b")] \
+        + [(name, Linear) for name in ("c_attn", "c_proj", "c_fc", "mlp_proj")]
+
+
+def linear_of(weight):
+    """A Weight as decode.c's linear (its pointers: the Weight must outlive it)."""
+    w, kind, scale = weight.args
+    K, ldw, N = weight.width
+    return Linear(w, scale, None if weight.bias is None else weight.bias.data_ptr(), kind, K, ldw, N)
+
+
+def layer_of(config, ln_1, c_attn, c_proj, ln_2, c_fc, mlp_proj):
+    """One Block for block_step: config a GPTConfig, ln_1 and ln_2 (weight,) or (weight, bias) (a bias may be None),
+    the four products Weights. Everything it points to must outlive it (fused_step.FusedStep holds them)."""
+    ptr = lambda t: None if t is None else t.data_ptr()  # noqa: E731
+    norm_1, norm_2 = (tuple(ln_1) + (None,))[:2], (tuple(ln_2) + (None,))[:2]
+    return Layer(config.n_embd, config.n_head, config.kv_heads, config.head_dim, c_fc.width[2],
+                 config.block_size, config.norm == "rmsnorm", ACTIVATIONS[config.activation], bool(config.qk_norm),
+                 config.norm_eps, ptr(norm_1[0]), ptr(norm_1[1]), ptr(norm_2[0]), ptr(norm_2[1]),
+                 linear_of(c_attn), linear_of(c_proj), linear_of(c_fc), linear_of(mlp_proj))
+
+
+def block_step(layer, x, rows, rope, k, v):
+    """x (B, C) float32 contiguous, in place, after one Block (layer, from layer_of) for one new token per row:
+    rows int32 (2, B) contiguous, each row's position and its slot in the cache; rope: the (block, hs / 2, 2)
+    float32 table of (cos, sin), or None; k, v: the layer's cache (slots, nkv, block, hs) float32 contiguous,
+    written at each row's slot and position."""
+    if library().block_step(ctypes.byref(layer), x.data_ptr(), x.size(0), rows.data_ptr(), rows[1].data_ptr(),
+                            None if rope is None else rope.data_ptr(), k.data_ptr(), v.data_ptr(),
+                            torch.get_num_threads()):
+        raise MemoryError("no memory for a decode step's activations")

@@ -1,0 +1,155 @@
+"""nanogpt/cpu/native.py and decode.c: the few-row products against float64, and how the library is built and
+found. (The whole block step is held to the model's uncached forward for every option in test_fused_step.py.)"""
+import os
+import stat
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nanogpt.cpu import native
+
+NATIVE = pytest.mark.skipif(not native.available(), reason=f"no native products here: {native.why()}")
+ACTIVATIONS = {None: lambda y: y, "relu": F.relu, "relu2": lambda y: F.relu(y) ** 2, "gelu": F.gelu,
+               "gelu_tanh": lambda y: F.gelu(y, approximate="tanh")}
+
+
+def int16_rows(x):
+    """x as the int8 product reads it: each row rounded to 16-bit integers times max |row| / 32767."""
+    scale = x.abs().amax(-1, keepdim=True) / 32767
+    scale = torch.where(scale > 0, scale, 1.0)
+    return torch.round(x / scale) * scale
+
+
+def reference(x, weight, scale, bias, residual, act, width):
+    """The product in float64 from the numbers the kernel reads: x rounded as the kind rounds it, the weight's
+    first width columns times their scale."""
+    w = weight[:, :width].double()
+    if weight.dtype == torch.int8:
+        x, w = int16_rows(x), w * scale.double()[:, None]
+    elif weight.dtype == torch.bfloat16:
+        x = x.bfloat16()
+    y = x.double() @ w.t()
+    if bias is not None:
+        y = y + bias.double()
+    y = ACTIVATIONS[act](y)
+    return y if residual is None else y + residual.double()
+
+
+@NATIVE
+@pytest.mark.parametrize("kind", [torch.float32, torch.bfloat16, torch.int8])
+@pytest.mark.parametrize("rows", [1, 3, 5, 9])
+@pytest.mark.parametrize("out_features,in_features", [(7, 40), (65, 384), (130, 1536), (33, 100)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_products_match_float64(kind, rows, out_features, in_features, threads):
+    """Every kind, rows past each block of 4, widths off every vector's multiple (40, 100), outputs off the 4 rows
+    summed together (7, 65, 33), split over two threads: within float32's rounding of the float64 product."""
+    g = torch.Generator().manual_seed(rows * 1000 + in_features)
+    x = torch.randn(rows, in_features, generator=g) * 3
+    w = torch.randn(out_features, in_features, generator=g)
+    scale = None
+    if kind == torch.int8:
+        w, scale = torch.randint(-127, 128, w.shape, generator=g, dtype=torch.int8), torch.rand(out_features, generator=g)
+    else:
+        w = w.to(kind)
+    bias, residual = torch.randn(out_features, generator=g), torch.randn(rows, out_features, generator=g)
+    given = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for act in ACTIVATIONS:
+            y = native.Weight(w, scale, bias)(x, act, residual)
+            expected = reference(x, w, scale, bias, residual, act, in_features)
+            assert y.dtype == torch.float32 and y.shape == (rows, out_features)
+            torch.testing.assert_close(y.double(), expected, atol=2e-6 * expected.abs().max().item(), rtol=1e-5)
+        plain = native.Weight(w, scale)(x)  # no bias, activation or residual
+        torch.testing.assert_close(plain.double(), reference(x, w, scale, None, None, None, in_features),
+                                   atol=2e-6 * plain.abs().max().item(), rtol=1e-5)
+    finally:
+        torch.set_num_threads(given)
+
+
+@NATIVE
+def test_int8_rows_padded_past_the_width_read_only_the_width():
+    """Int8Linear pads its rows to 16 values: a product reads the first `width` of each (the rest is not zero here)."""
+    g = torch.Generator().manual_seed(0)
+    w, scale = torch.randint(-127, 128, (10, 48), generator=g, dtype=torch.int8), torch.rand(10, generator=g)
+    x = torch.randn(2, 40, generator=g)
+    y = native.Weight(w, scale, width=40)(x)
+    torch.testing.assert_close(y.double(), reference(x, w, scale, None, None, None, 40), atol=1e-4, rtol=1e-5)
+
+
+@NATIVE
+def test_int8_sums_past_32_bits_stay_exact():
+    """The largest products, 9,000 columns of them: 32-bit sums would overflow past 8,256 (decode.c's INT_BLOCK)."""
+    x = torch.full((1, 9000), 5.0)
+    w = torch.full((4, 9000), 127, dtype=torch.int8)
+    y = native.Weight(w, torch.ones(4))(x)
+    torch.testing.assert_close(y, torch.full((1, 4), 5.0 * 127 * 9000), rtol=1e-6, atol=0)
+
+
+@NATIVE
+def test_inputs_in_another_dtype_or_layout_are_read_as_float32_rows():
+    w = torch.randn(8, 32)
+    x = torch.randn(32, 2).t()  # not contiguous
+    torch.testing.assert_close(native.Weight(w)(x), x @ w.t(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(native.Weight(w)(x.bfloat16()), x.bfloat16().float() @ w.t(), atol=1e-5, rtol=1e-5)
+
+
+def test_no_compiler_means_pytorchs_products_and_says_why(monkeypatch, tmp_path):
+    monkeypatch.setattr(native, "_library", {})
+    monkeypatch.setenv("NANOGPT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    assert not native.available() and "did not compile" in native.why()
+    monkeypatch.setattr(native, "_library", {})
+    monkeypatch.setenv("NANOGPT_NATIVE", "0")
+    assert not native.available() and native.why() == "NANOGPT_NATIVE=0"
+
+
+@pytest.mark.skipif(native.compiler() is None, reason="no C compiler")
+def test_the_library_is_built_once_and_only_loaded_from_a_directory_only_this_user_may_write(monkeypatch, tmp_path):
+    """Built into the cache directory and reused from there; a directory others may write to (where another
+    user's file would run as this one) is not read: the library is built in a private temporary one instead."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("NANOGPT_CACHE", str(cache))
+    monkeypatch.delenv("NANOGPT_NATIVE", raising=False)
+    monkeypatch.setattr(native, "_library", {})
+    assert native.library() is not None
+    built = sorted(os.listdir(cache))
+    assert len(built) == 1 and built[0].startswith("decode-") and stat.S_IMODE(os.stat(cache).st_mode) == 0o700
+    with monkeypatch.context() as m:
+        m.setattr(native.subprocess, "run", lambda *a, **k: pytest.fail("compiled again"))
+        m.setattr(native, "_library", {})
+        assert native.library() is not None  # reused
+    os.chmod(cache, 0o777)
+    (cache / built[0]).write_bytes(b"not a library")  # what another user could have put there
+    monkeypatch.setattr(native, "_library", {})
+    assert native.library() is not None  # compiled elsewhere: the planted file was not loaded
+    assert (cache / built[0]).read_bytes() == b"not a library"
+
+
+@NATIVE
+@pytest.mark.parametrize("option", ["gpt2", "rope", "gqa", "modern"])
+def test_sequences_at_their_own_positions_decode_on_native_blocks_as_if_alone(monkeypatch, tiny_config, option):
+    """The serving engine's rows, each at its own position in its own slot, through decode.c's block step: 6
+    sequences through 3 slots joining at different steps, greedy, each as the uncached model writes it alone."""
+    from dataclasses import replace
+
+    import nanogpt.cpu
+    from nanogpt.engine import Sequence
+    from test_engine import LENGTHS, PROMPTS, Tokens, alone, drive, engine_for
+    from test_fused_step import sharp32
+    from test_model_options import OPTIONS
+    monkeypatch.setattr(nanogpt.cpu, "FLOAT32_KERNEL", "native")
+    calls, real = [], native.block_step
+    monkeypatch.setattr(native, "block_step", lambda *a: calls.append(a[1].size(0)) or real(*a))
+    model = sharp32(replace(tiny_config, **OPTIONS[option]))
+    sinks, joins = [], [[] for _ in range(8)]
+    for i, (ids, n) in enumerate(zip(PROMPTS, LENGTHS)):
+        sinks.append((Tokens(), ids, n))
+        joins[i if i < 3 else i + 2].append(Sequence(ids, n, sinks[-1][0], temperature=0.0))
+    engine = engine_for(model)
+    with nanogpt.cpu.decoding(model, 3) as engine.decode:  # as Engine.run() holds it
+        drive(engine, joins)
+    assert max(calls) == 3  # batched steps ran on the native blocks
+    for sink, ids, n in sinks:
+        assert sink.reason == "length" and sink.tokens == alone(model, ids, n)
