@@ -67,6 +67,7 @@ def main():
         cache = KVCache(model.config, 1, "cpu", torch.float32)
         model(token[:, None], kv_cache=cache)
         total = steps(step, cache)
+        blocks = native_blocks(a, step, cache, steps)  # decode.c's whole step, where the fused step runs it
         call, add = fused_step.Product.__call__, fused_step.Product.add
         spent = [0.0]
 
@@ -119,12 +120,56 @@ def main():
     print(f"model {a.n_layer} x {a.n_embd}, {weights / 1e6:.1f} MB of linear weights, {a.threads} thread(s), "
           f"products: {sorted(set(kinds))}")
     print(f"decode step                      {total:8.0f} us  ({1e6 / total:,.0f} tok/s)")
+    if blocks:
+        inside, alone = blocks
+        print(f"  decode.c's model_step           {inside:8.0f} us  (Python around it: {total - inside:.0f} us)")
+        print(f"  its products back to back       {alone:8.0f} us  ({weights / alone / 1e3:.1f} GB/s, nothing between "
+              f"them; the norms, attention, cache and embeddings between them: {inside - alone:.0f} us)")
     print(f"  its products, timed in place   {products:8.0f} us  ({weights / products / 1e3:.1f} GB/s)   "
           f"(the step with timers: {with_timers:.0f} us)")
     print(f"  the step with products given   {rest:8.0f} us  (everything else: norms, attention, cache, Python)")
     if linears:
         print(f"  float32 products back to back  {back_to_back:8.0f} us  (plain matmul, nothing between them)")
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+
+
+def native_blocks(a, step, cache, steps):
+    """(microseconds a step spends in decode.c's model_step call, its products alone back to back, the head's
+    included), or None where the step does not run decode.c's."""
+    import time
+
+    import torch
+
+    from nanogpt.cpu import native
+    from nanogpt.cpu.fused_step import FusedStep
+    fused = []
+    real_call = FusedStep.__call__
+    FusedStep.__call__ = lambda self, *args: fused.append(self) or real_call(self, *args)
+    step(torch.zeros(1, dtype=torch.long), cache)
+    FusedStep.__call__ = real_call
+    cache.pos -= 1
+    if not fused or fused[-1].layers is None:
+        return None
+    spent, real = [0.0], native.model_step
+
+    def timed(*args):
+        t0 = time.perf_counter()
+        y = real(*args)
+        spent[0] += time.perf_counter() - t0
+        return y
+    native.model_step = timed
+    steps(step, cache)
+    native.model_step = real
+    inside = spent[0] / (6 * a.steps) * 1e6
+    products = [p.weight for b in fused[-1].blocks for p in (b[1], b[2], b[4], b[5])] + [fused[-1].head.weight]
+    xs = [torch.randn(1, w.width[0]) for w in products]
+
+    def alone():
+        t0 = time.perf_counter()
+        for w, x in zip(products, xs):
+            w(x)
+        return time.perf_counter() - t0
+    return inside, min(alone() for _ in range(20)) * 1e6
 
 
 if __name__ == "__main__":

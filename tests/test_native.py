@@ -140,8 +140,8 @@ def test_sequences_at_their_own_positions_decode_on_native_blocks_as_if_alone(mo
     from test_fused_step import sharp32
     from test_model_options import OPTIONS
     monkeypatch.setattr(nanogpt.cpu, "FLOAT32_KERNEL", "native")
-    calls, real = [], native.block_step
-    monkeypatch.setattr(native, "block_step", lambda *a: calls.append(a[1].size(0)) or real(*a))
+    calls, real = [], native.model_step
+    monkeypatch.setattr(native, "model_step", lambda *a: calls.append(a[1].size(0)) or real(*a))
     model = sharp32(replace(tiny_config, **OPTIONS[option]))
     sinks, joins = [], [[] for _ in range(8)]
     for i, (ids, n) in enumerate(zip(PROMPTS, LENGTHS)):
@@ -150,6 +150,26 @@ def test_sequences_at_their_own_positions_decode_on_native_blocks_as_if_alone(mo
     engine = engine_for(model)
     with nanogpt.cpu.decoding(model, 3) as engine.decode:  # as Engine.run() holds it
         drive(engine, joins)
-    assert max(calls) == 3  # batched steps ran on the native blocks
+    assert max(calls) == 3  # batched steps ran on decode.c's whole step
     for sink, ids, n in sinks:
         assert sink.reason == "length" and sink.tokens == alone(model, ids, n)
+
+
+@NATIVE
+def test_a_token_outside_the_vocabulary_is_refused_before_any_read(tiny_config):
+    """decode.c reads the embedding table by address: a token id past it would read other memory. It raises as the
+    model's own embedding lookup does, and the cache is not advanced."""
+    from model import GPT
+    from nanogpt.cpu.fused_step import FusedStep
+    from nanogpt.generate import KVCache
+    model = GPT(tiny_config).eval()
+    step = FusedStep.build(model, {}, torch.float32, "native", "native")
+    assert step.layers is not None
+    cache = KVCache(model.config, 2, "cpu", torch.float32)
+    for bad in (tiny_config.vocab_size, -1):
+        with pytest.raises(IndexError, match="vocabulary"):
+            step(torch.tensor([1, bad]), cache)
+        with pytest.raises(IndexError):
+            model(torch.tensor([[1], [bad]]))
+    assert cache.pos == 0
+    assert step(torch.tensor([1, 2]), cache).shape == (2, 1, tiny_config.vocab_size) and cache.pos == 1

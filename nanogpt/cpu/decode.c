@@ -12,6 +12,8 @@
  *     above 1/128 of the largest), products of integers summed exactly in 32 bits, then times both scales.
  * Rows of W are split over OpenMP threads (the runtime PyTorch loaded: its threads, not a second pool).
  *
+ * model_step: GPT.forward for one new token per row, its blocks by block_step: the whole step in one call.
+ *
  * block_step: one Block of model.py for one new position per row, each row at its own position in its own slot
  * of the cache (generate.KVCache, engine.SlotCache): x += attn(norm_1(x)), x += mlp(norm_2(x)), the new keys and
  * values written into the layer's cache. Each
@@ -452,6 +454,46 @@ int block_step(const layer *L, float *x, int B, const int *pos, const int *slot,
     if (!status) status = product(&L->c_fc, h, B, NULL, a, L->act, threads);
     if (!status) status = product(&L->mlp_proj, a, B, x, x, ACT_NONE, threads);
     free(h), free(qkv), free(y), free(a);
+    return status;
+#endif
+}
+
+/* the model around its blocks: the embeddings, the final norm and the output layer */
+typedef struct {
+    int n_layer, C, vocab, rms;
+    float eps;
+    const float *wte, *wpe, *rope, *lnf_w, *lnf_b; /* wpe NULL: RoPE's table instead (block, hs / 2, 2) */
+    const layer *layers;                          /* n_layer of them */
+    linear head;
+} model;
+
+/* logits (B, vocab) of tokens (B) at each row's position pos[b] in slot slot[b]: GPT.forward for one new token
+ * per row, its blocks' keys and values written into k and v (n_layer, slots, nkv, block, hs), layer_stride
+ * floats a layer; the logit softcap is left to the caller. The whole step in one call: between Python's
+ * operations the products evict Python's own code and data from the caches, and each then costs several times
+ * what it costs alone. Returns 0, -1 where memory ran out, -2 without AVX-512, -3 where a token is not in
+ * [0, vocab) (nothing read). */
+int model_step(const model *M, const int64_t *tokens, int B, const int *pos, const int *slot, float *k, float *v,
+               long layer_stride, float *logits, int threads) {
+#ifndef VECTOR
+    (void)M, (void)tokens, (void)B, (void)pos, (void)slot, (void)k, (void)v, (void)layer_stride, (void)logits;
+    (void)threads;
+    return -2;
+#else
+    int C = M->C, status = 0;
+    for (int b = 0; b < B; b++)
+        if (tokens[b] < 0 || tokens[b] >= M->vocab) return -3;
+    float *x = malloc((size_t)B * C * sizeof *x), *h = malloc((size_t)B * C * sizeof *h);
+    if (!x || !h) status = -1;
+    for (int b = 0; b < B && !status; b++)
+        for (int j = 0; j < C; j++)
+            x[(long)b * C + j] = M->wte[tokens[b] * C + j] + (M->wpe ? M->wpe[(long)pos[b] * C + j] : 0.0f);
+    for (int i = 0; i < M->n_layer && !status; i++)
+        status = block_step(&M->layers[i], x, B, pos, slot, M->wpe ? NULL : M->rope, k + i * layer_stride,
+                            v + i * layer_stride, threads);
+    for (int b = 0; b < B && !status; b++) norm(x + (long)b * C, h + (long)b * C, C, M->rms, M->lnf_w, M->lnf_b, M->eps);
+    if (!status) status = product(&M->head, h, B, NULL, logits, ACT_NONE, threads);
+    free(x), free(h);
     return status;
 #endif
 }

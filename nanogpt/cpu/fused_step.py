@@ -173,9 +173,13 @@ class FusedStep:
                 and all(b[6] is None for b in self.blocks)):
             self.layers = [native.layer_of(c, b[0], b[1].weight, b[2].weight, b[3], b[4].weight, b[5].weight)
                            for b in self.blocks]
+            self.rope = torch.view_as_real(model.rope) if self.wpe is None else None  # (block, hs/2, 2): cos, sin
+            self.native_model = native.model_of(c, self.wte, self.wpe, self.rope, self.ln_f, self.layers,
+                                                self.head.weight)
         # the tensors whose memory the native code reads by address: one given new data (.data =) sends the step
         # back before any reads freed memory
-        self.addressed = tuple(t for t in [*(t for b in self.blocks for t in (*b[0], *b[3])), *(
+        self.addressed = tuple(t for t in [self.wte, self.wpe, *self.ln_f, getattr(self, "rope", None),
+                                           *(t for b in self.blocks for t in (*b[0], *b[3])), *(
             x for p in products + [self.head] if p.kind == "native" for x in (p.weight.weight, p.weight.scale, p.bias))]
             if t is not None)
         self.addresses = tuple(map(torch.Tensor.data_ptr, self.addressed))
@@ -249,19 +253,12 @@ class FusedStep:
         return logits.view(tokens.size(0), 1, -1)
 
     def native_step(self, tokens, cache):
-        """step() with each block in decode.c, one call a block, for a cache that says where each row's token
-        goes (decode_rows: generate.KVCache, engine.SlotCache)."""
+        """step() in decode.c, one call, for a cache that says where each row's token goes (decode_rows:
+        generate.KVCache, engine.SlotCache)."""
         rows = torch.tensor(cache.decode_rows(), dtype=torch.int32)  # (2, B): each row's position and slot
-        x = F.embedding(tokens, self.wte)  # (B, C), its own memory: the blocks write it in place
-        rope = None
-        if self.wpe is not None:
-            x += F.embedding(rows[0], self.wpe)
-        else:
-            rope = torch.view_as_real(self.model.rope)  # (block, hs/2, 2): cos, sin
-        for layer, k, v in zip(self.layers, cache.k, cache.v):
-            native.block_step(layer, x, rows, rope, k, v)
+        logits = native.model_step(self.native_model[0], tokens, rows, cache.k, cache.v)
         cache.advance(1)
-        return self.model.softcap(self.head(self.norm(x, self.ln_f))).view(tokens.size(0), 1, -1)
+        return self.model.softcap(logits).view(tokens.size(0), 1, -1)
 
     def blocks_and_head(self, tokens, x, rope, attend):
         """Logits (B, V) of one new position per row from its embedding x (B, C); rope: the rows' rotations

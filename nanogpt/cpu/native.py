@@ -114,7 +114,8 @@ def load():
     p, i = ctypes.c_void_p, ctypes.c_int
     lib.matvec.argtypes = [p, i, p, i, p, p, p, p, i, i, i, i, i]
     lib.block_step.argtypes = [p, p, i, p, p, p, p, p, i]
-    lib.matvec.restype = lib.block_step.restype = lib.matvec_vector.restype = ctypes.c_int
+    lib.model_step.argtypes = [p, p, i, p, p, p, p, ctypes.c_long, p, i]
+    lib.matvec.restype = lib.block_step.restype = lib.model_step.restype = lib.matvec_vector.restype = ctypes.c_int
     return lib, ""
 
 
@@ -208,3 +209,37 @@ def block_step(layer, x, rows, rope, k, v):
                             None if rope is None else rope.data_ptr(), k.data_ptr(), v.data_ptr(),
                             torch.get_num_threads()):
         raise MemoryError("no memory for a decode step's activations")
+
+
+class Model(ctypes.Structure):
+    """decode.c's model: the embeddings, the blocks (Layers), the final norm and the output layer."""
+    _fields_ = [(name, ctypes.c_int) for name in ("n_layer", "C", "vocab", "rms")] + [("eps", ctypes.c_float)] \
+        + [(name, ctypes.c_void_p) for name in ("wte", "wpe", "rope", "lnf_w", "lnf_b", "layers")] + [("head", Linear)]
+
+
+def model_of(config, wte, wpe, rope, ln_f, layers, head):
+    """The model for model_step: wte (vocab, C) and wpe (block, C) or None float32, rope the (block, hs / 2, 2)
+    table or None, ln_f (weight,) or (weight, bias), layers (layer_of's, one a block), head a Weight. Everything
+    it points to must outlive it: the returned (Model, what it holds) keeps the layers' array."""
+    ptr = lambda t: None if t is None else t.data_ptr()  # noqa: E731
+    norm = (tuple(ln_f) + (None,))[:2]
+    array = (Layer * len(layers))(*layers)
+    model = Model(len(layers), config.n_embd, wte.size(0), config.norm == "rmsnorm", config.norm_eps, ptr(wte),
+                  ptr(wpe), ptr(rope), ptr(norm[0]), ptr(norm[1]), ctypes.cast(array, ctypes.c_void_p), linear_of(head))
+    return model, array
+
+
+def model_step(model, tokens, rows, k, v):
+    """Logits (B, vocab) float32 of tokens (B,) for model (model_of's), the softcap not applied: rows int32 (2, B)
+    contiguous, each row's position and its slot; k, v the cache (n_layer, slots, nkv, block, hs) float32
+    contiguous, written at each row's slot and position."""
+    tokens = tokens.long().contiguous()
+    logits = torch.empty(tokens.size(0), model.head.N)
+    status = library().model_step(ctypes.byref(model), tokens.data_ptr(), tokens.size(0), rows.data_ptr(),
+                                  rows[1].data_ptr(), k.data_ptr(), v.data_ptr(), k.stride(0), logits.data_ptr(),
+                                  torch.get_num_threads())
+    if status == -3:
+        raise IndexError(f"a token id is outside the vocabulary [0, {model.vocab})")
+    if status:
+        raise MemoryError("no memory for a decode step's activations")
+    return logits
