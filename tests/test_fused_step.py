@@ -133,15 +133,35 @@ def test_the_model_runs_itself_where_the_fused_step_does_not_apply(tiny_config):
         assert not step.valid()  # replaced, not changed in place
 
 
-def test_a_weight_given_new_data_sends_the_step_back(tiny_config):
+@pytest.mark.parametrize("kernel", ["packed", pytest.param("native", marks=NATIVE)])
+@pytest.mark.parametrize("name", ["transformer.h.0.mlp.c_fc.weight", "lm_head.weight", "transformer.ln_f.weight",
+                                  "transformer.wpe.weight"])
+def test_a_weight_given_new_data_sends_the_step_back(tiny_config, kernel, name):
     """`.data =` (as Module.to and Module.half assign) keeps the parameter and its version counter: the packed
-    copy is stale all the same."""
-    model = sharp32(tiny_config).eval()
-    with torch.inference_mode(), packed_weights(model, 1) as packed:
-        step = FusedStep.build(model, packed)
-        weight = model.transformer.h[0].mlp.c_fc.weight
+    copy is stale all the same, and so is the memory decode.c reads by address."""
+    model = sharp32(replace(tiny_config, tie_weights=False)).eval()
+    with torch.inference_mode(), (packed_weights(model, 1) if kernel == "packed" else contextlib.nullcontext({})
+                                  ) as packed:
+        step = FusedStep.build(model, packed, kernel=kernel)
+        assert step.valid()
+        weight = model.get_parameter(name)
         weight.data = weight.data * 2
         assert not step.valid()
+
+
+@NATIVE
+def test_int8_rows_or_ropes_table_replaced_send_the_native_step_back(tiny_config):
+    """Buffers decode.c reads: an int8 layer's rows given new data, RoPE's table replaced (crop_block_size)."""
+    from nanogpt.quantize import quantize
+    model = quantize(sharp32(replace(tiny_config, pos_emb="rope")), "int8")
+    step = FusedStep.build(model, {}, kernel="native", int8_kernel="native")
+    assert step.layers is not None and step.valid()
+    rows = model.transformer.h[0].attn.c_attn.qweight
+    rows.data = rows.data.clone()
+    assert not step.valid()
+    step = FusedStep.build(model, {}, kernel="native", int8_kernel="native")
+    model.crop_block_size(8)
+    assert not step.valid()
 
 
 def engine_for(model, slots, decode):

@@ -39,11 +39,12 @@ def reference(x, weight, scale, bias, residual, act, width):
 @NATIVE
 @pytest.mark.parametrize("kind", [torch.float32, torch.bfloat16, torch.int8])
 @pytest.mark.parametrize("rows", [1, 3, 5, 9])
-@pytest.mark.parametrize("out_features,in_features", [(7, 40), (65, 384), (130, 1536), (33, 100)])
+@pytest.mark.parametrize("out_features,in_features", [(7, 40), (65, 384), (130, 1536), (33, 100), (300, 48)])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_products_match_float64(kind, rows, out_features, in_features, threads):
     """Every kind, rows past each block of 4, widths off every vector's multiple (40, 100), outputs off the 4 rows
-    summed together (7, 65, 33), split over two threads: within float32's rounding of the float64 product."""
+    summed together (7, 65, 33), more sums than a thread keeps on its stack (9 x 300), split over two threads:
+    within float32's rounding of the float64 product."""
     g = torch.Generator().manual_seed(rows * 1000 + in_features)
     x = torch.randn(rows, in_features, generator=g) * 3
     w = torch.randn(out_features, in_features, generator=g)
@@ -173,3 +174,57 @@ def test_a_token_outside_the_vocabulary_is_refused_before_any_read(tiny_config):
             model(torch.tensor([[1], [bad]]))
     assert cache.pos == 0
     assert step(torch.tensor([1, 2]), cache).shape == (2, 1, tiny_config.vocab_size) and cache.pos == 1
+
+
+@NATIVE
+@pytest.mark.parametrize("kind", [torch.float32, torch.bfloat16, torch.int8])
+def test_a_nan_input_gives_nan_outputs(kind):
+    """As a float product would: not a finite number made of a NaN (int8's scale, an activation's max)."""
+    w = torch.randn(8, 32)
+    scale = None
+    if kind == torch.int8:
+        w, scale = torch.ones(8, 32, dtype=torch.int8), torch.ones(8)
+    x = torch.randn(2, 32)
+    x[0, 5] = float("nan")
+    for act in ACTIVATIONS:
+        y = native.Weight(w.to(kind) if kind != torch.int8 else w, scale)(x, act)
+        assert y[0].isnan().all() and not y[1].isnan().any(), act
+
+
+@NATIVE
+def test_a_long_context_over_two_threads_matches_the_uncached_forward(monkeypatch):
+    """Past 1,024 positions (the scores leave the stack) and with attention split over two threads (rows x heads x
+    positions x head size past decode.c's ATTEND_PARALLEL): each step's logits as the uncached forward's."""
+    import nanogpt.cpu
+    from model import GPT, GPTConfig
+    from nanogpt.generate import KVCache
+    from test_fused_step import sharp32
+    monkeypatch.setattr(nanogpt.cpu, "FLOAT32_KERNEL", "native")
+    model = sharp32(GPTConfig(block_size=1100, vocab_size=64, n_layer=1, n_head=2, n_embd=64, dropout=0.0,
+                              bias=True, pos_emb="rope"))
+    idx = torch.randint(0, 64, (2, 1100), generator=torch.Generator().manual_seed(0))
+    given = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with torch.inference_mode():
+            full, _ = model(idx)
+            cache = KVCache(model.config, 2, "cpu", torch.float32)
+            with nanogpt.cpu.decoding(model, 2) as step:
+                for t in range(1100):
+                    logits = step(idx[:, t], cache)[:, 0]
+                    if t in (0, 511, 1023, 1024, 1099):
+                        torch.testing.assert_close(logits, full[:, t], atol=2e-4, rtol=1e-4)
+    finally:
+        torch.set_num_threads(given)
+
+
+@NATIVE
+def test_a_cache_that_does_not_fit_the_step_is_refused(tiny_config):
+    """More tokens than the cache has rows: decode.c would read and write past them."""
+    from model import GPT
+    from nanogpt.cpu.fused_step import FusedStep
+    from nanogpt.generate import KVCache
+    model = GPT(tiny_config).eval()
+    step = FusedStep.build(model, {}, torch.float32, "native", "native")
+    with pytest.raises(ValueError, match="does not fit"):
+        step(torch.tensor([1, 2]), KVCache(model.config, 1, "cpu", torch.float32))

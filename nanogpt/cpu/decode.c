@@ -83,7 +83,7 @@ typedef struct {
 /* e^x for 16 floats, x <= 88: 2^n e^r, r = x - n ln 2 in [-ln2/2, ln2/2], e^r by its Taylor polynomial to r^7
  * (relative error below 2e-7); below -104 (and -inf) it gives 0 */
 static inline __m512 exp16(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+    x = _mm512_max_ps(_mm512_set1_ps(-104.0f), x); /* NaN second: max keeps it (as the second operand) */
     __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
     r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
@@ -117,14 +117,14 @@ static inline __m512 erf16(__m512 x) {
 static inline __m512 activate16(__m512 v, int act) {
     __m512 zero = _mm512_setzero_ps(), half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
     switch (act) {
-    case ACT_RELU: return _mm512_max_ps(v, zero);
-    case ACT_RELU2: v = _mm512_max_ps(v, zero); return _mm512_mul_ps(v, v);
+    case ACT_RELU: return _mm512_max_ps(zero, v); /* NaN second: kept, as torch's relu keeps it */
+    case ACT_RELU2: v = _mm512_max_ps(zero, v); return _mm512_mul_ps(v, v);
     case ACT_GELU:
         return _mm512_mul_ps(_mm512_mul_ps(half, v), _mm512_add_ps(one, erf16(_mm512_mul_ps(v, _mm512_set1_ps(0.70710678118654752f)))));
     case ACT_GELU_TANH: { /* tanh(u) = 1 - 2 / (e^(2u) + 1) */
         __m512 u = _mm512_mul_ps(_mm512_set1_ps(0.79788456080286536f),
                                  _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(0.044715f), v), _mm512_mul_ps(v, v), v));
-        __m512 e = exp16(_mm512_min_ps(_mm512_add_ps(u, u), _mm512_set1_ps(88.0f)));
+        __m512 e = exp16(_mm512_min_ps(_mm512_set1_ps(88.0f), _mm512_add_ps(u, u)));
         __m512 th = _mm512_sub_ps(one, _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(e, one)));
         return _mm512_mul_ps(_mm512_mul_ps(half, v), _mm512_add_ps(one, th));
     }
@@ -274,11 +274,15 @@ static int prepare(input *x, const float *f, int B, int K, int kind) {
         for (int b = 0; b < B; b++) {
             const float *row = f + (long)b * K;
             __m512 top = _mm512_setzero_ps();
+            __mmask16 nan = 0;
             for (int j = 0; j < K; j += 16) {
                 __mmask16 in = K - j >= 16 ? 0xffff : (__mmask16)((1u << (K - j)) - 1);
-                top = _mm512_max_ps(top, _mm512_abs_ps(_mm512_maskz_loadu_ps(in, row + j)));
+                __m512 a = _mm512_abs_ps(_mm512_maskz_loadu_ps(in, row + j));
+                nan |= _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q);
+                top = _mm512_max_ps(top, a);
             }
             float amax = _mm512_reduce_max_ps(top), s = amax > 0.0f ? amax / INT16_MAX_X : 1.0f;
+            if (nan) s = NAN; /* a NaN input gives NaN outputs, as a float product would */
             x->xscale[b] = s;
             for (int j = 0; j < K; j += 16) {  /* row / s rounded to nearest even: within [-32767, 32767] */
                 __mmask16 in = K - j >= 16 ? 0xffff : (__mmask16)((1u << (K - j)) - 1);

@@ -61,10 +61,12 @@ class Product:
     - "int8": int8 rows (quantize.py) through PyTorch's int8 product, the input rounded to bfloat16 and the
       output back to float32.
     copies: {layer: its weight as the kernel reads it} for "packed", "bfloat16" and a bfloat16 "native"."""
-    __slots__ = ("kind", "weight", "bias", "pad", "scale", "width")
+    __slots__ = ("kind", "weight", "bias", "pad", "scale", "width", "sources")
 
     def __init__(self, module, copies, kernel):
         self.bias, self.pad, self.scale, self.width = module.bias, 0, None, module.in_features
+        # the module's own tensors this product reads (or copied): `.data =` moves theirs, not a detached view's
+        self.sources = (module.qweight, module.scale) if isinstance(module, Int8Linear) else (module.weight,)
         if isinstance(module, Int8Linear):
             self.kind, self.pad = kernel, module.pad
             self.weight = module.qweight if kernel == "native" else (module.qweight, module.scale)
@@ -159,9 +161,10 @@ class FusedStep:
                        for i, b in enumerate(t.h)]
         self.wte, self.wpe = t.wte.weight, t.wpe.weight if c.pos_emb == "learned" else None
         self.ln_f, self.head = norm(t.ln_f), weights(model.lm_head)
-        # every parameter as read: one replaced since sends the step back (the others are read live), as
-        # (the modules' parameter dicts, the names, the parameters): checked with C loops (map), not Python's
-        held = [(m._parameters, name, p) for m in self.modules for name, p in m._parameters.items() if p is not None]
+        # every parameter and buffer as read: one replaced since sends the step back (the others are read live),
+        # as (the modules' dicts, the names, the tensors): checked with C loops (map), not Python's
+        held = [(d, name, p) for m in self.modules for d in (m._parameters, m._buffers) for name, p in d.items()
+                if p is not None]  # buffers too: an int8 layer's rows, RoPE's table (crop_block_size replaces it)
         self.params = tuple(zip(*held)) or ((), (), ())
         # the weights behind the copies: one changed in place or given new data since does too
         self.copied_from = WeightVersions([m.weight for m in copies] + [
@@ -176,11 +179,11 @@ class FusedStep:
             self.rope = torch.view_as_real(model.rope) if self.wpe is None else None  # (block, hs/2, 2): cos, sin
             self.native_model = native.model_of(c, self.wte, self.wpe, self.rope, self.ln_f, self.layers,
                                                 self.head.weight)
-        # the tensors whose memory the native code reads by address: one given new data (.data =) sends the step
-        # back before any reads freed memory
-        self.addressed = tuple(t for t in [self.wte, self.wpe, *self.ln_f, getattr(self, "rope", None),
+        # the model's tensors the native code reads by address (or copied): one given new data (.data =) since
+        # sends the step back, as reading its old memory would give the old model's numbers
+        self.addressed = tuple(t for t in [self.wte, self.wpe, *self.ln_f, getattr(model, "rope", None),
                                            *(t for b in self.blocks for t in (*b[0], *b[3])), *(
-            x for p in products + [self.head] if p.kind == "native" for x in (p.weight.weight, p.weight.scale, p.bias))]
+            x for p in products + [self.head] if p.kind == "native" for x in (*p.sources, p.bias))]
             if t is not None)
         self.addresses = tuple(map(torch.Tensor.data_ptr, self.addressed))
         self.attns = [block.attn for block in t.h]  # a tool may switch one to the manual path
@@ -256,7 +259,13 @@ class FusedStep:
         """step() in decode.c, one call, for a cache that says where each row's token goes (decode_rows:
         generate.KVCache, engine.SlotCache)."""
         rows = torch.tensor(cache.decode_rows(), dtype=torch.int32)  # (2, B): each row's position and slot
-        logits = native.model_step(self.native_model[0], tokens, rows, cache.k, cache.v)
+        k, v, layer = cache.k, cache.v, self.layers[0]
+        if (tokens.dim() != 1 or tokens.size(0) != rows.size(1) or k.shape != v.shape or not k.is_contiguous()
+                or not v.is_contiguous() or k.shape[0] != len(self.layers)
+                or k.shape[2:] != (layer.nkv, layer.block, layer.hs)):
+            raise ValueError(f"a cache of shape {tuple(k.shape)} for {tokens.size(0)} token(s) does not fit a step "
+                             f"of {len(self.layers)} layers, {layer.nkv} kv heads, block {layer.block}")
+        logits = native.model_step(self.native_model[0], tokens, rows, k, v)
         cache.advance(1)
         return self.model.softcap(logits).view(tokens.size(0), 1, -1)
 

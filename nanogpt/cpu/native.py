@@ -26,6 +26,7 @@ SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "decode.c")
 FLAGS = (["-O3", "-march=native", "-fopenmp"], ["-O3", "-march=native"], ["-O3"])
 KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
 ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "relu2": 4}
+COMPILE_SECONDS = 300  # a compiler that hangs longer is given up on: decoding keeps PyTorch's products
 _lock = threading.Lock()
 _library = {}  # "lib": the loaded library or None, "why": why not
 
@@ -45,6 +46,15 @@ def private(path):
     except OSError:
         return False
     return os.path.isdir(path) and st.st_uid == os.getuid() and not st.st_mode & 0o022
+
+
+def owned(path):
+    """True where path is a file this user owns and only this user may write to."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return st.st_uid == os.getuid() and not st.st_mode & 0o022
 
 
 def cpu_features():
@@ -76,7 +86,7 @@ def build(cc, directory):
             return path
         tmp = f"{path}.{os.getpid()}.tmp"
         run = subprocess.run([cc, *flags, "-fPIC", "-shared", "-o", tmp, SOURCE, "-lm"],
-                             capture_output=True, text=True)
+                             capture_output=True, text=True, timeout=COMPILE_SECONDS)
         if run.returncode == 0:
             os.replace(tmp, path)  # whole or not at all: another process may be loading it
             return path
@@ -105,12 +115,19 @@ def load():
         os.makedirs(directory, mode=0o700, exist_ok=True)
     except OSError:
         pass
+    scratch = None
     if not private(directory):
-        directory = tempfile.mkdtemp(prefix="nanogpt-native-")
+        directory = scratch = tempfile.mkdtemp(prefix="nanogpt-native-")
     try:
-        lib = ctypes.CDLL(build(cc, directory))
+        path = build(cc, directory)
+        if not (private(directory) and owned(path)):  # checked again: the directory may have changed since
+            raise OSError(f"{directory} is not private to this user")
+        lib = ctypes.CDLL(path)
     except (OSError, subprocess.SubprocessError) as e:
         return None, f"decode.c did not compile: {e}"
+    finally:
+        if scratch:  # loaded (mapped) or failed: the file is not needed again
+            shutil.rmtree(scratch, ignore_errors=True)
     p, i = ctypes.c_void_p, ctypes.c_int
     lib.matvec.argtypes = [p, i, p, i, p, p, p, p, i, i, i, i, i]
     lib.block_step.argtypes = [p, p, i, p, p, p, p, p, i]
