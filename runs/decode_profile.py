@@ -67,7 +67,7 @@ def main():
         cache = KVCache(model.config, 1, "cpu", torch.float32)
         model(token[:, None], kv_cache=cache)
         total = steps(step, cache)
-        blocks = native_blocks(a, step, cache, steps)  # decode.c's whole step, where the fused step runs it
+        blocks = native_step_times(a, step, cache, steps)  # decode.c's whole step, where the fused step runs it
         call, add = fused_step.Product.__call__, fused_step.Product.add
         spent = [0.0]
 
@@ -118,7 +118,7 @@ def main():
                   for b in list(m.parameters(recurse=False)) + list(m.buffers(recurse=False))
                   if isinstance(m, (torch.nn.Linear,)) or type(m).__name__ == "Int8Linear")
     print(f"model {a.n_layer} x {a.n_embd}, {weights / 1e6:.1f} MB of linear weights, {a.threads} thread(s), "
-          f"products: {sorted(set(kinds))}")
+          f"products: {sorted(set(kinds)) if not blocks else 'decode.c (native), inside its model_step'}")
     print(f"decode step                      {total:8.0f} us  ({1e6 / total:,.0f} tok/s)")
     if blocks:
         inside, alone = blocks
@@ -133,7 +133,7 @@ def main():
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
 
 
-def native_blocks(a, step, cache, steps):
+def native_step_times(a, step, cache, steps):
     """(microseconds a step spends in decode.c's model_step call, its products alone back to back, the head's
     included), or None where the step does not run decode.c's."""
     import time

@@ -36,7 +36,7 @@ def test_fused_steps_match_the_full_forward_for_every_option(tiny_config, option
     """Prefill 5 positions with the model, then one fused step per position: each step's logits equal the
     last row of a full (uncached) forward over the sequence so far, and the cache holds the model's keys. Both
     float32 kernels: packed copies (bias, activation and residual inside oneDNN's product), the plain
-    weights (PyTorch's matmul, then the rest) and matvec.c's products on them (bias, activation and residual
+    weights (PyTorch's matmul, then the rest) and decode.c's products on them (bias, activation and residual
     inside)."""
     extra = {"no_bias": dict(bias=False), "softcap_rope_swiglu": dict(logit_softcap=3.0, pos_emb="rope",
                                                                       activation="swiglu")}

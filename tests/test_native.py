@@ -8,17 +8,11 @@ import torch
 import torch.nn.functional as F
 
 from nanogpt.cpu import native
+from test_quantize import int16_rows
 
 NATIVE = pytest.mark.skipif(not native.available(), reason=f"no native products here: {native.why()}")
 ACTIVATIONS = {None: lambda y: y, "relu": F.relu, "relu2": lambda y: F.relu(y) ** 2, "gelu": F.gelu,
                "gelu_tanh": lambda y: F.gelu(y, approximate="tanh")}
-
-
-def int16_rows(x):
-    """x as the int8 product reads it: each row rounded to 16-bit integers times max |row| / 32767."""
-    scale = x.abs().amax(-1, keepdim=True) / 32767
-    scale = torch.where(scale > 0, scale, 1.0)
-    return torch.round(x / scale) * scale
 
 
 def reference(x, weight, scale, bias, residual, act, width):

@@ -107,7 +107,7 @@ def as_float(model, quantized):
 def test_int8_fused_steps_match_the_int8_models_own_forward(tiny_config, option, kernel):
     """The fused step's int8 products (bias, activation and residual after them) against the quantized model's
     own uncached forward: the same int8 layers, computed by model.py, its inputs rounded to bfloat16 (1% of the
-    logits' spread). matvec.c's products (kernel native) round the inputs to 16-bit integers instead: from the
+    logits' spread). decode.c's products (kernel native) round the inputs to 16-bit integers instead: from the
     first position they are the float32 model on the weights the int8 rows stand for and inputs so rounded, to
     float32's rounding."""
     floats = sharp32(replace(tiny_config, **OPTIONS[option]))
@@ -157,7 +157,7 @@ def test_int8_generation_runs_fused_and_gives_the_int8_models_greedy_tokens(monk
 def test_bfloat16_fused_steps_run_on_bfloat16_weights_near_the_float32_forward(monkeypatch, tiny_config, option,
                                                                               kernel):
     """Under bfloat16 autocast generation copies the weights in bfloat16 and runs the fused step (not the model's
-    autocast forward); its logits stay within bfloat16's rounding of the float32 model's. matvec.c's products
+    autocast forward); its logits stay within bfloat16's rounding of the float32 model's. decode.c's products
     (kernel native) are the float32 model on weights and inputs rounded to bfloat16, to float32's rounding."""
     monkeypatch.setattr(nanogpt.cpu, "BFLOAT16_KERNEL", kernel)
     model = sharp32(replace(tiny_config, **OPTIONS[option]))

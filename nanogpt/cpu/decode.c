@@ -16,9 +16,9 @@
  *
  * block_step: one Block of model.py for one new position per row, each row at its own position in its own slot
  * of the cache (generate.KVCache, engine.SlotCache): x += attn(norm_1(x)), x += mlp(norm_2(x)), the new keys and
- * values written into the layer's cache. Each
- * operation around the products costs a few microseconds from Python, some 150 of them a step; here they cost
- * what their arithmetic costs. The same math as fused_step.py's: tests/test_native.py holds the two together.
+ * values written into the layer's cache. Each operation around the products costs a few microseconds from
+ * Python, some 150 of them a step; here they cost what their arithmetic costs. The same math as fused_step.py's: tests/test_fused_step.py holds both to the
+ * model's uncached forward.
  *
  * native.py compiles this file on first use and calls it through ctypes; tests/test_native.py holds it to
  * float64 references. Rules: sizes positive; x, W and y contiguous; residual and y may be the same buffer,
@@ -45,30 +45,6 @@ enum { ACT_NONE = 0, ACT_RELU = 1, ACT_GELU = 2, ACT_GELU_TANH = 3, ACT_RELU2 = 
                                each lane adds 2 * 32767 * 127 at most per 32 columns, < 2^31 over 8,256 */
 #define INT16_MAX_X 32767.0f
 #define ATTEND_PARALLEL 32768L  /* rows x heads x positions x head size from which attention is split over threads */
-
-static inline float activate(float v, int act) {
-    switch (act) {
-    case ACT_RELU: return v > 0.0f ? v : 0.0f;
-    case ACT_GELU: return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
-    case ACT_GELU_TANH: return 0.5f * v * (1.0f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v)));
-    case ACT_RELU2: return v > 0.0f ? v * v : 0.0f;
-    default: return v;
-    }
-}
-
-static inline float bf16_to_f32(uint16_t h) {
-    uint32_t bits = (uint32_t)h << 16;
-    float v;
-    memcpy(&v, &bits, sizeof v);
-    return v;
-}
-
-static inline uint16_t f32_to_bf16(float v) { /* round to nearest even, as PyTorch's .bfloat16() (finite v) */
-    uint32_t bits;
-    memcpy(&bits, &v, sizeof bits);
-    if ((bits & 0x7f800000u) == 0x7f800000u) return (uint16_t)(bits >> 16 | ((bits & 0xffff) ? 0x40 : 0));
-    return (uint16_t)((bits + 0x7fff + ((bits >> 16) & 1)) >> 16);
-}
 
 /* x as the kernel reads it: float32 as given; bfloat16 rounded; int16 on each row's scale (xscale[b]) */
 typedef struct {
@@ -113,7 +89,7 @@ static inline __m512 erf16(__m512 x) {
                                _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32((int)0x80000000u))));
 }
 
-/* the activations of activate() for 16 floats */
+/* act (ACT_*, as torch.nn.functional computes it) of 16 floats */
 static inline __m512 activate16(__m512 v, int act) {
     __m512 zero = _mm512_setzero_ps(), half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
     switch (act) {
@@ -396,18 +372,13 @@ typedef struct {
 static int product(const linear *m, const float *x, int B, const float *residual, float *y, int act, int threads) {
     return matvec(x, B, m->w, m->kind, m->scale, m->bias, residual, y, m->K, m->ldw, m->N, act, threads);
 }
-#endif
 
 /* x (B, C) after layer L for one new token per row: row b's at position pos[b] of cache slot slot[b]. k and v: the
  * layer's cache (slots, nkv, block, hs), row b's key and value written at (slot[b], pos[b]), its attention over
- * that slot's positions 0 .. pos[b]; rope: the table (block, hs / 2, 2) of (cos, sin), or NULL. Returns 0, -1
- * where memory ran out, -2 without AVX-512. */
-int block_step(const layer *L, float *x, int B, const int *pos, const int *slot, const float *rope, float *k,
+ * that slot's positions 0 .. pos[b]; rope: the table (block, hs / 2, 2) of (cos, sin), or NULL. Returns 0, or -1
+ * where memory ran out. */
+static int block_step(const layer *L, float *x, int B, const int *pos, const int *slot, const float *rope, float *k,
                float *v, int threads) {
-#ifndef VECTOR
-    (void)L, (void)x, (void)B, (void)pos, (void)slot, (void)rope, (void)k, (void)v, (void)threads;
-    return -2;
-#else
     int C = L->C, nh = L->nh, nkv = L->nkv, hs = L->hs, width = (nh + 2 * nkv) * hs, status = 0;
     long hstride = (long)L->block * hs, bstride = nkv * hstride, work = 0;
     float *h = malloc((size_t)B * C * sizeof *h), *qkv = malloc((size_t)B * width * sizeof *qkv);
@@ -459,8 +430,8 @@ int block_step(const layer *L, float *x, int B, const int *pos, const int *slot,
     if (!status) status = product(&L->mlp_proj, a, B, x, x, ACT_NONE, threads);
     free(h), free(qkv), free(y), free(a);
     return status;
-#endif
 }
+#endif
 
 /* the model around its blocks: the embeddings, the final norm and the output layer */
 typedef struct {

@@ -42,9 +42,9 @@ SUPPORTED = {
 # oneDNN post-ops applied inside the up-projection: (name, scalars, algorithm)
 FUSED_ACTIVATION = {"gelu": ("gelu", [], "none"), "gelu_tanh": ("gelu", [], "tanh"), "relu": ("relu", [], ""),
                     "relu2": ("relu", [], ""), None: ("none", [], "")}
-# the activations matvec.c applies inside its product (relu2 squared after it)
+# the activations decode.c applies inside its product (relu2 squared after it, as oneDNN's)
 NATIVE_ACTIVATION = {"gelu": "gelu", "gelu_tanh": "gelu_tanh", "relu": "relu", "relu2": "relu", None: None}
-NATIVE_BLOCK_ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "relu2")  # decode.c's block_step (no swiglu)
+NATIVE_BLOCK_ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "relu2")  # decode.c's model_step (no swiglu)
 # the same activations after a product that cannot fuse them (bfloat16 or int8 products)
 ACTIVATION = {"gelu": F.gelu, "gelu_tanh": lambda h: F.gelu(h, approximate="tanh"), "relu": F.relu, "relu2": F.relu,
               None: lambda h: h}
@@ -55,7 +55,7 @@ class Product:
     residual + x W^T + b, for x and the result float32 (B, in) and (B, out). kernel says how W is read:
     - "packed": float32 packed for oneDNN, bias, activation and addition inside its product;
     - "plain": the layer's own float32 weight, through PyTorch's default matmul (MKL's on x86);
-    - "native": matvec.c's product (native.py) on the layer's own float32 weight, its bfloat16 copy or its
+    - "native": decode.c's product (native.py) on the layer's own float32 weight, its bfloat16 copy or its
       int8 rows, the sums in float32 and bias, activation and addition inside it;
     - "bfloat16": packed in bfloat16 for oneDNN, the input rounded to bfloat16 and the output back to float32;
     - "int8": int8 rows (quantize.py) through PyTorch's int8 product, the input rounded to bfloat16 and the

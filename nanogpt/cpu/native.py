@@ -1,7 +1,7 @@
-"""matvec.c's few-row products, compiled on first use with this machine's C compiler and called through ctypes.
+"""decode.c's few-row products and decode step, compiled on first use with this machine's C compiler and called through ctypes.
 
 Decoding multiplies a row (or one per sequence) by every weight matrix, and PyTorch's own one-row products read
-bfloat16 and int8 weights at about half the rate they read float32 ones (docs/generation.md). matvec.c reads all
+bfloat16 and int8 weights at about half the rate they read float32 ones (docs/generation.md). decode.c reads all
 three at close to the rate this CPU streams memory. It is compiled once per machine (the source, the compiler,
 its flags and this CPU's features name the library) into the user's cache directory and loaded from there;
 where no C compiler works, or NANOGPT_NATIVE=0, available() is False and decoding keeps PyTorch's products.
@@ -105,8 +105,6 @@ def library():
 def load():
     if os.environ.get("NANOGPT_NATIVE", "1") == "0":
         return None, "NANOGPT_NATIVE=0"
-    if torch.backends.mkldnn.is_available() is None:  # pragma: no cover
-        return None, "no CPU backend"
     cc = compiler()
     if cc is None:
         return None, "no C compiler (cc, gcc or clang) on PATH"
@@ -130,9 +128,8 @@ def load():
             shutil.rmtree(scratch, ignore_errors=True)
     p, i = ctypes.c_void_p, ctypes.c_int
     lib.matvec.argtypes = [p, i, p, i, p, p, p, p, i, i, i, i, i]
-    lib.block_step.argtypes = [p, p, i, p, p, p, p, p, i]
     lib.model_step.argtypes = [p, p, i, p, p, p, p, ctypes.c_long, p, i]
-    lib.matvec.restype = lib.block_step.restype = lib.model_step.restype = lib.matvec_vector.restype = ctypes.c_int
+    lib.matvec.restype = lib.model_step.restype = lib.matvec_vector.restype = ctypes.c_int
     return lib, ""
 
 
@@ -152,10 +149,10 @@ def why():
 
 
 class Weight:
-    """A weight as matvec.c multiplies it: product(x, act, residual) is act(x W[:, :width]^T * scale + bias) +
+    """A weight as decode.c multiplies it: product(x, act, residual) is act(x W[:, :width]^T * scale + bias) +
     residual, float32 (B, N), for x (B, width). weight (N, K >= width) float32, bfloat16 or int8, contiguous;
-    scale float32 (N,) (int8 rows) or None; bias (N,) or None (read at each call: it may be replaced); act None,
-    "relu", "gelu" or "gelu_tanh". On torch's thread count. Everything a call does not change is set here: a
+    scale float32 (N,) (int8 rows) or None; bias (N,) or None; act None, "relu", "relu2", "gelu" or
+    "gelu_tanh". On torch's thread count. Everything a call does not change is set here: a
     decode step makes some 25 of these calls, and Python's work per call is a share of the step."""
     __slots__ = ("weight", "scale", "bias", "args", "width", "N", "call")
 
@@ -181,13 +178,8 @@ class Weight:
         return y
 
 
-def matvec(x, weight, scale=None, bias=None, residual=None, act=None, width=None):
-    """Weight(weight, scale, bias, width)(x, act, residual): one product."""
-    return Weight(weight, scale, bias, width)(x, act, residual)
-
-
 class Linear(ctypes.Structure):
-    """decode.c's linear: a Weight as block_step reads it."""
+    """decode.c's linear: a Weight as model_step reads it."""
     _fields_ = [("w", ctypes.c_void_p), ("scale", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("kind", ctypes.c_int),
                 ("K", ctypes.c_int), ("ldw", ctypes.c_int), ("N", ctypes.c_int)]
 
@@ -207,7 +199,7 @@ def linear_of(weight):
 
 
 def layer_of(config, ln_1, c_attn, c_proj, ln_2, c_fc, mlp_proj):
-    """One Block for block_step: config a GPTConfig, ln_1 and ln_2 (weight,) or (weight, bias) (a bias may be None),
+    """One Block for model_step: config a GPTConfig, ln_1 and ln_2 (weight,) or (weight, bias) (a bias may be None),
     the four products Weights. Everything it points to must outlive it (fused_step.FusedStep holds them)."""
     ptr = lambda t: None if t is None else t.data_ptr()  # noqa: E731
     norm_1, norm_2 = (tuple(ln_1) + (None,))[:2], (tuple(ln_2) + (None,))[:2]
@@ -215,17 +207,6 @@ def layer_of(config, ln_1, c_attn, c_proj, ln_2, c_fc, mlp_proj):
                  config.block_size, config.norm == "rmsnorm", ACTIVATIONS[config.activation], bool(config.qk_norm),
                  config.norm_eps, ptr(norm_1[0]), ptr(norm_1[1]), ptr(norm_2[0]), ptr(norm_2[1]),
                  linear_of(c_attn), linear_of(c_proj), linear_of(c_fc), linear_of(mlp_proj))
-
-
-def block_step(layer, x, rows, rope, k, v):
-    """x (B, C) float32 contiguous, in place, after one Block (layer, from layer_of) for one new token per row:
-    rows int32 (2, B) contiguous, each row's position and its slot in the cache; rope: the (block, hs / 2, 2)
-    float32 table of (cos, sin), or None; k, v: the layer's cache (slots, nkv, block, hs) float32 contiguous,
-    written at each row's slot and position."""
-    if library().block_step(ctypes.byref(layer), x.data_ptr(), x.size(0), rows.data_ptr(), rows[1].data_ptr(),
-                            None if rope is None else rope.data_ptr(), k.data_ptr(), v.data_ptr(),
-                            torch.get_num_threads()):
-        raise MemoryError("no memory for a decode step's activations")
 
 
 class Model(ctypes.Structure):
