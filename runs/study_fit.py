@@ -109,11 +109,10 @@ def fit(points, start=START):
 def fitted(runs):
     """(points, beyond): the runs the law describes, and the rest. The law describes the runs a plan makes: none past
     the epochs a plan schedules at its dropout (those runs peaked there, with their rate still high), none at a
-    dropout it weighs for that text (0.3; any on Chinese text); the rest are shown after the fit. Dropout on a shape
-    smaller than the text fills without it stays in: the plan does not weigh it (plan.DROPOUT_FILL), but it
-    measures what dropout costs early (tiny Shakespeare at 2.6 epochs)."""
+    dropout it does not weigh for that text and shape (0.3; any on Chinese text; any on a shape below plan.DROPOUT_FILL
+    of what the text fills without it, 0.1 above plan.LIGHT_DROPOUT_FILL of it); the rest are shown after the fit."""
     points = [p for p in runs if epochs_of(p) <= 1.1 * max_epochs(p["dropout"])
-              and p["dropout"] in planned_dropouts(corpus_of(p))]
+              and p["dropout"] in planned_dropouts(corpus_of(p), p)]
     return points, [p for p in runs if p not in points]
 
 
@@ -212,9 +211,10 @@ def draw(points, law, floors, png):
     ax.set_ylabel("floor (bits a byte)")
     for ax, name in zip(axes.flat, names):
         budgets = sorted({p["minutes"] for p in points}, key=budget_order)
-        colours = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown")
+        colours = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive",
+                   "tab:cyan")
         for minutes, colour in zip(budgets, colours):
-            for dropout, marker in ((0.0, "o"), (0.2, "s")):
+            for dropout, marker in ((0.0, "o"), (0.1, "^"), (0.2, "s")):
                 here = sorted((p for p in points if p["dataset"] == name and p["minutes"] == minutes
                                and p["dropout"] == dropout), key=lambda p: p["n_embd"] * p["n_layer"])
                 if not here:
