@@ -63,7 +63,7 @@ GRID = (
     + [("frankenstein100k", "10ep", "S4", 0.2), ("quijote100k", "10ep", "S5", 0.2), ("mengzi", "10ep", "S3", 0.2)]
     + [("lunyu", "10ep", "S3", 0.2), ("guwen", "10ep", "S2", 0.2)]  # mengzi's was worse than 4 epochs without it
     # the third round: dropout 0.1, for a text of a few hundred KB whose minutes buy more than 4 epochs but not the
-    # 10 that dropout 0.2 needs (10 minutes on 700 KB here: about 5.4 epochs of 6 x 256 with dropout)
+    # 10 that dropout 0.2 needs (10 minutes on 700 KB here: about 6 epochs of 6 x 256 with dropout)
     + [("warpeace700k", "5.4ep", "S4", 0.1), ("warpeace100k", "7ep", "S5", 0.1), ("warpeace100k", "7ep", "S3", 0.1)]
 )
 
