@@ -66,10 +66,6 @@ def schedule_keys(keys, tokens):
 # rest runs/study_fit.py fits (tests/test_plan.py holds them to its fit of docs/minutes_points.jsonl).
 LAW = dict(e0=-1.279, e1=0.9249, A=0.1177, alpha=0.34, B=0.7667, beta=0.28, R=1.318, R_dropout=11.32,
            dropout_cost=3.368, N_100k=2e6, N_exponent=0.5, N_dropout=25.0, rel_sigma=0.0451)
-# The dropouts the plan chooses among, those the study measured in the plans' regime. 0.1 is for a text of a few
-# hundred KB whose minutes buy more than 4 epochs but not the 10 that 0.2 needs: War and Peace's first 700 KB,
-# 6 x 256 for 5.4 epochs at 0.1, reached 1.814 where 4 epochs without it peaked at 1.867.
-DROPOUTS = (0.0, 0.1, 0.2)
 # Dropout's 10 epochs of a small text paid on English and Spanish (2.5% to 6.3% below 4 epochs without it, three texts
 # of 100 KB) and not on classical Chinese (論語, 孟子, 古文觀止: 0.7% to 1.6% worse), where each character is a
 # word: a text mostly of Chinese characters is planned without dropout. Other scripts are planned as English is.
@@ -86,20 +82,24 @@ DROPOUT_FILL = 0.8
 # epochs, its best at 5.6, against 2.313 for 4 epochs of 4 x 192), where 0.2 did (2.255). So 0.1 is weighed up to
 # twice the cap, a round number between the two measured (6 x 384 crosses it at 705 KB, where 0.1 is unmeasured).
 LIGHT_DROPOUT_FILL = 2.0
+# The dropouts the plan chooses among, those the study measured in the plans' regime: 0 for every shape, and each
+# other as {dropout: (least, most)}, the shares of what a text fills without dropout (fills(corpus, 0)) a shape's
+# blocks may hold for the plan to weigh it. 0.1 is for a text of a few hundred KB whose minutes buy more than 4
+# epochs but not the 10 that 0.2 needs: War and Peace's first 700 KB, 6 x 256 for 5.4 epochs at 0.1, reached 1.814
+# where 4 epochs without it peaked at 1.867.
+DROPOUT_FILLS = {0.1: (DROPOUT_FILL, LIGHT_DROPOUT_FILL), 0.2: (DROPOUT_FILL, math.inf)}
+DROPOUTS = (0.0, *DROPOUT_FILLS)
 
 
 def planned_dropouts(corpus, keys=None):
-    """The dropouts a plan weighs for corpus (and a shape's keys): none for a text of Chinese characters, nor for a
-    shape smaller than DROPOUT_FILL of what the text fills without dropout; 0.1 only up to LIGHT_DROPOUT_FILL of it;
-    else DROPOUTS."""
+    """The dropouts a plan weighs for corpus (and a shape's keys): none for a text of Chinese characters; for a
+    shape, 0 and those whose DROPOUT_FILLS range holds its share of what the text fills without dropout."""
     if corpus.ideographs >= IDEOGRAPHS:
         return (0.0,)
     if keys is None:
         return DROPOUTS
     fill = blocks_params(keys) / fills(corpus, 0.0)
-    if fill < DROPOUT_FILL:
-        return (0.0,)
-    return DROPOUTS if fill <= LIGHT_DROPOUT_FILL else tuple(p for p in DROPOUTS if p != 0.1)
+    return tuple(p for p in DROPOUTS if not p or DROPOUT_FILLS[p][0] <= fill <= DROPOUT_FILLS[p][1])
 
 
 @dataclass
