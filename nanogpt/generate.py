@@ -370,29 +370,33 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, 
     try:
         scratch = lambda: KVCache(model.config, B, idx.device, torch.float32)  # noqa: E731  (to time kernels on)
         with cpu.decoding(model, B, scratch) as step:  # B rows per step
-            # the last `block` tokens are all any forward reads: nothing grows with max_new_tokens
-            window = torch.empty(B, block, dtype=idx.dtype, device=idx.device)  # tokens n - block .. n - 1
-            held = min(T, block)
-            window[:, block - held:] = idx[:, T - held:]
-            cache, start = None, None  # the cache holds tokens start .. n - 2
+            # the last `block` tokens are all any forward reads: nothing grows with max_new_tokens. Each step's
+            # token is kept as it came (a list append), and joined to the window only where a forward reads it
+            window, recent = idx[:, T - min(T, block):], []  # the window's tokens: window's, then recent's
+
+            def last(k):
+                nonlocal window, recent
+                if recent:
+                    window, recent = torch.cat([window, torch.stack(recent, 1)], 1)[:, -block:], []
+                return window[:, window.size(1) - k:]
+            cache, start, tok = None, None, None  # the cache holds tokens start .. n - 2; tok: token n - 1
             for n in range(T, T + max_new_tokens):
                 if not use_cache:
-                    logits, _ = model(window[:, block - min(n, block):], last_only=True)
+                    logits, _ = model(last(min(n, block)), last_only=True)
                 elif window_start(n, start, block) != start:  # prefill, or shift a full window
                     if cache is None:
                         cache = KVCache(model.config, B, idx.device, model.transformer.wte.weight.dtype)
                     start, cache.pos = window_start(n, start, block), 0
-                    logits, _ = model(window[:, block - (n - start):], kv_cache=cache, last_only=True)
+                    logits, _ = model(last(n - start), kv_cache=cache, last_only=True)
                 else:
-                    logits = step(window[:, -1], cache)
+                    logits = step(tok, cache)
                 report = {} if on_step is not None else None
                 tok = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator, report, penalties)  # (B,)
                 if penalties is not None:
                     penalties.add(tok)
                 if on_step is not None:
                     on_step({"logits": logits[:, -1, :], "temperature": temperature, "tokens": tok, **report})
-                window = torch.roll(window, -1, dims=1)
-                window[:, -1] = tok
+                recent.append(tok)
                 yield tok
     finally:
         model.train(was_training)

@@ -125,9 +125,10 @@ def main():
         print(f"  decode.c's model_step           {inside:8.0f} us  (Python around it: {total - inside:.0f} us)")
         print(f"  its products back to back       {alone:8.0f} us  ({weights / alone / 1e3:.1f} GB/s, nothing between "
               f"them; the norms, attention, cache and embeddings between them: {inside - alone:.0f} us)")
-    print(f"  its products, timed in place   {products:8.0f} us  ({weights / products / 1e3:.1f} GB/s)   "
-          f"(the step with timers: {with_timers:.0f} us)")
-    print(f"  the step with products given   {rest:8.0f} us  (everything else: norms, attention, cache, Python)")
+    if not blocks:  # decode.c's model_step calls its products in C: no Python product to time or give
+        print(f"  its products, timed in place   {products:8.0f} us  ({weights / products / 1e3:.1f} GB/s)   "
+              f"(the step with timers: {with_timers:.0f} us)")
+        print(f"  the step with products given   {rest:8.0f} us  (everything else: norms, attention, cache, Python)")
     if linears:
         print(f"  float32 products back to back  {back_to_back:8.0f} us  (plain matmul, nothing between them)")
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))

@@ -75,11 +75,12 @@ def test_int8_rows_padded_past_the_width_read_only_the_width():
 
 @NATIVE
 def test_int8_sums_past_32_bits_stay_exact():
-    """The largest products, 9,000 columns of them: 32-bit sums would overflow past 8,256 (decode.c's INT_BLOCK)."""
+    """The largest products, 9,000 columns of them, in a block of four rows (their lanes summed together) and a
+    fifth alone: 32-bit sums of four rows' lanes would overflow past 512 columns (decode.c's INT_BLOCK)."""
     x = torch.full((1, 9000), 5.0)
-    w = torch.full((4, 9000), 127, dtype=torch.int8)
-    y = native.Weight(w, torch.ones(4))(x)
-    torch.testing.assert_close(y, torch.full((1, 4), 5.0 * 127 * 9000), rtol=1e-6, atol=0)
+    w = torch.full((5, 9000), -128, dtype=torch.int8)
+    y = native.Weight(w, torch.ones(5))(x)
+    torch.testing.assert_close(y, torch.full((1, 5), -5.0 * 128 * 9000), rtol=1e-6, atol=0)
 
 
 @NATIVE

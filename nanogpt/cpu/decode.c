@@ -41,8 +41,9 @@ enum { F32 = 0, BF16 = 1, INT8 = 2 };
 enum { ACT_NONE = 0, ACT_RELU = 1, ACT_GELU = 2, ACT_GELU_TANH = 3, ACT_RELU2 = 4 };
 #define ROWS 4              /* rows of W summed together: each chunk of x is loaded once for ROWS rows */
 #define XROWS 4             /* rows of x summed together: each chunk of W is converted once for XROWS rows */
-#define INT_BLOCK 4096      /* int8 products summed in 32-bit lanes over at most this many columns, then in float32:
-                               each lane adds 2 * 32767 * 127 at most per 32 columns, < 2^31 over 8,256 */
+#define INT_BLOCK 512       /* int8 products summed exactly in 32 bits over at most this many columns, then in
+                               float32: a lane adds |2 * 32767 * 128| at most per 32 columns, and the 16 lanes of
+                               four rows are summed together in 32 bits: 16 * 16 * 2 * 32767 * 128 < 2^31 */
 #define INT16_MAX_X 32767.0f
 #define ATTEND_PARALLEL 32768L  /* rows x heads x positions x head size from which attention is split over threads */
 
@@ -157,12 +158,21 @@ static inline __attribute__((always_inline)) void dots(const input *x, int nb, c
         float total[XROWS][ROWS] = {{0}};
         const int8_t *wi = (const int8_t *)w;
         for (int k0 = 0; k0 < K; k0 += INT_BLOCK) {
-            int k1 = K - k0 < INT_BLOCK ? K : k0 + INT_BLOCK;
+            int k1 = K - k0 < INT_BLOCK ? K : k0 + INT_BLOCK, k = k0;
             __m512i acc[XROWS][ROWS];
             for (int b = 0; b < nb; b++)
                 for (int r = 0; r < nr; r++) acc[b][r] = _mm512_setzero_si512();
-            for (int k = k0; k < k1; k += 32) {
-                __mmask32 in = k1 - k >= 32 ? 0xffffffffu : (__mmask32)((1u << (k1 - k)) - 1);
+            for (; k + 32 <= k1; k += 32) {  /* whole chunks: the load folds into the conversion */
+                __m512i wk[ROWS];
+                for (int r = 0; r < nr; r++)
+                    wk[r] = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(wi + (n + r) * ldw + k)));
+                for (int b = 0; b < nb; b++) {
+                    __m512i xk = _mm512_loadu_si512((const void *)(x->i + b * x->ld + k));
+                    for (int r = 0; r < nr; r++) acc[b][r] = _mm512_dpwssd_epi32(acc[b][r], wk[r], xk);
+                }
+            }
+            if (k < k1) {
+                __mmask32 in = (__mmask32)((1u << (k1 - k)) - 1);
                 __m512i wk[ROWS];
                 for (int r = 0; r < nr; r++)
                     wk[r] = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(in, wi + (n + r) * ldw + k));
@@ -171,12 +181,21 @@ static inline __attribute__((always_inline)) void dots(const input *x, int nb, c
                     for (int r = 0; r < nr; r++) acc[b][r] = _mm512_dpwssd_epi32(acc[b][r], wk[r], xk);
                 }
             }
-            for (int b = 0; b < nb; b++)
-                for (int r = 0; r < nr; r++) {  /* the 16 lanes summed in 64 bits: in 32 they could overflow */
-                    __m512i wide = _mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_castsi512_si256(acc[b][r])),
-                                                    _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(acc[b][r], 1)));
-                    total[b][r] += (float)_mm512_reduce_add_epi64(wide);
-                }
+            for (int b = 0; b < nb; b++) {
+                if (nr == ROWS) {  /* the four rows' lanes summed together: [r0 r1 r2 r3] in each 128 bits */
+                    __m512i s01 = _mm512_add_epi32(_mm512_unpacklo_epi32(acc[b][0], acc[b][1]),
+                                                   _mm512_unpackhi_epi32(acc[b][0], acc[b][1]));
+                    __m512i s23 = _mm512_add_epi32(_mm512_unpacklo_epi32(acc[b][2], acc[b][3]),
+                                                   _mm512_unpackhi_epi32(acc[b][2], acc[b][3]));
+                    __m512i s = _mm512_add_epi32(_mm512_unpacklo_epi64(s01, s23), _mm512_unpackhi_epi64(s01, s23));
+                    __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
+                    __m128i q = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+                    int sum[4];
+                    _mm_storeu_si128((__m128i *)sum, q);
+                    for (int r = 0; r < ROWS; r++) total[b][r] += (float)sum[r];
+                } else
+                    for (int r = 0; r < nr; r++) total[b][r] += (float)_mm512_reduce_add_epi32(acc[b][r]);
+            }
         }
         for (int b = 0; b < nb; b++)
             for (int r = 0; r < nr; r++) sums[b][r] = total[b][r] * x->xscale[b];
