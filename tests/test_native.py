@@ -75,12 +75,14 @@ def test_int8_rows_padded_past_the_width_read_only_the_width():
 
 @NATIVE
 def test_int8_sums_past_32_bits_stay_exact():
-    """The largest products, 9,000 columns of them, in a block of four rows (their lanes summed together) and a
-    fifth alone: 32-bit sums of four rows' lanes would overflow past 512 columns (decode.c's INT_BLOCK)."""
+    """The largest products, 9,000 columns of them, rows of -128 and 127 alternating: a block of four rows (each
+    row's 16 lanes summed in 32 bits, the four in one set of shuffles, in order) and a fifth alone. 32-bit sums of a
+    row would overflow past 512 columns (decode.c's INT_BLOCK)."""
     x = torch.full((1, 9000), 5.0)
-    w = torch.full((5, 9000), -128, dtype=torch.int8)
+    top = torch.tensor([-128, 127, -128, 127, -128])
+    w = top[:, None].expand(5, 9000).to(torch.int8).contiguous()
     y = native.Weight(w, torch.ones(5))(x)
-    torch.testing.assert_close(y, torch.full((1, 5), -5.0 * 128 * 9000), rtol=1e-6, atol=0)
+    torch.testing.assert_close(y, 5.0 * 9000 * top[None].float(), rtol=1e-6, atol=0)
 
 
 @NATIVE

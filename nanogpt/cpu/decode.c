@@ -42,8 +42,9 @@ enum { ACT_NONE = 0, ACT_RELU = 1, ACT_GELU = 2, ACT_GELU_TANH = 3, ACT_RELU2 = 
 #define ROWS 4              /* rows of W summed together: each chunk of x is loaded once for ROWS rows */
 #define XROWS 4             /* rows of x summed together: each chunk of W is converted once for XROWS rows */
 #define INT_BLOCK 512       /* int8 products summed exactly in 32 bits over at most this many columns, then in
-                               float32: a lane adds |2 * 32767 * 128| at most per 32 columns, and the 16 lanes of
-                               four rows are summed together in 32 bits: 16 * 16 * 2 * 32767 * 128 < 2^31 */
+                               float32: a lane adds |2 * 32767 * 128| at most per 32 columns, and a row's 16 lanes
+                               are summed in 32 bits (four rows in one set of shuffles): 16 * 16 * 2 * 32767 * 128
+                               < 2^31 */
 #define INT16_MAX_X 32767.0f
 #define ATTEND_PARALLEL 32768L  /* rows x heads x positions x head size from which attention is split over threads */
 
@@ -182,7 +183,7 @@ static inline __attribute__((always_inline)) void dots(const input *x, int nb, c
                 }
             }
             for (int b = 0; b < nb; b++) {
-                if (nr == ROWS) {  /* the four rows' lanes summed together: [r0 r1 r2 r3] in each 128 bits */
+                if (nr == ROWS) {  /* each row's lanes summed, four rows at once: [r0 r1 r2 r3] in each 128 bits */
                     __m512i s01 = _mm512_add_epi32(_mm512_unpacklo_epi32(acc[b][0], acc[b][1]),
                                                    _mm512_unpackhi_epi32(acc[b][0], acc[b][1]));
                     __m512i s23 = _mm512_add_epi32(_mm512_unpacklo_epi32(acc[b][2], acc[b][3]),
