@@ -108,11 +108,13 @@ def main():
     print(f"{'run':34s} {'seconds':>8s} {'budget':>7s} {'val bpb':>8s} {'predicted':>9s} {'its eval':>8s} "
           f"{'off':>6s} {'shape':>5s} {'epochs':>7s}")
     for r in rows:
-        measured = r.get("measured_val_bpb") or nan
-        print(f"{r['run']:34s} {r['seconds']:8.1f} {r.get('budget', nan):7.1f} {r['bpb']:8.4f} "
-              f"{r.get('predicted_val_bpb', nan):9.4f} {measured:8.4f} "
-              f"{(r.get('predicted_val_bpb', nan) / measured - 1) * 100:+5.1f}% {r.get('shape', ''):>5s} "
-              f"{r.get('epochs', nan):7.1f}")
+        if "predicted_val_bpb" in r:  # a plan's run; the recipe's has no plan
+            measured = r.get("measured_val_bpb") or nan
+            plan = (f"{r['budget']:7.1f} {r['bpb']:8.4f} {r['predicted_val_bpb']:9.4f} {measured:8.4f} "
+                    f"{(r['predicted_val_bpb'] / measured - 1) * 100:+5.1f}% {r['shape']:>5s} {r['epochs']:7.1f}")
+        else:
+            plan = f"{'':7s} {r['bpb']:8.4f}"
+        print(f"{r['run']:34s} {r['seconds']:8.1f} {plan}")
     if args.against:
         change = 1 - rows[1]["bpb"] / rows[0]["bpb"]
         print(f"the plan against {args.against} at {rows[0]['seconds']:.1f} s: val bpb {rows[1]['bpb']:.4f} against "
