@@ -23,7 +23,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from nanogpt.training.plan import LAW, Corpus, max_epochs, planned_dropouts, predict_bpb  # noqa: E402
+from nanogpt.training.plan import DROPOUTS, LAW, Corpus, max_epochs, planned_dropouts, predict_bpb  # noqa: E402
 from runs.study import corpus_record  # noqa: E402
 
 POINTS = os.path.join(ROOT, "docs", "minutes_points.jsonl")  # the study's points, as measured
@@ -214,7 +214,7 @@ def draw(points, law, floors, png):
         colours = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive",
                    "tab:cyan")
         for minutes, colour in zip(budgets, colours):
-            for dropout, marker in ((0.0, "o"), (0.1, "^"), (0.2, "s")):
+            for dropout, marker in zip(DROPOUTS, "o^sD"):  # the dropouts a plan weighs, each its marker
                 here = sorted((p for p in points if p["dataset"] == name and p["minutes"] == minutes
                                and p["dropout"] == dropout), key=lambda p: p["n_embd"] * p["n_layer"])
                 if not here:
