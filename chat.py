@@ -19,7 +19,7 @@ from configurator import parse_args, report_overrides
 from nanogpt.copies import report, training_of
 from nanogpt.device import Device, Dtype, autocast, resolve_device, resolve_dtype
 from nanogpt.errors import UserError
-from nanogpt.generate import Continuation, Sampling, check_sampling, stream
+from nanogpt.generate import GREEDY_RUN, Continuation, Sampling, check_sampling, stream
 from nanogpt.program import run_main
 from nanogpt.source import Source, load_trained
 from nanogpt.tokenizer import ChatTokenizer
@@ -90,7 +90,7 @@ class Session:
         try:
             with autocast(self.device, resolve_dtype(cfg.dtype, self.device)):
                 for tok in stream(self.model, x, cfg.max_new_tokens, generator=[self.generator],
-                                  **cfg.settings()):
+                                  run_ahead=GREEDY_RUN, **cfg.settings()):
                     out.write(reply.add(tok.item()))
                     out.flush()
                     if reply.done:

@@ -23,7 +23,8 @@ from nanogpt.copies import marked, report, training_of
 from nanogpt.device import Device, Dtype, autocast, resolve_device, resolve_dtype
 from nanogpt.errors import UserError
 from nanogpt.files import read_named_text
-from nanogpt.generate import Continuation, Sampling, check_sampling, check_stops, continue_rows, sample_seed, stream
+from nanogpt.generate import (GREEDY_RUN, Continuation, Sampling, check_sampling, check_stops, continue_rows,
+                              sample_seed, stream)
 from nanogpt.memory import check_fits, kv_cache_bytes
 from nanogpt.program import run_main
 from nanogpt.source import Source, load_trained
@@ -109,7 +110,7 @@ def main(argv):
     generators = [torch.Generator(device=device).manual_seed(sample_seed(cfg.seed, i)) for i in range(num_samples)]
     ctx = autocast(device, dtype)
     x = torch.tensor(ids, dtype=torch.long, device=device)[None]
-    args = dict(max_new_tokens=cfg.max_new_tokens, use_cache=cfg.use_cache, **cfg.settings())
+    args = dict(max_new_tokens=cfg.max_new_tokens, use_cache=cfg.use_cache, run_ahead=GREEDY_RUN, **cfg.settings())
     with ctx:
         if cfg.stream:
             for generator in generators:

@@ -344,9 +344,12 @@ class Continuation:
 
 # --- the decode loop ----------------------------------------------------------------------------------
 
+GREEDY_RUN = 16  # greedy steps decode.c takes in one call where the caller lets it run ahead (stream's run_ahead)
+
+
 @torch.inference_mode()  # entered per step, not while the caller holds a token
 def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, generator=None, use_cache=True,
-           on_step=None, presence_penalty=0.0, frequency_penalty=0.0, logit_bias=None):
+           on_step=None, presence_penalty=0.0, frequency_penalty=0.0, logit_bias=None, run_ahead=1):
     """Yield the next token of every sample, (B,), one step at a time. Serial by nature.
 
     With the cache: one prefill of the prompt, then one position per step.
@@ -359,6 +362,10 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, 
     on_step(report): called each step with the step's logits, probs, draws and tokens.
     presence_penalty, frequency_penalty and logit_bias: Penalties, counting the tokens of each row
     generated here (not idx's). The yielded tensors are inference tensors: call .tolist() or .clone().
+    run_ahead: greedy decoding (temperature 0, no penalties, no on_step) on decode.c's step may take up to
+    this many steps in one call (cpu.decoding's step.greedy) and yield its tokens one by one after: the same
+    tokens, without Python between the steps. The caller then must not change the model while the
+    generator is suspended (a change takes effect at the next call); 1 runs no step ahead.
     """
     check_sampling(max_new_tokens, temperature, top_k, top_p, presence_penalty, frequency_penalty, logit_bias)
     block = model.config.block_size
@@ -380,7 +387,19 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, 
                     window, recent = torch.cat([window, torch.stack(recent, 1)], 1)[:, -block:], []
                 return window[:, window.size(1) - k:]
             cache, start, tok = None, None, None  # the cache holds tokens start .. n - 2; tok: token n - 1
-            for n in range(T, T + max_new_tokens):
+            ahead = run_ahead if temperature == 0 and penalties is None and on_step is None else 1
+            n, end = T, T + max_new_tokens
+            while n < end:
+                if ahead > 1 and cache is not None and window_start(n, start, block) == start:
+                    run = step.greedy(tok, cache, min(ahead, end - n, block - cache.pos))  # to the window's end
+                    if run is None:  # decode.c does not run this step: one at a time from here
+                        ahead = 1
+                    else:
+                        for tok in run:  # (B,) each, the last fed to the next step
+                            recent.append(tok)
+                            yield tok
+                        n += run.size(0)
+                        continue
                 if not use_cache:
                     logits, _ = model(last(min(n, block)), last_only=True)
                 elif window_start(n, start, block) != start:  # prefill, or shift a full window
@@ -398,6 +417,7 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, 
                     on_step({"logits": logits[:, -1, :], "temperature": temperature, "tokens": tok, **report})
                 recent.append(tok)
                 yield tok
+                n += 1
     finally:
         model.train(was_training)
 
@@ -426,7 +446,7 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None
     sample stopped early. presence_penalty, frequency_penalty, logit_bias: as stream's.
     """
     args = (model, idx, max_new_tokens, temperature, top_k, top_p, generator, use_cache, on_step, presence_penalty,
-            frequency_penalty, logit_bias)
+            frequency_penalty, logit_bias, GREEDY_RUN)  # nothing here changes the model between steps
     stops = [list(s) for s in (stop or []) if len(s)]
     if not stops:  # no host sync per step: the tokens stay on the device until the end
         return torch.cat([idx] + [t[:, None] for t in stream(*args)], dim=1)

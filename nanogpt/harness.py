@@ -23,7 +23,7 @@ from lm_eval.models.utils import Collator, handle_stop_sequences, normalize_gen_
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from nanogpt.errors import UserError, nearest
-from nanogpt.generate import Continuation, continue_rows, stream
+from nanogpt.generate import GREEDY_RUN, Continuation, continue_rows, stream
 from nanogpt.source import Source, load_model
 
 MAX_GEN_TOKS = 256  # lm-eval's default when a task names no max_gen_toks
@@ -155,7 +155,7 @@ class NanoGPT(TemplateLM):
             generators = [torch.Generator(device=self._device).manual_seed(zlib.crc32(c.encode())) for _, c, _ in batch]
         texts = continue_rows([Continuation(self.tokenizer, until) for _ in batch],
                               stream(self.model, x, int(kwargs["max_gen_toks"]), temperature, kwargs.get("top_k"),
-                                     kwargs.get("top_p"), generator=generators))
+                                     kwargs.get("top_p"), generator=generators, run_ahead=GREEDY_RUN))
         return [text.text for text in texts]
 
 

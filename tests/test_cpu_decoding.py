@@ -50,7 +50,7 @@ def test_decoding_takes_the_step_measured_faster_native_or_pytorchs(monkeypatch,
     (STEP_PROBES steps a pass, 6 passes each, alternated), keeps the faster for the whole generation, and measures
     once per process; a kernel set is taken as it is."""
     from nanogpt.cpu.fused_step import FusedStep
-    from nanogpt.generate import generate
+    from nanogpt.generate import stream
     from nanogpt.quantize import quantize
     for name in ("FLOAT32_KERNEL", "INT8_KERNEL"):
         monkeypatch.setattr(nanogpt.cpu, name, None)
@@ -68,6 +68,9 @@ def test_decoding_takes_the_step_measured_faster_native_or_pytorchs(monkeypatch,
         return real(self, *a)
     monkeypatch.setattr(FusedStep, "__call__", timed)
     idx = torch.zeros(1, 1, dtype=torch.long)
+
+    def generate(model, idx, n, temperature):  # one step a call (greedy runs would take several in one)
+        return list(stream(model, idx, n, temperature=temperature))
     generate(model, idx, 5, temperature=0)
     probes = 2 * 6 * nanogpt.cpu.STEP_PROBES
     assert calls[:probes].count("native") == calls[:probes].count("torch")

@@ -11,7 +11,7 @@ from nanogpt import cpu
 from nanogpt.cpu import fused_step, native
 from nanogpt.cpu.fused_step import SUPPORTED, FusedStep
 from nanogpt.cpu.kernels import onednn_available, packed_inference
-from nanogpt.generate import KVCache, generate
+from nanogpt.generate import KVCache, generate, stream
 from test_generate import assert_attention_is_sharp, greedy_by_hand, sharp
 from test_model_options import OPTIONS
 
@@ -75,6 +75,48 @@ def test_generation_runs_on_the_fused_step_and_gives_the_greedy_tokens(monkeypat
     out = generate(model, idx, 12, temperature=0)
     assert len(calls) == 11  # every step after the prefill
     torch.testing.assert_close(out, greedy_by_hand(model, idx, 12))
+
+
+@NATIVE
+@pytest.mark.parametrize("option", [  # sharp models whose greedy text does not repeat one token (tied ones do)
+    OPTIONS["modern"], dict(OPTIONS["modern"], pos_emb="learned"), dict(OPTIONS["modern"], **OPTIONS["qk_norm"])])
+def test_greedy_runs_in_one_call_give_the_tokens_of_one_step_at_a_time(monkeypatch, tiny_config, option):
+    """generate() lets decode.c run greedy steps ahead (GREEDY_RUN in one call, each step's argmax fed to the
+    next): the tokens are those of one fused step at a time with sample_next's argmax (stream's run_ahead=1),
+    through three context shifts (block 16, 40 new tokens), and the uncached model's up to the first shift."""
+    monkeypatch.setattr(cpu, "FLOAT32_KERNEL", "native")
+    model = sharp32(replace(tiny_config, **option))
+    idx = torch.randint(0, 64, (3, 4), generator=torch.Generator().manual_seed(2))
+    steps, runs = [], []
+    real_step, real_greedy = FusedStep.__call__, FusedStep.greedy
+    monkeypatch.setattr(FusedStep, "__call__", lambda self, *a: steps.append(1) or real_step(self, *a))
+    monkeypatch.setattr(FusedStep, "greedy", lambda self, *a: runs.append(a[2]) or real_greedy(self, *a))
+    out = generate(model, idx, 40, temperature=0)
+    # every token from runs but the prefill's and three shifts' (at tokens 17, 26 and 35: half the window kept)
+    assert not steps and runs == [12, 8, 8, 8]  # each to the window's end: positions 4 .. 15 for tokens 5 .. 16 first
+    assert all(len(set(row)) >= 4 for row in out[:, 4:].tolist())  # a token fed twice or a position kept would show
+    one_at_a_time = torch.cat([idx] + [t[:, None] for t in stream(model, idx, 40, temperature=0)], dim=1)
+    assert len(steps) == 36 and len(runs) == 4  # no run where run_ahead is 1
+    assert torch.equal(out, one_at_a_time)
+    torch.testing.assert_close(out[:, :17], greedy_by_hand(model, idx, 13))
+
+
+@NATIVE
+def test_a_greedy_run_gives_a_tie_to_the_first_token(monkeypatch, tiny_config):
+    """Every token tied with the next (rows 2i and 2i + 1 of the output layer equal, so are their logits):
+    decode.c's argmax takes the even one each step, as torch.argmax does one step at a time."""
+    monkeypatch.setattr(cpu, "FLOAT32_KERNEL", "native")
+    model = sharp32(replace(tiny_config, bias=False))
+    with torch.no_grad():
+        model.lm_head.weight[1::2] = model.lm_head.weight[0::2]
+    runs = []
+    real_greedy = FusedStep.greedy
+    monkeypatch.setattr(FusedStep, "greedy", lambda self, *a: runs.append(a[2]) or real_greedy(self, *a))
+    idx = torch.tensor([[1, 2], [7, 30]])
+    out = generate(model, idx, 12, temperature=0)
+    one_at_a_time = torch.cat([idx] + [t[:, None] for t in stream(model, idx, 12, temperature=0)], dim=1)
+    assert runs == [11] and torch.equal(out, one_at_a_time)
+    assert (out[:, 2:] % 2 == 0).all() and len(set(out[:, 2:].flatten().tolist())) > 2
 
 
 def test_every_gptconfig_field_is_one_the_fused_step_knows():

@@ -115,6 +115,8 @@ def decoding(model, rows, scratch=None):
     logits (B, 1, V) of tokens (B,) after what the cache holds, as model(tokens[:, None], kv_cache=cache)[0].
     scratch(): an empty cache for `rows` rows (generate.KVCache), on which decode.c's step and PyTorch's are timed
     against each other where both apply (native_faster); without it, decode.c's is taken where it loads.
+    step.greedy(tokens, cache, n): the tokens (n, B) of n greedy steps in one call where decode.c runs the step
+    (FusedStep.greedy), else None.
 
     The products run in product_dtype() as it is on entry (enter autocast first), on as many threads as cores
     other processes leave idle (threads.py). The step is the fused one
@@ -146,6 +148,13 @@ def decoding(model, rows, scratch=None):
                 if fused is not None and fused.valid():
                     return fused(tokens, cache)
                 return model(tokens[:, None], kv_cache=cache)[0]
+
+            def greedy(tokens, cache, n):
+                threads.check()
+                if fused is not None and fused.valid():
+                    return fused.greedy(tokens, cache, n)
+                return None
+            step.greedy = greedy
             yield step
     finally:
         threads.restore()

@@ -13,6 +13,7 @@
  * Rows of W are split over OpenMP threads (the runtime PyTorch loaded: its threads, not a second pool).
  *
  * model_step: GPT.forward for one new token per row, its blocks by block_step: the whole step in one call.
+ * model_greedy: n greedy steps of model_step, each step's argmax fed to the next: a greedy decode's loop in one call.
  *
  * block_step: one Block of model.py for one new position per row, each row at its own position in its own slot
  * of the cache (generate.KVCache, engine.SlotCache): x += attn(norm_1(x)), x += mlp(norm_2(x)), the new keys and
@@ -491,6 +492,36 @@ int model_step(const model *M, const int64_t *tokens, int B, const int *pos, con
     free(x), free(h);
     return status;
 #endif
+}
+
+/* n greedy steps from tokens (B): each step's choice per row, the first of its largest logits (the first NaN where
+ * there is one: torch.argmax's rule), is written to out (n, B) and fed to the next step one position on; pos
+ * advances in place, one a step (the caller leaves the cache room for n). logits (B, vocab) holds the last step's.
+ * The loop a greedy decode runs, in one call: between steps Python would cost as much as a step's attention.
+ * Returns as model_step, out filled up to the step that failed. */
+int model_greedy(const model *M, const int64_t *tokens, int B, int *pos, const int *slot, float *k, float *v,
+                 long layer_stride, float *logits, int n, int64_t *out, int threads) {
+    const int64_t *in = tokens;
+    long N = M->head.N;
+    for (int s = 0; s < n; s++) {
+        int status = model_step(M, in, B, pos, slot, k, v, layer_stride, logits, threads);
+        if (status) return status;
+        for (int b = 0; b < B; b++) {
+            const float *row = logits + b * N;
+            long best = 0;
+            for (long j = 0; j < N; j++) {
+                if (isnan(row[j])) {
+                    best = j;
+                    break;
+                }
+                if (row[j] > row[best]) best = j;
+            }
+            out[(long)s * B + b] = best;
+            pos[b]++;
+        }
+        in = out + (long)s * B;
+    }
+    return 0;
 }
 
 /* 1 where this build has the AVX-512 loops (F, BW, VNNI, BF16), 0 where it sums one value at a time */

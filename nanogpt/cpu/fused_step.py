@@ -238,7 +238,7 @@ class FusedStep:
 
     def step(self, tokens, cache):
         c = self.config
-        if self.layers is not None and hasattr(cache, "decode_rows") and cache.k.dtype == torch.float32:
+        if self.native_applies(cache):
             return self.native_step(tokens, cache)
         pos, mask = cache.positions(1), cache.mask(1)  # (1,) or (B, 1); None or (B, 1, 1, L)
         x = F.embedding(tokens, self.wte)  # (B, C)
@@ -255,17 +255,40 @@ class FusedStep:
         cache.advance(1)
         return logits.view(tokens.size(0), 1, -1)
 
-    def native_step(self, tokens, cache):
-        """step() in decode.c, one call, for a cache that says where each row's token goes (decode_rows:
-        generate.KVCache, engine.SlotCache)."""
-        rows = torch.tensor(cache.decode_rows(), dtype=torch.int32)  # (2, B): each row's position and slot
+    @torch.inference_mode()
+    def greedy(self, tokens, cache, n):
+        """Tokens (n, B): n greedy steps from tokens (B,) in one call to decode.c, each step's argmax fed to the
+        next, as n steps each followed by sample_next at temperature 0 give; the cache advanced by n. None where
+        that call does not apply: the step is not decode.c's, or its logits are softcapped (a softcap can tie
+        logits that differ, and the tie goes to the first)."""
+        if not self.native_applies(cache) or self.config.logit_softcap is not None:
+            return None
+        rows = self.decode_rows(tokens, cache)
+        if int(rows[0].max()) + n > self.layers[0].block:
+            raise ValueError(f"{n} steps from position {int(rows[0].max())} pass the block ({self.layers[0].block})")
+        out = native.model_greedy(self.native_model[0], tokens, rows, cache.k, cache.v, n)
+        cache.advance(n)
+        return out
+
+    def native_applies(self, cache):
+        """decode.c runs the step: every block's products are its own, and the cache says where each row goes."""
+        return self.layers is not None and hasattr(cache, "decode_rows") and cache.k.dtype == torch.float32
+
+    def decode_rows(self, tokens, cache):
+        """int32 (2, B): each row's position and slot, checked against the cache's shape and the tokens'."""
+        rows = torch.tensor(cache.decode_rows(), dtype=torch.int32)
         k, v, layer = cache.k, cache.v, self.layers[0]
         if (tokens.dim() != 1 or tokens.size(0) != rows.size(1) or k.shape != v.shape or not k.is_contiguous()
                 or not v.is_contiguous() or k.shape[0] != len(self.layers)
                 or k.shape[2:] != (layer.nkv, layer.block, layer.hs)):
             raise ValueError(f"a cache of shape {tuple(k.shape)} for {tokens.size(0)} token(s) does not fit a step "
                              f"of {len(self.layers)} layers, {layer.nkv} kv heads, block {layer.block}")
-        logits = native.model_step(self.native_model[0], tokens, rows, k, v)
+        return rows
+
+    def native_step(self, tokens, cache):
+        """step() in decode.c, one call, for a cache that says where each row's token goes (decode_rows:
+        generate.KVCache, engine.SlotCache)."""
+        logits = native.model_step(self.native_model[0], tokens, self.decode_rows(tokens, cache), cache.k, cache.v)
         cache.advance(1)
         return self.model.softcap(logits).view(tokens.size(0), 1, -1)
 

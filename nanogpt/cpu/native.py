@@ -129,7 +129,8 @@ def load():
     p, i = ctypes.c_void_p, ctypes.c_int
     lib.matvec.argtypes = [p, i, p, i, p, p, p, p, i, i, i, i, i]
     lib.model_step.argtypes = [p, p, i, p, p, p, p, ctypes.c_long, p, i]
-    lib.matvec.restype = lib.model_step.restype = lib.matvec_vector.restype = ctypes.c_int
+    lib.model_greedy.argtypes = [p, p, i, p, p, p, p, ctypes.c_long, p, i, p, i]  # ..., logits, n, out, threads
+    lib.matvec.restype = lib.model_step.restype = lib.model_greedy.restype = lib.matvec_vector.restype = ctypes.c_int
     return lib, ""
 
 
@@ -236,8 +237,26 @@ def model_step(model, tokens, rows, k, v):
     status = library().model_step(ctypes.byref(model), tokens.data_ptr(), tokens.size(0), rows.data_ptr(),
                                   rows[1].data_ptr(), k.data_ptr(), v.data_ptr(), k.stride(0), logits.data_ptr(),
                                   torch.get_num_threads())
+    check(status, model)
+    return logits
+
+
+def model_greedy(model, tokens, rows, k, v, n):
+    """Tokens (n, B) int64: n greedy steps from tokens (B,), as n calls of model_step each followed by an argmax
+    (the first largest logit) whose tokens the next step reads, the rows' positions one further each step. rows as
+    model_step's, left as they were; the cache must have room for n more positions in every row."""
+    tokens = tokens.long().contiguous()
+    rows = rows.clone()  # decode.c advances the positions in place
+    logits, out = torch.empty(tokens.size(0), model.head.N), torch.empty(n, tokens.size(0), dtype=torch.long)
+    check(library().model_greedy(ctypes.byref(model), tokens.data_ptr(), tokens.size(0), rows.data_ptr(),
+                                 rows[1].data_ptr(), k.data_ptr(), v.data_ptr(), k.stride(0), logits.data_ptr(), n,
+                                 out.data_ptr(), torch.get_num_threads()), model)
+    return out
+
+
+def check(status, model):
+    """model_step's and model_greedy's status as Python's error."""
     if status == -3:
         raise IndexError(f"a token id is outside the vocabulary [0, {model.vocab})")
     if status:
         raise MemoryError("no memory for a decode step's activations")
-    return logits
