@@ -337,6 +337,11 @@ def test_generate_restores_training_mode(tiny_config):
     a = generate(model, torch.zeros(1, 1, dtype=torch.long), 5, temperature=0)
     b = generate(model, torch.zeros(1, 1, dtype=torch.long), 5, temperature=0)
     assert torch.equal(a, b) and model.training
+    frozen = model.transformer.h[0]
+    frozen.eval()  # a part held in eval mode while the rest trains: each module gets its own mode back
+    generate(model, torch.zeros(1, 1, dtype=torch.long), 5, temperature=0)
+    assert not any(m.training for m in frozen.modules())
+    assert all(m.training for m in model.modules() if m not in set(frozen.modules()))
 
 
 def test_pick_is_inverse_cdf_and_never_picks_a_zero_probability_token():
