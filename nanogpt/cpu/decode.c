@@ -495,12 +495,13 @@ int model_step(const model *M, const int64_t *tokens, int B, const int *pos, con
 }
 
 /* n greedy steps from tokens (B): each step's choice per row, the first of its largest logits (the first NaN where
- * there is one: torch.argmax's rule), is written to out (n, B) and fed to the next step one position on; pos
- * advances in place, one a step (the caller leaves the cache room for n). logits (B, vocab) holds the last step's.
- * The loop a greedy decode runs, in one call: between steps Python would cost as much as a step's attention.
- * Returns as model_step, out filled up to the step that failed. */
+ * there is one: torch.argmax's rule), softcapped first where softcap > 0 (softcap * tanh(logit / softcap), as
+ * GPT.softcap: the cap can tie logits that differ), is written to out (n, B) and fed to the next step one position
+ * on; pos advances in place, one a step (the caller leaves the cache room for n). logits (B, vocab) holds the last
+ * step's, not capped. The loop a greedy decode runs, in one call: between steps Python would cost as much as a
+ * step's attention. Returns as model_step, out filled up to the step that failed. */
 int model_greedy(const model *M, const int64_t *tokens, int B, int *pos, const int *slot, float *k, float *v,
-                 long layer_stride, float *logits, int n, int64_t *out, int threads) {
+                 long layer_stride, float *logits, int n, int64_t *out, float softcap, int threads) {
     const int64_t *in = tokens;
     long N = M->head.N;
     for (int s = 0; s < n; s++) {
@@ -509,12 +510,14 @@ int model_greedy(const model *M, const int64_t *tokens, int B, int *pos, const i
         for (int b = 0; b < B; b++) {
             const float *row = logits + b * N;
             long best = 0;
+            float top = 0.0f;
             for (long j = 0; j < N; j++) {
-                if (isnan(row[j])) {
+                float x = softcap > 0 ? softcap * tanhf(row[j] / softcap) : row[j];
+                if (isnan(x)) {
                     best = j;
                     break;
                 }
-                if (row[j] > row[best]) best = j;
+                if (j == 0 || x > top) best = j, top = x;
             }
             out[(long)s * B + b] = best;
             pos[b]++;

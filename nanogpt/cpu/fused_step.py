@@ -259,14 +259,15 @@ class FusedStep:
     def greedy(self, tokens, cache, n):
         """Tokens (n, B): n greedy steps from tokens (B,) in one call to decode.c, each step's argmax fed to the
         next, as n steps each followed by sample_next at temperature 0 give; the cache advanced by n. None where
-        that call does not apply: the step is not decode.c's, or its logits are softcapped (a softcap can tie
-        logits that differ, and the tie goes to the first)."""
-        if not self.native_applies(cache) or self.config.logit_softcap is not None:
+        the step is not decode.c's. A softcap is applied in C (tanhf, within a rounding of torch.tanh: where
+        the cap ties two logits that differ, the tie goes to the first as with torch, but a tie there or not
+        could differ by that rounding)."""
+        if not self.native_applies(cache):
             return None
         rows = self.decode_rows(tokens, cache)
         if int(rows[0].max()) + n > self.layers[0].block:
             raise ValueError(f"{n} steps from position {int(rows[0].max())} pass the block ({self.layers[0].block})")
-        out = native.model_greedy(self.native_model[0], tokens, rows, cache.k, cache.v, n)
+        out = native.model_greedy(self.native_model[0], tokens, rows, cache.k, cache.v, n, self.config.logit_softcap)
         cache.advance(n)
         return out
 

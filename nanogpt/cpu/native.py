@@ -129,7 +129,7 @@ def load():
     p, i = ctypes.c_void_p, ctypes.c_int
     lib.matvec.argtypes = [p, i, p, i, p, p, p, p, i, i, i, i, i]
     lib.model_step.argtypes = [p, p, i, p, p, p, p, ctypes.c_long, p, i]
-    lib.model_greedy.argtypes = [p, p, i, p, p, p, p, ctypes.c_long, p, i, p, i]  # ..., logits, n, out, threads
+    lib.model_greedy.argtypes = [p, p, i, p, p, p, p, ctypes.c_long, p, i, p, ctypes.c_float, i]  # logits, n, out, cap
     lib.matvec.restype = lib.model_step.restype = lib.model_greedy.restype = lib.matvec_vector.restype = ctypes.c_int
     return lib, ""
 
@@ -241,16 +241,17 @@ def model_step(model, tokens, rows, k, v):
     return logits
 
 
-def model_greedy(model, tokens, rows, k, v, n):
+def model_greedy(model, tokens, rows, k, v, n, softcap=None):
     """Tokens (n, B) int64: n greedy steps from tokens (B,), as n calls of model_step each followed by an argmax
-    (the first largest logit) whose tokens the next step reads, the rows' positions one further each step. rows as
-    model_step's, left as they were; the cache must have room for n more positions in every row."""
+    (the first largest logit, after the softcap where one is given) whose tokens the next step reads, the rows'
+    positions one further each step. rows as model_step's, left as they were; the cache must have room for n more
+    positions in every row."""
     tokens = tokens.long().contiguous()
     rows = rows.clone()  # decode.c advances the positions in place
     logits, out = torch.empty(tokens.size(0), model.head.N), torch.empty(n, tokens.size(0), dtype=torch.long)
     check(library().model_greedy(ctypes.byref(model), tokens.data_ptr(), tokens.size(0), rows.data_ptr(),
                                  rows[1].data_ptr(), k.data_ptr(), v.data_ptr(), k.stride(0), logits.data_ptr(), n,
-                                 out.data_ptr(), torch.get_num_threads()), model)
+                                 out.data_ptr(), softcap or 0.0, torch.get_num_threads()), model)
     return out
 
 
