@@ -13,7 +13,7 @@
  * Rows of W are split over OpenMP threads (the runtime PyTorch loaded: its threads, not a second pool).
  *
  * model_step: GPT.forward for one new token per row, its blocks by block_step: the whole step in one call.
- * model_greedy: n greedy steps of model_step, each step's argmax fed to the next: a greedy decode's loop in one call.
+ * model_greedy: up to n greedy steps of model_step, each step's argmax fed to the next: a greedy decode's loop in one call.
  *
  * block_step: one Block of model.py for one new position per row, each row at its own position in its own slot
  * of the cache (generate.KVCache, engine.SlotCache): x += attn(norm_1(x)), x += mlp(norm_2(x)), the new keys and
@@ -25,6 +25,7 @@
  * float64 references. Rules: sizes positive; x, W and y contiguous; residual and y may be the same buffer,
  * nothing else overlaps; scale NULL except for int8, bias and residual NULL where absent.
  */
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -494,34 +495,48 @@ int model_step(const model *M, const int64_t *tokens, int B, const int *pos, con
 #endif
 }
 
-/* n greedy steps from tokens (B): each step's choice per row, the first of its largest logits (the first NaN where
- * there is one: torch.argmax's rule), softcapped first where softcap > 0 (softcap * tanh(logit / softcap), as
- * GPT.softcap: the cap can tie logits that differ), is written to out (n, B) and fed to the next step one position
- * on; pos advances in place, one a step (the caller leaves the cache room for n). logits (B, vocab) holds the last
- * step's, not capped. The loop a greedy decode runs, in one call: between steps Python would cost as much as a
- * step's attention. Returns as model_step, out filled up to the step that failed. */
+/* Up to n greedy steps from tokens (B): each step's choice per row, the first of its largest logits (the first NaN
+ * where there is one: torch.argmax's rule), is written to out (n, B) and fed to the next step one position on; pos
+ * advances in place, one a step (the caller leaves the cache room for n). *decided: the steps whose choices are in
+ * out. Where softcap > 0 the logits are capped first (softcap * tanh(logit / softcap), as GPT.softcap), with libm's
+ * tanhf, which can round an ulp away from torch.tanh: a row whose two largest capped logits lie within a few ulps
+ * (the cap can tie logits that differ) stops the run with that step's logits in logits (B, vocab, not capped) and
+ * its choice left to the caller (*decided < n), so that every choice made here is the one torch would make. The
+ * loop a greedy decode runs, in one call: between steps Python would cost as much as a step's attention. Returns as
+ * model_step, *decided the steps done before the one that failed. */
 int model_greedy(const model *M, const int64_t *tokens, int B, int *pos, const int *slot, float *k, float *v,
-                 long layer_stride, float *logits, int n, int64_t *out, float softcap, int threads) {
+                 long layer_stride, float *logits, int n, int64_t *out, float softcap, int *decided, int threads) {
     const int64_t *in = tokens;
     long N = M->head.N;
+    *decided = 0;
     for (int s = 0; s < n; s++) {
-        int status = model_step(M, in, B, pos, slot, k, v, layer_stride, logits, threads);
+        int status = model_step(M, in, B, pos, slot, k, v, layer_stride, logits, threads), sure = 1;
         if (status) return status;
         for (int b = 0; b < B; b++) {
             const float *row = logits + b * N;
             long best = 0;
-            float top = 0.0f;
+            float top = -INFINITY, second = -INFINITY;  /* the largest, and the largest of the others */
+            int nan = 0;
             for (long j = 0; j < N; j++) {
                 float x = softcap > 0 ? softcap * tanhf(row[j] / softcap) : row[j];
                 if (isnan(x)) {
-                    best = j;
+                    best = j, nan = 1;
                     break;
                 }
-                if (j == 0 || x > top) best = j, top = x;
+                if (j == 0 || x > top) {
+                    if (j > 0) second = top;
+                    best = j, top = x;
+                } else if (x > second) {
+                    second = x;
+                }
             }
+            /* capped values an ulp or two from torch's: within 8 ulps of each other, either could be its choice */
+            if (softcap > 0 && !nan && N > 1 && top - second <= 8 * FLT_EPSILON * fabsf(top)) sure = 0;
             out[(long)s * B + b] = best;
-            pos[b]++;
         }
+        if (!sure) return 0;  /* this step's choice is the caller's */
+        for (int b = 0; b < B; b++) pos[b]++;
+        *decided = s + 1;
         in = out + (long)s * B;
     }
     return 0;

@@ -257,18 +257,21 @@ class FusedStep:
 
     @torch.inference_mode()
     def greedy(self, tokens, cache, n):
-        """Tokens (n, B): n greedy steps from tokens (B,) in one call to decode.c, each step's argmax fed to the
-        next, as n steps each followed by sample_next at temperature 0 give; the cache advanced by n. None where
-        the step is not decode.c's. A softcap is applied in C (tanhf, within a rounding of torch.tanh: where
-        the cap ties two logits that differ, the tie goes to the first as with torch, but a tie there or not
-        could differ by that rounding)."""
+        """Tokens (s, B), 1 <= s <= n: greedy steps from tokens (B,) in one call to decode.c, each step's argmax
+        fed to the next, as steps each followed by sample_next at temperature 0 give; the cache advanced by s.
+        Fewer than n where a softcap brings two logits within an ulp or two of a tie (decode.c's tanhf and
+        torch.tanh can round apart there): that step's choice is torch's, from its logits capped as the model
+        caps them, and the run ends with it. None where the step is not decode.c's."""
         if not self.native_applies(cache):
             return None
         rows = self.decode_rows(tokens, cache)
         if int(rows[0].max()) + n > self.layers[0].block:
             raise ValueError(f"{n} steps from position {int(rows[0].max())} pass the block ({self.layers[0].block})")
-        out = native.model_greedy(self.native_model[0], tokens, rows, cache.k, cache.v, n, self.config.logit_softcap)
-        cache.advance(n)
+        out, logits = native.model_greedy(self.native_model[0], tokens, rows, cache.k, cache.v, n,
+                                          self.config.logit_softcap)
+        if out.size(0) < n:  # the step after out's ran: its choice, near a tie under the cap, made as torch makes it
+            out = torch.cat([out, self.model.softcap(logits).argmax(dim=-1)[None]])
+        cache.advance(out.size(0))
         return out
 
     def native_applies(self, cache):

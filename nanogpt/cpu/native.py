@@ -129,7 +129,7 @@ def load():
     p, i = ctypes.c_void_p, ctypes.c_int
     lib.matvec.argtypes = [p, i, p, i, p, p, p, p, i, i, i, i, i]
     lib.model_step.argtypes = [p, p, i, p, p, p, p, ctypes.c_long, p, i]
-    lib.model_greedy.argtypes = [p, p, i, p, p, p, p, ctypes.c_long, p, i, p, ctypes.c_float, i]  # logits, n, out, cap
+    lib.model_greedy.argtypes = [p, p, i, p, p, p, p, ctypes.c_long, p, i, p, ctypes.c_float, p, i]
     lib.matvec.restype = lib.model_step.restype = lib.model_greedy.restype = lib.matvec_vector.restype = ctypes.c_int
     return lib, ""
 
@@ -242,17 +242,20 @@ def model_step(model, tokens, rows, k, v):
 
 
 def model_greedy(model, tokens, rows, k, v, n, softcap=None):
-    """Tokens (n, B) int64: n greedy steps from tokens (B,), as n calls of model_step each followed by an argmax
-    (the first largest logit, after the softcap where one is given) whose tokens the next step reads, the rows'
-    positions one further each step. rows as model_step's, left as they were; the cache must have room for n more
-    positions in every row."""
+    """(tokens (s, B) int64, logits (B, vocab)): up to n greedy steps from tokens (B,), as calls of model_step each
+    followed by an argmax (the first largest logit, after the softcap where one is given) whose tokens the next step
+    reads, the rows' positions one further each step. s < n where the softcap brought a row's two largest logits
+    within a few ulps of each other: step s then ran, its logits (not capped) are returned and its choice is the
+    caller's; else logits are the last step's. rows as model_step's, left as they were; the cache must have room for
+    n more positions in every row."""
     tokens = tokens.long().contiguous()
     rows = rows.clone()  # decode.c advances the positions in place
     logits, out = torch.empty(tokens.size(0), model.head.N), torch.empty(n, tokens.size(0), dtype=torch.long)
+    decided = ctypes.c_int(0)
     check(library().model_greedy(ctypes.byref(model), tokens.data_ptr(), tokens.size(0), rows.data_ptr(),
                                  rows[1].data_ptr(), k.data_ptr(), v.data_ptr(), k.stride(0), logits.data_ptr(), n,
-                                 out.data_ptr(), softcap or 0.0, torch.get_num_threads()), model)
-    return out
+                                 out.data_ptr(), softcap or 0.0, ctypes.byref(decided), torch.get_num_threads()), model)
+    return out[:decided.value], logits
 
 
 def check(status, model):
