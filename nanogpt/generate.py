@@ -358,7 +358,8 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, 
     context shift does (the uncached path slides the window by one each
     step, so the two differ beyond block_size). Each step after a prefill
     is cpu.decoding's: on a CPU, packed float32 weights (a second copy of
-    them held while the generator runs) and the fused step where it applies.
+    them held while the generator runs; bfloat16's kept while the weights live) and the fused step where it
+    applies.
     on_step(report): called each step with the step's logits, probs, draws and tokens.
     presence_penalty, frequency_penalty and logit_bias: Penalties, counting the tokens of each row
     generated here (not idx's). The yielded tensors are inference tensors: call .tolist() or .clone().

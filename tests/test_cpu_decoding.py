@@ -167,3 +167,53 @@ def test_the_load_counts_only_the_cpus_this_process_may_run_on(tmp_path):
     assert threads_module.cpu_seconds(str(stat), {0, 1}) == pytest.approx(400 / ticks)  # idle, iowait left out
     assert threads_module.cpu_seconds(str(stat), {2}) == pytest.approx(600 / ticks)
     assert threads_module.cpu_seconds(str(tmp_path / "none"), {0}) is None
+
+
+def test_bfloat16_copies_are_made_once_and_again_after_a_change(tiny_config):
+    """decode.c's bfloat16 copies are kept while the weight lives unchanged: the same copy for the same weight,
+    a new one after an in-place change or `.data =`, and the entry gone with the weight."""
+    import gc
+
+    from model import GPT
+    from nanogpt.cpu import _bfloat16_copies, bfloat16_copy
+    model = GPT(tiny_config)
+    w = model.transformer.h[0].mlp.c_fc.weight
+    first = bfloat16_copy(w)
+    assert bfloat16_copy(w) is first and torch.equal(first, w.detach().bfloat16())
+    with torch.no_grad():
+        w.mul_(2)
+    second = bfloat16_copy(w)
+    assert second is not first and torch.equal(second, w.detach().bfloat16())
+    w.data = torch.randn_like(w)
+    third = bfloat16_copy(w)
+    assert third is not second and torch.equal(third, w.detach().bfloat16())
+    key = id(w)
+    del model, w
+    gc.collect()
+    assert key not in _bfloat16_copies
+
+
+@pytest.mark.skipif(not native.available(), reason=f"no native products here: {native.why()}")
+def test_bfloat16_generation_after_a_weight_changes_reads_the_new_weight(monkeypatch, tiny_config):
+    """Two generations under bfloat16 autocast on decode.c's products, the weights changed in place between them:
+    the second gives the changed model's greedy tokens, not the kept copy's."""
+    import copy
+
+    from nanogpt.cpu.kernels import bfloat16_products_supported
+    from nanogpt.generate import generate
+    from test_fused_step import sharp32
+    from test_model_options import OPTIONS
+    if not bfloat16_products_supported():
+        pytest.skip("this CPU has no native bfloat16 products")
+    from dataclasses import replace
+    monkeypatch.setattr(nanogpt.cpu, "BFLOAT16_KERNEL", "native")
+    model = sharp32(replace(tiny_config, **OPTIONS["modern"]))
+    idx = torch.randint(0, 64, (2, 4), generator=torch.Generator().manual_seed(3))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        before = generate(model, idx, 10, temperature=0)
+        with torch.no_grad():
+            for block in model.transformer.h:
+                block.mlp.c_proj.weight.mul_(-3)
+        after = generate(model, idx, 10, temperature=0)
+        fresh = generate(copy.deepcopy(model), idx, 10, temperature=0)
+    assert torch.equal(after, fresh) and not torch.equal(after, before)
