@@ -365,8 +365,9 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, 
     generated here (not idx's). The yielded tensors are inference tensors: call .tolist() or .clone().
     run_ahead: greedy decoding (temperature 0, no penalties, no on_step) on decode.c's step may take up to
     this many steps in one call (cpu.decoding's step.greedy) and yield its tokens one by one after: the same
-    tokens, without Python between the steps. The caller then must not change the model while the
-    generator is suspended (a change takes effect at the next call); 1 runs no step ahead.
+    tokens, without Python between the steps; other decoding looks at whether the fused step still applies
+    once in this many steps. The caller then must not change the model while the generator is suspended (a
+    change takes effect at the next call or look); 1 runs no step ahead and looks every step.
     """
     check_sampling(max_new_tokens, temperature, top_k, top_p, presence_penalty, frequency_penalty, logit_bias)
     block = model.config.block_size
@@ -390,7 +391,8 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, 
                 return window[:, window.size(1) - k:]
             cache, start, tok = None, None, None  # the cache holds tokens start .. n - 2; tok: token n - 1
             ahead = run_ahead if temperature == 0 and penalties is None and on_step is None else 1
-            n, end = T, T + max_new_tokens
+            looks = run_ahead if on_step is None else 1  # steps a look at the fused step's validity covers
+            n, end, since = T, T + max_new_tokens, 0
             while n < end:
                 if ahead > 1 and cache is not None and window_start(n, start, block) == start:
                     run = step.greedy(tok, cache, min(ahead, end - n, block - cache.pos))  # to the window's end
@@ -410,7 +412,8 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, 
                     start, cache.pos = window_start(n, start, block), 0
                     logits, _ = model(last(n - start), kv_cache=cache, last_only=True)
                 else:
-                    logits = step(tok, cache)
+                    logits = step(tok, cache, look=since % looks == 0)
+                    since += 1
                 report = {} if on_step is not None else None
                 tok = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator, report, penalties)  # (B,)
                 if penalties is not None:

@@ -1,5 +1,5 @@
 """generate()'s microseconds a token in two checkouts of this repository, alternated (docs/results.md): 250 greedy
-tokens from one token on the GPU recipe's shape (6 x 384, block 256), random weights, each checkout in its own
+(or seeded sampled) tokens from one token on the GPU recipe's shape (6 x 384, block 256), random weights, each checkout in its own
 process so that each loads its own code and its own decode.c.
 
     git worktree add /tmp/before HEAD~1
@@ -28,10 +28,12 @@ if {precision!r} == "int8":
 ctx = torch.autocast("cpu", torch.bfloat16) if {precision!r} == "bfloat16" else contextlib.nullcontext()
 times = []
 with ctx:
-    generate(model, torch.zeros(1, 1, dtype=torch.long), 250, temperature=0)
+    generate(model, torch.zeros(1, 1, dtype=torch.long), 250, temperature={temperature},
+                   generator=torch.Generator().manual_seed(0))
     for _ in range({repeats}):
         t0 = time.perf_counter()
-        out = generate(model, torch.zeros(1, 1, dtype=torch.long), 250, temperature=0)
+        out = generate(model, torch.zeros(1, 1, dtype=torch.long), 250, temperature={temperature},
+                   generator=torch.Generator().manual_seed(0))
         times.append(time.perf_counter() - t0)
 print(statistics.median(times) / 250 * 1e6, out[0, -5:].tolist())
 """
@@ -43,6 +45,7 @@ def main():
     p.add_argument("after", help="another")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--precision", choices=("float32", "bfloat16", "int8"), default="float32")
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; else sampled, seeded")
     p.add_argument("--rounds", type=int, default=2, help="before then after, this many times")
     p.add_argument("--repeats", type=int, default=7, help="timed generations a process (its median)")
     args = p.parse_args()
@@ -54,7 +57,7 @@ def main():
     for i in range(args.rounds):
         for name, repo in (("before", args.before), ("after", args.after)):
             code = ONE.format(repo=os.path.abspath(repo), threads=args.threads, precision=args.precision,
-                              repeats=args.repeats)
+                              repeats=args.repeats, temperature=args.temperature)
             line = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
             us, tokens = line.split(" ", 1)
             figures[name].append(float(us))

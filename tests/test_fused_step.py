@@ -127,6 +127,23 @@ def test_a_greedy_run_gives_a_tie_to_the_first_token(monkeypatch, tiny_config):
 
 
 @NATIVE
+def test_sampled_decoding_looks_at_the_fused_step_once_a_run(monkeypatch, tiny_config):
+    """generate() at temperature 0.8 takes one step a call, and looks at whether the fused step still applies
+    (valid()) once in GREEDY_RUN steps, as nothing it runs changes the model: the same seeded tokens as a stream
+    that looks every step."""
+    monkeypatch.setattr(cpu, "FLOAT32_KERNEL", "native")
+    model = sharp32(replace(tiny_config, **OPTIONS["modern"]))
+    looks, real = [], FusedStep.valid
+    monkeypatch.setattr(FusedStep, "valid", lambda self: looks.append(1) or real(self))
+    idx = torch.randint(0, 64, (2, 4), generator=torch.Generator().manual_seed(4))
+    out = generate(model, idx, 12, temperature=0.8, generator=torch.Generator().manual_seed(5))
+    assert len(looks) == 2  # the build's, then the first step's: 11 steps in one run of 16
+    every = torch.cat([idx] + [t[:, None] for t in stream(model, idx, 12, temperature=0.8,
+                                                          generator=torch.Generator().manual_seed(5))], dim=1)
+    assert len(looks) == 2 + 1 + 11 and torch.equal(out, every)
+
+
+@NATIVE
 def test_a_near_tie_under_the_softcap_is_left_to_torch(monkeypatch, tiny_config):
     """Two logits an ulp or so apart (30.0000286 and the next float) capped at 15: libm's tanhf and torch.tanh
     can round them to a tie or not (they did on the machine this was written on), so decode.c leaves each such
