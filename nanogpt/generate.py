@@ -216,6 +216,26 @@ def uniform_draws(rows, generator, device):
     return torch.rand(rows, 1, generator=generator, device=device)
 
 
+def draws_ahead(generator, rows, n, device):
+    """(draws (n, rows), settle(k)): the uniform draws of the next n steps as n calls of uniform_draws would take
+    them from the same generator (None: PyTorch's default), or one per row from a list, and settle(k), which leaves
+    the generators as if only k steps had drawn (their states restored, then k steps' draws taken again)."""
+    each = isinstance(generator, (list, tuple))
+    if each and len(generator) != rows:
+        raise ValueError(f"{len(generator)} generators for {rows} rows; give one per row")
+    gens = list(generator) if each else [torch.default_generator if generator is None else generator]
+    states = [g.get_state() for g in gens]
+    take = (lambda k: torch.stack([torch.rand(k, generator=g, device=device) for g in gens], dim=1)) if each else (
+        lambda k: torch.rand(k, rows, generator=gens[0], device=device))
+
+    def settle(k):
+        if k != n:
+            for g, state in zip(gens, states):
+                g.set_state(state)
+            take(k)
+    return take(n), settle
+
+
 def pick(probs, draw):
     """The token of each row whose cumulative probability first exceeds draw (B, 1) in [0, 1)."""
     cdf = probs.cumsum(dim=-1)
@@ -391,6 +411,8 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, 
                 return window[:, window.size(1) - k:]
             cache, start, tok = None, None, None  # the cache holds tokens start .. n - 2; tok: token n - 1
             ahead = run_ahead if temperature == 0 and penalties is None and on_step is None else 1
+            plain = (top_k is None or top_k >= model.config.vocab_size) and (top_p is None or top_p >= 1.0)
+            sampled = run_ahead if temperature > 0 and plain and penalties is None and on_step is None else 1
             looks = run_ahead if on_step is None else 1  # steps a look at the fused step's validity covers
             n, end, since = T, T + max_new_tokens, 0
             while n < end:
@@ -403,6 +425,25 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, 
                             recent.append(tok)
                             yield tok
                         n += run.size(0)
+                        continue
+                if sampled > 1 and cache is not None and window_start(n, start, block) == start:
+                    draws, settle = draws_ahead(generator, B, min(sampled, end - n, block - cache.pos), idx.device)
+                    run = step.sample(tok, cache, draws, max(temperature, 1e-30))
+                    if run is None:  # decode.c does not run this step: one at a time from here
+                        settle(0)
+                        sampled = 1
+                    else:
+                        run, logits = run
+                        settle(run.size(0))
+                        for tok in run:
+                            recent.append(tok)
+                            yield tok
+                        n += run.size(0)
+                        if logits is not None:  # a draw near a token's edge: sample_next's choice, on its own draw
+                            tok = sample_next(logits, temperature, top_k, top_p, generator)
+                            recent.append(tok)
+                            yield tok
+                            n += 1
                         continue
                 if not use_cache:
                     logits, _ = model(last(min(n, block)), last_only=True)

@@ -128,19 +128,73 @@ def test_a_greedy_run_gives_a_tie_to_the_first_token(monkeypatch, tiny_config):
 
 @NATIVE
 def test_sampled_decoding_looks_at_the_fused_step_once_a_run(monkeypatch, tiny_config):
-    """generate() at temperature 0.8 takes one step a call, and looks at whether the fused step still applies
-    (valid()) once in GREEDY_RUN steps, as nothing it runs changes the model: the same seeded tokens as a stream
-    that looks every step."""
+    """generate() at temperature 0.8 with top-k takes one step a call, and looks at whether the fused step still
+    applies (valid()) once in GREEDY_RUN steps, as nothing it runs changes the model: the same seeded tokens as a
+    stream that looks every step."""
     monkeypatch.setattr(cpu, "FLOAT32_KERNEL", "native")
     model = sharp32(replace(tiny_config, **OPTIONS["modern"]))
     looks, real = [], FusedStep.valid
     monkeypatch.setattr(FusedStep, "valid", lambda self: looks.append(1) or real(self))
     idx = torch.randint(0, 64, (2, 4), generator=torch.Generator().manual_seed(4))
-    out = generate(model, idx, 12, temperature=0.8, generator=torch.Generator().manual_seed(5))
+    args = dict(temperature=0.8, top_k=10)  # top-k: one step a call (no sampled runs)
+    out = generate(model, idx, 12, generator=torch.Generator().manual_seed(5), **args)
     assert len(looks) == 2  # the build's, then the first step's: 11 steps in one run of 16
-    every = torch.cat([idx] + [t[:, None] for t in stream(model, idx, 12, temperature=0.8,
-                                                          generator=torch.Generator().manual_seed(5))], dim=1)
+    every = torch.cat([idx] + [t[:, None] for t in stream(model, idx, 12, generator=torch.Generator().manual_seed(5),
+                                                          **args)], dim=1)
     assert len(looks) == 2 + 1 + 11 and torch.equal(out, every)
+
+
+def seeded(kind, seed, rows):
+    """sample_next's generator argument: one generator, one a row, or None (PyTorch's default, seeded here)."""
+    if kind == "none":
+        torch.manual_seed(seed)
+        return None
+    if kind == "each":
+        return [torch.Generator().manual_seed(seed + i) for i in range(rows)]
+    return torch.Generator().manual_seed(seed)
+
+
+@NATIVE
+@pytest.mark.parametrize("kind", ["one", "each", "none"])
+@pytest.mark.parametrize("option", [OPTIONS["modern"], dict(OPTIONS["modern"], pos_emb="learned"),
+                                    dict(OPTIONS["modern"], logit_softcap=2.0)])
+def test_sampled_runs_give_the_seeded_tokens_of_one_step_at_a_time(monkeypatch, tiny_config, option, kind):
+    """generate() at a temperature lets decode.c sample runs of steps on the draws sample_next would take
+    (native.model_sample): the same seeded tokens as one step at a time, through three context shifts, and the
+    generators left where one step at a time leaves them."""
+    monkeypatch.setattr(cpu, "FLOAT32_KERNEL", "native")
+    model = sharp32(replace(tiny_config, **option))
+    idx = torch.randint(0, 64, (3, 4), generator=torch.Generator().manual_seed(2))
+    made, real = [], FusedStep.sample
+    monkeypatch.setattr(FusedStep, "sample", lambda self, *a: made.append(real(self, *a)) or made[-1])
+    gen = seeded(kind, 7, 3)
+    out = generate(model, idx, 40, temperature=0.8, generator=gen)
+    after = [torch.rand(1, generator=g) for g in (gen if kind == "each" else [gen])] if gen is not None else [torch.rand(1)]
+    assert len(made) >= 4 and sum(run[0].size(0) for run in made) > 30  # runs, a few ended at an edge at most
+    gen = seeded(kind, 7, 3)
+    one = torch.cat([idx] + [t[:, None] for t in stream(model, idx, 40, temperature=0.8, generator=gen)], dim=1)
+    again = [torch.rand(1, generator=g) for g in (gen if kind == "each" else [gen])] if gen is not None else [torch.rand(1)]
+    assert torch.equal(out, one) and all(map(torch.equal, after, again))
+    assert len(set(out[:, 4:].flatten().tolist())) > 10
+
+
+@NATIVE
+def test_a_draw_near_a_tokens_edge_is_left_to_torch(monkeypatch, tiny_config):
+    """With the edge's margin at 0.3 of the total most draws lie near one: each such step ends its run and is
+    sample_next's, on its own draw (the generator wound back to it); the tokens and the generator's next draw
+    are one step at a time's."""
+    monkeypatch.setattr(cpu, "FLOAT32_KERNEL", "native")
+    monkeypatch.setattr(native, "SAMPLE_TOLERANCE", 0.3)
+    model = sharp32(replace(tiny_config, **OPTIONS["modern"]))
+    idx = torch.randint(0, 64, (2, 4), generator=torch.Generator().manual_seed(3))
+    made, real = [], FusedStep.sample
+    monkeypatch.setattr(FusedStep, "sample", lambda self, *a: made.append(real(self, *a)) or made[-1])
+    gen = torch.Generator().manual_seed(11)
+    out = generate(model, idx, 30, temperature=1.0, generator=gen)
+    assert sum(run[1] is not None for run in made) > 10
+    one_gen = torch.Generator().manual_seed(11)
+    one = torch.cat([idx] + [t[:, None] for t in stream(model, idx, 30, temperature=1.0, generator=one_gen)], dim=1)
+    assert torch.equal(out, one) and torch.equal(torch.rand(3, generator=gen), torch.rand(3, generator=one_gen))
 
 
 @NATIVE

@@ -14,6 +14,7 @@
  *
  * model_step: GPT.forward for one new token per row, its blocks by block_step: the whole step in one call.
  * model_greedy: up to n greedy steps of model_step, each step's argmax fed to the next: a greedy decode's loop in one call.
+ * model_sample: the same for sampling at a temperature, on draws given.
  *
  * block_step: one Block of model.py for one new position per row, each row at its own position in its own slot
  * of the cache (generate.KVCache, engine.SlotCache): x += attn(norm_1(x)), x += mlp(norm_2(x)), the new keys and
@@ -539,6 +540,66 @@ int model_greedy(const model *M, const int64_t *tokens, int B, int *pos, const i
         *decided = s + 1;
         in = out + (long)s * B;
     }
+    return 0;
+}
+
+/* A row's sampled token from its logits row (N), as generate.sample_next takes it at a temperature with no top-k,
+ * top-p or penalty: capped where softcap > 0, less their largest, over the temperature, a softmax, then the first
+ * token whose cumulative probability passes draw times the total (generate.pick). libm's exp and tanh and the sums'
+ * order differ from PyTorch's by an ulp or a few: where the draw lies within `tolerance` of the total from either
+ * edge of the token's share, or a logit is NaN, either side could be torch's choice, and -1 leaves it to the
+ * caller. work: N floats of scratch. */
+static long sample_one(const float *row, long N, float softcap, float temperature, float draw, float tolerance,
+                       float *work) {
+    float top = -INFINITY;
+    for (long j = 0; j < N; j++) {
+        float x = softcap > 0 ? softcap * tanhf(row[j] / softcap) : row[j];
+        if (isnan(x)) return -1;
+        work[j] = x;
+        if (x > top) top = x;
+    }
+    double total = 0.0;
+    for (long j = 0; j < N; j++) total += work[j] = expf((work[j] - top) / temperature);
+    double cumulative = 0.0;
+    for (long j = 0; j < N; j++) work[j] = (float)(cumulative += (float)(work[j] / total));
+    float last = work[N - 1], target = draw * last, margin = tolerance * last;
+    for (long j = 0; j < N; j++)
+        if (work[j] > target) {
+            float below = j ? work[j - 1] : 0.0f;
+            return target - below <= margin || work[j] - target <= margin ? -1 : j;
+        }
+    return -1;
+}
+
+/* Up to n sampled steps from tokens (B): as model_greedy, each row's token chosen by sample_one with its draw
+ * draws[s * B + b] (uniform in [0, 1), those sample_next would draw) at temperature (> 0). A step where a row's
+ * choice is left to the caller ends the run: *decided steps are in out, the next one ran and its logits (not
+ * capped) are in logits, its positions not advanced. Returns as model_step. */
+int model_sample(const model *M, const int64_t *tokens, int B, int *pos, const int *slot, float *k, float *v,
+                 long layer_stride, float *logits, int n, int64_t *out, float softcap, float temperature,
+                 const float *draws, float tolerance, int *decided, int threads) {
+    const int64_t *in = tokens;
+    long N = M->head.N;
+    float *work = malloc((size_t)N * sizeof *work);
+    *decided = 0;
+    if (!work) return -1;
+    for (int s = 0; s < n; s++) {
+        int status = model_step(M, in, B, pos, slot, k, v, layer_stride, logits, threads), sure = 1;
+        if (status) {
+            free(work);
+            return status;
+        }
+        for (int b = 0; b < B && sure; b++) {
+            long j = sample_one(logits + b * N, N, softcap, temperature, draws[(long)s * B + b], tolerance, work);
+            if (j < 0) sure = 0;
+            out[(long)s * B + b] = j;
+        }
+        if (!sure) break;  /* this step's choices are the caller's */
+        for (int b = 0; b < B; b++) pos[b]++;
+        *decided = s + 1;
+        in = out + (long)s * B;
+    }
+    free(work);
     return 0;
 }
 

@@ -274,6 +274,27 @@ class FusedStep:
         cache.advance(out.size(0))
         return out
 
+    @torch.inference_mode()
+    def sample(self, tokens, cache, draws, temperature):
+        """(tokens (s, B), logits (B, V) or None): up to n = len(draws) steps sampled at temperature in one call to
+        decode.c (native.model_sample), each row's token the one sample_next takes with its draw (draws (n, B)) and
+        no top-k, top-p or penalty; the cache advanced by the steps run. Where s < n, step s ran too and its logits,
+        capped as the model caps them, are returned: a draw lay near the edge of a token's share, where the choice
+        is sample_next's. None where the step is not decode.c's."""
+        if not self.native_applies(cache):
+            return None
+        rows = self.decode_rows(tokens, cache)
+        n = draws.size(0)
+        if int(rows[0].max()) + n > self.layers[0].block:
+            raise ValueError(f"{n} steps from position {int(rows[0].max())} pass the block ({self.layers[0].block})")
+        out, logits = native.model_sample(self.native_model[0], tokens, rows, cache.k, cache.v, draws, temperature,
+                                          self.config.logit_softcap)
+        if out.size(0) == n:
+            cache.advance(n)
+            return out, None
+        cache.advance(out.size(0) + 1)
+        return out, self.model.softcap(logits)
+
     def native_applies(self, cache):
         """decode.c runs the step: every block's products are its own, and the cache says where each row goes."""
         return self.layers is not None and hasattr(cache, "decode_rows") and cache.k.dtype == torch.float32

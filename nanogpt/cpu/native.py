@@ -130,6 +130,9 @@ def load():
     lib.matvec.argtypes = [p, i, p, i, p, p, p, p, i, i, i, i, i]
     lib.model_step.argtypes = [p, p, i, p, p, p, p, ctypes.c_long, p, i]
     lib.model_greedy.argtypes = [p, p, i, p, p, p, p, ctypes.c_long, p, i, p, ctypes.c_float, p, i]
+    f = ctypes.c_float
+    lib.model_sample.argtypes = [p, p, i, p, p, p, p, ctypes.c_long, p, i, p, f, f, p, f, p, i]
+    lib.model_sample.restype = ctypes.c_int
     lib.matvec.restype = lib.model_step.restype = lib.model_greedy.restype = lib.matvec_vector.restype = ctypes.c_int
     return lib, ""
 
@@ -255,6 +258,27 @@ def model_greedy(model, tokens, rows, k, v, n, softcap=None):
     check(library().model_greedy(ctypes.byref(model), tokens.data_ptr(), tokens.size(0), rows.data_ptr(),
                                  rows[1].data_ptr(), k.data_ptr(), v.data_ptr(), k.stride(0), logits.data_ptr(), n,
                                  out.data_ptr(), softcap or 0.0, ctypes.byref(decided), torch.get_num_threads()), model)
+    return out[:decided.value], logits
+
+
+SAMPLE_TOLERANCE = 1e-5  # of the cumulative total: a draw this near a token's edge is left to PyTorch (sample_one)
+
+
+def model_sample(model, tokens, rows, k, v, draws, temperature, softcap=None):
+    """(tokens (s, B) int64, logits (B, vocab)): up to n = len(draws) sampled steps from tokens (B,), as model_greedy
+    but each row's token the one generate.pick takes with its draw (draws (n, B) float32, sample_next's) at
+    temperature, with no top-k, top-p or penalty. s < n where a row's draw lay within SAMPLE_TOLERANCE of an edge
+    (or a logit was NaN): step s then ran, its logits (not capped) are returned and its choices are the caller's."""
+    tokens = tokens.long().contiguous()
+    rows = rows.clone()
+    n = draws.size(0)
+    draws = draws.float().contiguous()
+    logits, out = torch.empty(tokens.size(0), model.head.N), torch.empty(n, tokens.size(0), dtype=torch.long)
+    decided = ctypes.c_int(0)
+    check(library().model_sample(ctypes.byref(model), tokens.data_ptr(), tokens.size(0), rows.data_ptr(),
+                                 rows[1].data_ptr(), k.data_ptr(), v.data_ptr(), k.stride(0), logits.data_ptr(), n,
+                                 out.data_ptr(), softcap or 0.0, temperature, draws.data_ptr(), SAMPLE_TOLERANCE,
+                                 ctypes.byref(decided), torch.get_num_threads()), model)
     return out[:decided.value], logits
 
 
