@@ -385,8 +385,9 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, 
     generated here (not idx's). The yielded tensors are inference tensors: call .tolist() or .clone().
     run_ahead: greedy decoding (temperature 0, no penalties, no on_step) on decode.c's step may take up to
     this many steps in one call (cpu.decoding's step.greedy) and yield its tokens one by one after: the same
-    tokens, without Python between the steps; other decoding looks at whether the fused step still applies
-    once in this many steps. The caller then must not change the model while the generator is suspended (a
+    tokens, without Python between the steps; so may sampling with no top-k, top-p or penalty (step.sample, on
+    the draws sample_next would take: the same seeded tokens); other decoding looks at whether the fused step
+    still applies once in this many steps. The caller then must not change the model while the generator is suspended (a
     change takes effect at the next call or look); 1 runs no step ahead and looks every step.
     """
     check_sampling(max_new_tokens, temperature, top_k, top_p, presence_penalty, frequency_penalty, logit_bias)
