@@ -388,7 +388,9 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, 
     tokens, without Python between the steps; so may sampling with no top-k, top-p or penalty (step.sample, on
     the draws sample_next would take: the same seeded tokens); other decoding looks at whether the fused step
     still applies once in this many steps. The caller then must not change the model while the generator is suspended (a
-    change takes effect at the next call or look); 1 runs no step ahead and looks every step.
+    change takes effect at the next call or look), nor draw from the sampling generators (PyTorch's default one
+    where generator is None): a sampled run has drawn its steps ahead, and winds the generators back to the
+    tokens taken when it ends or the stream is closed. 1 runs no step ahead and looks every step.
     """
     check_sampling(max_new_tokens, temperature, top_k, top_p, presence_penalty, frequency_penalty, logit_bias)
     block = model.config.block_size
@@ -413,7 +415,9 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, 
             cache, start, tok = None, None, None  # the cache holds tokens start .. n - 2; tok: token n - 1
             ahead = run_ahead if temperature == 0 and penalties is None and on_step is None else 1
             plain = (top_k is None or top_k >= model.config.vocab_size) and (top_p is None or top_p >= 1.0)
-            sampled = run_ahead if temperature > 0 and plain and penalties is None and on_step is None else 1
+            shared = isinstance(generator, (list, tuple)) and len({id(g) for g in generator}) < len(generator)
+            sampled = run_ahead if temperature > 0 and plain and not shared and penalties is None and on_step is None \
+                else 1  # shared: one generator's draws go round the rows a step at a time, not drawn ahead a row each
             looks = run_ahead if on_step is None else 1  # steps a look at the fused step's validity covers
             n, end, since = T, T + max_new_tokens, 0
             while n < end:
@@ -436,9 +440,13 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, 
                     else:
                         run, logits = run
                         settle(run.size(0))
-                        for tok in run:
+                        for i, tok in enumerate(run):
                             recent.append(tok)
-                            yield tok
+                            try:
+                                yield tok
+                            except GeneratorExit:  # the consumer stopped here: the draws of the tokens it took
+                                settle(i + 1)
+                                raise
                         n += run.size(0)
                         if logits is not None:  # a draw near a token's edge: sample_next's choice, on its own draw
                             tok = sample_next(logits, temperature, top_k, top_p, generator)

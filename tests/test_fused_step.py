@@ -197,6 +197,89 @@ def test_a_draw_near_a_tokens_edge_is_left_to_torch(monkeypatch, tiny_config):
     assert torch.equal(out, one) and torch.equal(torch.rand(3, generator=gen), torch.rand(3, generator=one_gen))
 
 
+def two_logits_an_ulp_apart(tiny_config):
+    """A model whose logits are lm_head.weight[:, 0] at every position (ln_f's weight 0, its bias e_0): 0 and 1
+    are 30.0000286 and the next float, the rest 0, capped at 15: tanhf and torch.tanh round them apart (they did
+    on the machine this was written on), and a temperature scales that difference up."""
+    model = GPT(replace(tiny_config, tie_weights=False, logit_softcap=15.0)).eval()
+    x0 = 30.000028610229492
+    x1 = float(torch.nextafter(torch.tensor(x0), torch.tensor(31.0)))
+    with torch.no_grad():
+        model.transformer.ln_f.weight.zero_()
+        model.transformer.ln_f.bias.zero_()
+        model.transformer.ln_f.bias[0] = 1.0
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[0, 0], model.lm_head.weight[1, 0] = x0, x1
+    return model
+
+
+def one_step_at_a_time(model, idx, n, **kwargs):
+    return torch.cat([idx] + [t[:, None] for t in stream(model, idx, n, **kwargs)], dim=1)
+
+
+@NATIVE
+@pytest.mark.parametrize("temperature", [1e-6, 0.01, 1.0])
+def test_a_cold_sample_between_capped_near_ties_is_left_to_torch(monkeypatch, tiny_config, temperature):
+    """Sampled runs on two capped logits an ulp apart: at a low temperature their shares hang on that ulp, so the
+    margin grows with the cap over the temperature and those steps are sample_next's: the same tokens and the
+    same generator state as one step at a time."""
+    monkeypatch.setattr(cpu, "FLOAT32_KERNEL", "native")
+    model = two_logits_an_ulp_apart(tiny_config)
+    idx = torch.zeros(1, 1, dtype=torch.long)
+    runs, one = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
+    out = generate(model, idx, 13, temperature=temperature, generator=runs)
+    assert torch.equal(out, one_step_at_a_time(model, idx, 13, temperature=temperature, generator=one))
+    assert torch.equal(torch.rand(2, generator=runs), torch.rand(2, generator=one))
+
+
+@NATIVE
+def test_a_stream_stopped_inside_a_sampled_run_leaves_the_generator_at_its_last_token(monkeypatch, tiny_config):
+    """A run draws 16 steps ahead; a consumer that stops after 5 tokens (chat.py at the end of an answer, with
+    one generator for the whole session) finds the generator where 5 steps leave it: the next answer is the
+    same as one step at a time's. generate()'s stops too. And the same generator twice in a list (its draws go
+    round the rows) takes no runs."""
+    monkeypatch.setattr(cpu, "FLOAT32_KERNEL", "native")
+    model = sharp32(replace(tiny_config, **OPTIONS["modern"]))
+    idx = torch.randint(0, 64, (1, 4), generator=torch.Generator().manual_seed(6))
+
+    def answers(run_ahead):
+        gen, texts = torch.Generator().manual_seed(3), []
+        for _ in range(2):
+            text = []
+            for tok in stream(model, idx, 12, temperature=0.9, generator=[gen], run_ahead=run_ahead):
+                text.append(tok.item())
+                if len(text) == 5:
+                    break
+            texts.append(text)
+        return texts, torch.rand(1, generator=gen)
+    ahead, one = answers(16), answers(1)
+    assert ahead[0] == one[0] and torch.equal(ahead[1], one[1])
+    gens = [torch.Generator().manual_seed(4) for _ in range(2)]
+    out = generate(model, idx, 12, temperature=0.9, generator=gens[0], stop=[[int(ahead[0][0][2])]])
+    one_out = generate(model, idx, 12, temperature=0.9, generator=gens[1], stop=[[int(ahead[0][0][2])]])
+    assert torch.equal(out, one_out) and torch.equal(torch.rand(1, generator=gens[0]), torch.rand(1, generator=gens[1]))
+    twice = torch.randint(0, 64, (2, 4), generator=torch.Generator().manual_seed(7))
+    g1, g2 = torch.Generator().manual_seed(8), torch.Generator().manual_seed(8)
+    assert torch.equal(generate(model, twice, 12, temperature=0.9, generator=[g1, g1]),
+                       one_step_at_a_time(model, twice, 12, temperature=0.9, generator=[g2, g2]))
+
+
+@NATIVE
+def test_decoding_on_decode_c_ignores_the_default_dtype(monkeypatch, tiny_config):
+    """decode.c writes float32: its buffers are float32 under torch.set_default_dtype(torch.float64) too."""
+    monkeypatch.setattr(cpu, "FLOAT32_KERNEL", "native")
+    model = sharp32(replace(tiny_config, **OPTIONS["modern"]))
+    idx = torch.randint(0, 64, (2, 4), generator=torch.Generator().manual_seed(9))
+    expected = one_step_at_a_time(model, idx, 10, temperature=0)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        assert torch.equal(one_step_at_a_time(model, idx, 10, temperature=0), expected)
+        assert torch.equal(generate(model, idx, 10, temperature=0), expected)
+    finally:
+        torch.set_default_dtype(default)
+
+
 @NATIVE
 def test_a_near_tie_under_the_softcap_is_left_to_torch(monkeypatch, tiny_config):
     """Two logits an ulp or so apart (30.0000286 and the next float) capped at 15: libm's tanhf and torch.tanh

@@ -545,10 +545,11 @@ int model_greedy(const model *M, const int64_t *tokens, int B, int *pos, const i
 
 /* A row's sampled token from its logits row (N), as generate.sample_next takes it at a temperature with no top-k,
  * top-p or penalty: capped where softcap > 0, less their largest, over the temperature, a softmax, then the first
- * token whose cumulative probability passes draw times the total (generate.pick). libm's exp and tanh and the sums'
- * order differ from PyTorch's by an ulp or a few: where the draw lies within `tolerance` of the total from either
- * edge of the token's share, or a logit is NaN, either side could be torch's choice, and -1 leaves it to the
- * caller. work: N floats of scratch. */
+ * token whose cumulative probability passes draw times the total (generate.pick). libm's exp and the sums' order
+ * differ from PyTorch's by an ulp or a few, and a capped logit by an ulp of the cap (tanhf), which the temperature
+ * then scales: where the draw lies within tolerance (+ 8 ulps of the cap over the temperature, with a cap) of the
+ * total from either edge of the token's share, or a logit is NaN, either side could be torch's choice, and -1
+ * leaves it to the caller. work: N floats of scratch. */
 static long sample_one(const float *row, long N, float softcap, float temperature, float draw, float tolerance,
                        float *work) {
     float top = -INFINITY;
@@ -562,7 +563,8 @@ static long sample_one(const float *row, long N, float softcap, float temperatur
     for (long j = 0; j < N; j++) total += work[j] = expf((work[j] - top) / temperature);
     double cumulative = 0.0;
     for (long j = 0; j < N; j++) work[j] = (float)(cumulative += (float)(work[j] / total));
-    float last = work[N - 1], target = draw * last, margin = tolerance * last;
+    float last = work[N - 1], target = draw * last;
+    float margin = (tolerance + (softcap > 0 ? 8 * FLT_EPSILON * softcap / temperature : 0.0f)) * last;
     for (long j = 0; j < N; j++)
         if (work[j] > target) {
             float below = j ? work[j - 1] : 0.0f;

@@ -172,7 +172,7 @@ class Weight:
             x = x.float().contiguous()  # attention's output under autocast is bfloat16: the library reads memory
         if residual is not None and (residual.dtype is not torch.float32 or not residual.is_contiguous()):
             residual = residual.float().contiguous()
-        y = torch.empty(x.size(0), self.N)
+        y = torch.empty(x.size(0), self.N, dtype=torch.float32)  # what the library writes, whatever the default
         bias = self.bias
         w, kind, scale = self.args
         if self.call(x.data_ptr(), x.size(0), w, kind, scale, None if bias is None else bias.data_ptr(),
@@ -236,7 +236,7 @@ def model_step(model, tokens, rows, k, v):
     contiguous, each row's position and its slot; k, v the cache (n_layer, slots, nkv, block, hs) float32
     contiguous, written at each row's slot and position."""
     tokens = tokens.long().contiguous()
-    logits = torch.empty(tokens.size(0), model.head.N)
+    logits = torch.empty(tokens.size(0), model.head.N, dtype=torch.float32)
     status = library().model_step(ctypes.byref(model), tokens.data_ptr(), tokens.size(0), rows.data_ptr(),
                                   rows[1].data_ptr(), k.data_ptr(), v.data_ptr(), k.stride(0), logits.data_ptr(),
                                   torch.get_num_threads())
@@ -253,7 +253,8 @@ def model_greedy(model, tokens, rows, k, v, n, softcap=None):
     n more positions in every row."""
     tokens = tokens.long().contiguous()
     rows = rows.clone()  # decode.c advances the positions in place
-    logits, out = torch.empty(tokens.size(0), model.head.N), torch.empty(n, tokens.size(0), dtype=torch.long)
+    logits = torch.empty(tokens.size(0), model.head.N, dtype=torch.float32)
+    out = torch.empty(n, tokens.size(0), dtype=torch.long)
     decided = ctypes.c_int(0)
     check(library().model_greedy(ctypes.byref(model), tokens.data_ptr(), tokens.size(0), rows.data_ptr(),
                                  rows[1].data_ptr(), k.data_ptr(), v.data_ptr(), k.stride(0), logits.data_ptr(), n,
@@ -261,7 +262,9 @@ def model_greedy(model, tokens, rows, k, v, n, softcap=None):
     return out[:decided.value], logits
 
 
-SAMPLE_TOLERANCE = 1e-5  # of the cumulative total: a draw this near a token's edge is left to PyTorch (sample_one)
+# of the cumulative total: a draw this near a token's edge is left to PyTorch (sample_one); a softcap adds
+# 8 * FLT_EPSILON * softcap / temperature to it, tanhf's ulps scaled as the temperature scales them
+SAMPLE_TOLERANCE = 1e-5
 
 
 def model_sample(model, tokens, rows, k, v, draws, temperature, softcap=None):
@@ -273,7 +276,8 @@ def model_sample(model, tokens, rows, k, v, draws, temperature, softcap=None):
     rows = rows.clone()
     n = draws.size(0)
     draws = draws.float().contiguous()
-    logits, out = torch.empty(tokens.size(0), model.head.N), torch.empty(n, tokens.size(0), dtype=torch.long)
+    logits = torch.empty(tokens.size(0), model.head.N, dtype=torch.float32)
+    out = torch.empty(n, tokens.size(0), dtype=torch.long)
     decided = ctypes.c_int(0)
     check(library().model_sample(ctypes.byref(model), tokens.data_ptr(), tokens.size(0), rows.data_ptr(),
                                  rows[1].data_ptr(), k.data_ptr(), v.data_ptr(), k.stride(0), logits.data_ptr(), n,
