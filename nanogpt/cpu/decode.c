@@ -547,7 +547,7 @@ int model_greedy(const model *M, const int64_t *tokens, int B, int *pos, const i
  * top-p or penalty: capped where softcap > 0, less their largest, over the temperature, a softmax, then the first
  * token whose cumulative probability passes draw times the total (generate.pick). libm's exp and the sums' order
  * differ from PyTorch's by an ulp or a few, and a capped logit by an ulp of the cap (tanhf), which the temperature
- * then scales: where the draw lies within tolerance (+ 8 ulps of the cap over the temperature, with a cap) of the
+ * then scales: where the draw lies within tolerance (+ 16 ulps of the cap over the temperature, with a cap) of the
  * total from either edge of the token's share, or a logit is NaN, either side could be torch's choice, and -1
  * leaves it to the caller. work: N floats of scratch. */
 static long sample_one(const float *row, long N, float softcap, float temperature, float draw, float tolerance,
@@ -564,7 +564,7 @@ static long sample_one(const float *row, long N, float softcap, float temperatur
     double cumulative = 0.0;
     for (long j = 0; j < N; j++) work[j] = (float)(cumulative += (float)(work[j] / total));
     float last = work[N - 1], target = draw * last;
-    float margin = (tolerance + (softcap > 0 ? 8 * FLT_EPSILON * softcap / temperature : 0.0f)) * last;
+    float margin = (tolerance + (softcap > 0 ? 16 * FLT_EPSILON * softcap / temperature : 0.0f)) * last;
     for (long j = 0; j < N; j++)
         if (work[j] > target) {
             float below = j ? work[j - 1] : 0.0f;

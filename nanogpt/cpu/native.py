@@ -263,7 +263,8 @@ def model_greedy(model, tokens, rows, k, v, n, softcap=None):
 
 
 # of the cumulative total: a draw this near a token's edge is left to PyTorch (sample_one); a softcap adds
-# 8 * FLT_EPSILON * softcap / temperature to it, tanhf's ulps scaled as the temperature scales them
+# 16 * FLT_EPSILON * softcap / temperature to it: tanhf and torch.tanh 2 ulps apart at most, on a logit and on the
+# largest, scaled by the temperature, move a share by 8 of them; twice that
 SAMPLE_TOLERANCE = 1e-5
 
 
