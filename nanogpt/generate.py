@@ -364,7 +364,7 @@ class Continuation:
 
 # --- the decode loop ----------------------------------------------------------------------------------
 
-GREEDY_RUN = 16  # greedy steps decode.c takes in one call where the caller lets it run ahead (stream's run_ahead)
+GREEDY_RUN = 16  # steps decode.c takes in one call where the caller lets it run ahead (stream's run_ahead)
 
 
 @torch.inference_mode()  # entered per step, not while the caller holds a token
@@ -383,11 +383,10 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, 
     on_step(report): called each step with the step's logits, probs, draws and tokens.
     presence_penalty, frequency_penalty and logit_bias: Penalties, counting the tokens of each row
     generated here (not idx's). The yielded tensors are inference tensors: call .tolist() or .clone().
-    run_ahead: greedy decoding (temperature 0, no penalties, no on_step) on decode.c's step may take up to
-    this many steps in one call (cpu.decoding's step.greedy) and yield its tokens one by one after: the same
-    tokens, without Python between the steps; so may sampling with no top-k, top-p or penalty (step.sample, on
-    the draws sample_next would take: the same seeded tokens); other decoding looks at whether the fused step
-    still applies once in this many steps. The caller then must not change the model while the generator is suspended (a
+    run_ahead: greedy decoding, and sampling with no top-k, top-p or penalty (on the draws sample_next would
+    take), without on_step, may take up to this many steps on decode.c's step in one call (cpu.decoding's
+    step.run) and yield its tokens one by one after: the same tokens, without Python between the steps; other
+    decoding looks at whether the fused step still applies once in this many steps. The caller then must not change the model while the generator is suspended (a
     change takes effect at the next call or look), nor draw from the sampling generators (PyTorch's default one
     where generator is None): a sampled run has drawn its steps ahead, and winds the generators back to the
     tokens taken when it ends or the stream is closed. 1 runs no step ahead and looks every step.
@@ -413,34 +412,26 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, 
                     window, recent = torch.cat([window, torch.stack(recent, 1)], 1)[:, -block:], []
                 return window[:, window.size(1) - k:]
             cache, start, tok = None, None, None  # the cache holds tokens start .. n - 2; tok: token n - 1
-            ahead = run_ahead if temperature == 0 and penalties is None and on_step is None else 1
             plain = (top_k is None or top_k >= model.config.vocab_size) and (top_p is None or top_p >= 1.0)
             shared = isinstance(generator, (list, tuple)) and len({id(g) for g in generator}) < len(generator)
-            sampled = run_ahead if temperature > 0 and plain and not shared and penalties is None and on_step is None \
-                else 1  # shared: one generator's draws go round the rows a step at a time, not drawn ahead a row each
+            # decode.c runs steps ahead: greedy, or sampled at a temperature alone (shared: one generator's draws go
+            # round the rows a step at a time, not drawn ahead a row each)
+            ahead = run_ahead if penalties is None and on_step is None and (
+                temperature == 0 or plain and not shared) else 1
             looks = run_ahead if on_step is None else 1  # steps a look at the fused step's validity covers
             n, end, since = T, T + max_new_tokens, 0
             while n < end:
                 if ahead > 1 and cache is not None and window_start(n, start, block) == start:
-                    run = step.greedy(tok, cache, min(ahead, end - n, block - cache.pos))  # to the window's end
+                    steps = min(ahead, end - n, block - cache.pos)  # to the window's end
+                    draws, settle = draws_ahead(generator, B, steps, idx.device) if temperature else (None, lambda k: None)
+                    run = step.run(tok, cache, steps, temperature and max(temperature, 1e-30), draws)
                     if run is None:  # decode.c does not run this step: one at a time from here
                         ahead = 1
-                    else:
-                        for tok in run:  # (B,) each, the last fed to the next step
-                            recent.append(tok)
-                            yield tok
-                        n += run.size(0)
-                        continue
-                if sampled > 1 and cache is not None and window_start(n, start, block) == start:
-                    draws, settle = draws_ahead(generator, B, min(sampled, end - n, block - cache.pos), idx.device)
-                    run = step.sample(tok, cache, draws, max(temperature, 1e-30))
-                    if run is None:  # decode.c does not run this step: one at a time from here
                         settle(0)
-                        sampled = 1
                     else:
                         run, logits = run
                         settle(run.size(0))
-                        for i, tok in enumerate(run):
+                        for i, tok in enumerate(run):  # (B,) each, the last fed to the next step
                             recent.append(tok)
                             try:
                                 yield tok
@@ -448,7 +439,7 @@ def stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, 
                                 settle(i + 1)
                                 raise
                         n += run.size(0)
-                        if logits is not None:  # a draw near a token's edge: sample_next's choice, on its own draw
+                        if logits is not None:  # a choice decode.c's rounding could make otherwise: sample_next's
                             tok = sample_next(logits, temperature, top_k, top_p, generator)
                             recent.append(tok)
                             yield tok

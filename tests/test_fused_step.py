@@ -30,6 +30,20 @@ def sharp32(config):
     return sharp(config).float()
 
 
+def record_runs(monkeypatch):
+    """FusedStep.run's calls where decode.c ran, as (steps asked, steps it chose, 1 where it handed a step's choice
+    back to sample_next else 0)."""
+    runs, real = [], FusedStep.run
+
+    def run(self, tokens, cache, n, *args):
+        result = real(self, tokens, cache, n, *args)
+        if result is not None:
+            runs.append((n, result[0].size(0), int(result[1] is not None)))
+        return result
+    monkeypatch.setattr(FusedStep, "run", run)
+    return runs
+
+
 @pytest.mark.parametrize("kernel", ["packed", "plain", pytest.param("native", marks=NATIVE)])
 @pytest.mark.parametrize("option", list(OPTIONS) + ["no_bias", "softcap_rope_swiglu"])
 def test_fused_steps_match_the_full_forward_for_every_option(tiny_config, option, kernel):
@@ -88,13 +102,12 @@ def test_greedy_runs_in_one_call_give_the_tokens_of_one_step_at_a_time(monkeypat
     monkeypatch.setattr(cpu, "FLOAT32_KERNEL", "native")
     model = sharp32(replace(tiny_config, **option))
     idx = torch.randint(0, 64, (3, 4), generator=torch.Generator().manual_seed(2))
-    steps, runs, made = [], [], []
-    real_step, real_greedy = FusedStep.__call__, FusedStep.greedy
+    steps, real_step = [], FusedStep.__call__
     monkeypatch.setattr(FusedStep, "__call__", lambda self, *a: steps.append(1) or real_step(self, *a))
-    monkeypatch.setattr(FusedStep, "greedy", lambda self, *a: runs.append(a[2]) or made.append(real_greedy(self, *a))
-                        or made[-1])
+    recorded = record_runs(monkeypatch)
     out = generate(model, idx, 40, temperature=0)
-    made = [run.size(0) for run in made]  # the tokens each run gave
+    runs = [asked for asked, _, _ in recorded]
+    made = [chosen + handed for _, chosen, handed in recorded]  # the tokens each run gave
     # every token from runs but the prefill's and three shifts' (at tokens 17, 26 and 35: half the window kept)
     assert not steps and sum(made) == 36
     if option.get("logit_softcap") is None:  # each to the window's end: positions 4 .. 15 for tokens 5 .. 16 first
@@ -103,7 +116,7 @@ def test_greedy_runs_in_one_call_give_the_tokens_of_one_step_at_a_time(monkeypat
         assert len(runs) > 4 and min(made) >= 1
     assert all(len(set(row)) >= 4 for row in out[:, 4:].tolist())  # a token fed twice or a position kept would show
     one_at_a_time = torch.cat([idx] + [t[:, None] for t in stream(model, idx, 40, temperature=0)], dim=1)
-    assert len(steps) == 36 and len(runs) == len(made)  # no run where run_ahead is 1
+    assert len(steps) == 36 and len(recorded) == len(made)  # no run where run_ahead is 1
     assert torch.equal(out, one_at_a_time)
     torch.testing.assert_close(out[:, :17], greedy_by_hand(model, idx, 13))
 
@@ -116,13 +129,11 @@ def test_a_greedy_run_gives_a_tie_to_the_first_token(monkeypatch, tiny_config):
     model = sharp32(replace(tiny_config, bias=False))
     with torch.no_grad():
         model.lm_head.weight[1::2] = model.lm_head.weight[0::2]
-    runs = []
-    real_greedy = FusedStep.greedy
-    monkeypatch.setattr(FusedStep, "greedy", lambda self, *a: runs.append(a[2]) or real_greedy(self, *a))
+    runs = record_runs(monkeypatch)
     idx = torch.tensor([[1, 2], [7, 30]])
     out = generate(model, idx, 12, temperature=0)
     one_at_a_time = torch.cat([idx] + [t[:, None] for t in stream(model, idx, 12, temperature=0)], dim=1)
-    assert runs == [11] and torch.equal(out, one_at_a_time)
+    assert [asked for asked, _, _ in runs] == [11] and torch.equal(out, one_at_a_time)
     assert (out[:, 2:] % 2 == 0).all() and len(set(out[:, 2:].flatten().tolist())) > 2
 
 
@@ -160,17 +171,16 @@ def seeded(kind, seed, rows):
                                     dict(OPTIONS["modern"], logit_softcap=2.0)])
 def test_sampled_runs_give_the_seeded_tokens_of_one_step_at_a_time(monkeypatch, tiny_config, option, kind):
     """generate() at a temperature lets decode.c sample runs of steps on the draws sample_next would take
-    (native.model_sample): the same seeded tokens as one step at a time, through three context shifts, and the
+    (native.model_run): the same seeded tokens as one step at a time, through three context shifts, and the
     generators left where one step at a time leaves them."""
     monkeypatch.setattr(cpu, "FLOAT32_KERNEL", "native")
     model = sharp32(replace(tiny_config, **option))
     idx = torch.randint(0, 64, (3, 4), generator=torch.Generator().manual_seed(2))
-    made, real = [], FusedStep.sample
-    monkeypatch.setattr(FusedStep, "sample", lambda self, *a: made.append(real(self, *a)) or made[-1])
+    made = record_runs(monkeypatch)
     gen = seeded(kind, 7, 3)
     out = generate(model, idx, 40, temperature=0.8, generator=gen)
     after = [torch.rand(1, generator=g) for g in (gen if kind == "each" else [gen])] if gen is not None else [torch.rand(1)]
-    assert len(made) >= 4 and sum(run[0].size(0) for run in made) > 30  # runs, a few ended at an edge at most
+    assert len(made) >= 4 and sum(chosen for _, chosen, _ in made) > 30  # runs, a few ended at an edge at most
     gen = seeded(kind, 7, 3)
     one = torch.cat([idx] + [t[:, None] for t in stream(model, idx, 40, temperature=0.8, generator=gen)], dim=1)
     again = [torch.rand(1, generator=g) for g in (gen if kind == "each" else [gen])] if gen is not None else [torch.rand(1)]
@@ -187,11 +197,10 @@ def test_a_draw_near_a_tokens_edge_is_left_to_torch(monkeypatch, tiny_config):
     monkeypatch.setattr(native, "SAMPLE_TOLERANCE", 0.3)
     model = sharp32(replace(tiny_config, **OPTIONS["modern"]))
     idx = torch.randint(0, 64, (2, 4), generator=torch.Generator().manual_seed(3))
-    made, real = [], FusedStep.sample
-    monkeypatch.setattr(FusedStep, "sample", lambda self, *a: made.append(real(self, *a)) or made[-1])
+    made = record_runs(monkeypatch)
     gen = torch.Generator().manual_seed(11)
     out = generate(model, idx, 30, temperature=1.0, generator=gen)
-    assert sum(run[1] is not None for run in made) > 10
+    assert sum(handed for _, _, handed in made) > 10
     one_gen = torch.Generator().manual_seed(11)
     one = torch.cat([idx] + [t[:, None] for t in stream(model, idx, 30, temperature=1.0, generator=one_gen)], dim=1)
     assert torch.equal(out, one) and torch.equal(torch.rand(3, generator=gen), torch.rand(3, generator=one_gen))
@@ -286,21 +295,12 @@ def test_a_near_tie_under_the_softcap_is_left_to_torch(monkeypatch, tiny_config)
     can round them to a tie or not (they did on the machine this was written on), so decode.c leaves each such
     step's choice to torch: every run gives one token, and the tokens are one step at a time's."""
     monkeypatch.setattr(cpu, "FLOAT32_KERNEL", "native")
-    model = GPT(replace(tiny_config, tie_weights=False, logit_softcap=15.0)).eval()
-    x0 = 30.000028610229492
-    x1 = float(torch.nextafter(torch.tensor(x0), torch.tensor(31.0)))
-    with torch.no_grad():  # the last hidden state is e_0 at every position: logit j is lm_head.weight[j, 0]
-        model.transformer.ln_f.weight.zero_()
-        model.transformer.ln_f.bias.zero_()
-        model.transformer.ln_f.bias[0] = 1.0
-        model.lm_head.weight.zero_()
-        model.lm_head.weight[0, 0], model.lm_head.weight[1, 0] = x0, x1
-    made, real_greedy = [], FusedStep.greedy
-    monkeypatch.setattr(FusedStep, "greedy", lambda self, *a: made.append(real_greedy(self, *a)) or made[-1])
+    model = two_logits_an_ulp_apart(tiny_config)
+    made = record_runs(monkeypatch)
     idx = torch.zeros(1, 1, dtype=torch.long)
     out = generate(model, idx, 8, temperature=0)
     one_at_a_time = torch.cat([idx] + [t[:, None] for t in stream(model, idx, 8, temperature=0)], dim=1)
-    assert [run.size(0) for run in made] == [1] * 7 and torch.equal(out, one_at_a_time)
+    assert [chosen + handed for _, chosen, handed in made] == [1] * 7 and torch.equal(out, one_at_a_time)
 
 
 def test_every_gptconfig_field_is_one_the_fused_step_knows():

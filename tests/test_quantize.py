@@ -142,14 +142,15 @@ def test_int8_generation_runs_fused_and_gives_the_int8_models_greedy_tokens(monk
     floats = sharp32(replace(tiny_config, n_embd=width, **OPTIONS["modern"]))
     model = quantize(copy.deepcopy(floats), "int8")
     calls = []
-    real, real_greedy = FusedStep.__call__, FusedStep.greedy
+    real, real_run = FusedStep.__call__, FusedStep.run
     monkeypatch.setattr(FusedStep, "__call__", lambda self, *a: calls.append(self.blocks[0][1].kind) or real(self, *a))
 
-    def greedy(self, *a):  # decode.c's greedy runs: each step counted
-        run = real_greedy(self, *a)
-        calls.extend([] if run is None else [self.blocks[0][1].kind] * run.size(0))
-        return run
-    monkeypatch.setattr(FusedStep, "greedy", greedy)
+    def run(self, *a):  # decode.c's runs: each step counted, the one handed back included
+        result = real_run(self, *a)
+        if result is not None:
+            calls.extend([self.blocks[0][1].kind] * (result[0].size(0) + (result[1] is not None)))
+        return result
+    monkeypatch.setattr(FusedStep, "run", run)
     idx = torch.randint(0, 64, (3, 4), generator=torch.Generator().manual_seed(2))
     out = generate(model, idx, 12, temperature=0)
     assert calls == [kernel] * 11

@@ -116,9 +116,8 @@ def decoding(model, rows, scratch=None):
     logits (B, 1, V) of tokens (B,) after what the cache holds, as model(tokens[:, None], kv_cache=cache)[0].
     scratch(): an empty cache for `rows` rows (generate.KVCache), on which decode.c's step and PyTorch's are timed
     against each other where both apply (native_faster); without it, decode.c's is taken where it loads.
-    step.greedy(tokens, cache, n): the tokens (n, B) of n greedy steps in one call where decode.c runs the step
-    (FusedStep.greedy), else None; step.sample(tokens, cache, draws, temperature) the same for sampling on the
-    draws given (FusedStep.sample). step(tokens, cache, look=False) trusts the last look at the fused step's
+    step.run(tokens, cache, n, temperature, draws): up to n greedy or sampled steps in one call where decode.c
+    runs the step (FusedStep.run), else None. step(tokens, cache, look=False) trusts the last look at the fused step's
     validity (35 us a step in place, of a 350 us step): for a caller that has let nothing change the model since.
 
     The products run in product_dtype() as it is on entry (enter autocast first), on as many threads as cores
@@ -159,14 +158,10 @@ def decoding(model, rows, scratch=None):
                     return fused(tokens, cache)
                 return model(tokens[:, None], kv_cache=cache)[0]
 
-            def greedy(tokens, cache, n):
+            def run(tokens, cache, n, temperature=0.0, draws=None):
                 threads.check()
-                return fused.greedy(tokens, cache, n) if valid(True) else None
-
-            def sample(tokens, cache, draws, temperature):
-                threads.check()
-                return fused.sample(tokens, cache, draws, temperature) if valid(True) else None
-            step.greedy, step.sample = greedy, sample
+                return fused.run(tokens, cache, n, temperature, draws) if valid(True) else None
+            step.run = run
             yield step
     finally:
         threads.restore()

@@ -13,8 +13,7 @@
  * Rows of W are split over OpenMP threads (the runtime PyTorch loaded: its threads, not a second pool).
  *
  * model_step: GPT.forward for one new token per row, its blocks by block_step: the whole step in one call.
- * model_greedy: up to n greedy steps of model_step, each step's argmax fed to the next: a greedy decode's loop in one call.
- * model_sample: the same for sampling at a temperature, on draws given.
+ * model_run: up to n steps of model_step, each step's greedy or sampled choice fed to the next: a decode's loop in one call.
  *
  * block_step: one Block of model.py for one new position per row, each row at its own position in its own slot
  * of the cache (generate.KVCache, engine.SlotCache): x += attn(norm_1(x)), x += mlp(norm_2(x)), the new keys and
@@ -496,51 +495,24 @@ int model_step(const model *M, const int64_t *tokens, int B, const int *pos, con
 #endif
 }
 
-/* Up to n greedy steps from tokens (B): each step's choice per row, the first of its largest logits (the first NaN
- * where there is one: torch.argmax's rule), is written to out (n, B) and fed to the next step one position on; pos
- * advances in place, one a step (the caller leaves the cache room for n). *decided: the steps whose choices are in
- * out. Where softcap > 0 the logits are capped first (softcap * tanh(logit / softcap), as GPT.softcap), with libm's
- * tanhf, which can round an ulp away from torch.tanh: a row whose two largest capped logits lie within a few ulps
- * (the cap can tie logits that differ) stops the run with that step's logits in logits (B, vocab, not capped) and
- * its choice left to the caller (*decided < n), so that every choice made here is the one torch would make. The
- * loop a greedy decode runs, in one call: between steps Python would cost as much as a step's attention. Returns as
- * model_step, *decided the steps done before the one that failed. */
-int model_greedy(const model *M, const int64_t *tokens, int B, int *pos, const int *slot, float *k, float *v,
-                 long layer_stride, float *logits, int n, int64_t *out, float softcap, int *decided, int threads) {
-    const int64_t *in = tokens;
-    long N = M->head.N;
-    *decided = 0;
-    for (int s = 0; s < n; s++) {
-        int status = model_step(M, in, B, pos, slot, k, v, layer_stride, logits, threads), sure = 1;
-        if (status) return status;
-        for (int b = 0; b < B; b++) {
-            const float *row = logits + b * N;
-            long best = 0;
-            float top = -INFINITY, second = -INFINITY;  /* the largest, and the largest of the others */
-            int nan = 0;
-            for (long j = 0; j < N; j++) {
-                float x = softcap > 0 ? softcap * tanhf(row[j] / softcap) : row[j];
-                if (isnan(x)) {
-                    best = j, nan = 1;
-                    break;
-                }
-                if (j == 0 || x > top) {
-                    if (j > 0) second = top;
-                    best = j, top = x;
-                } else if (x > second) {
-                    second = x;
-                }
-            }
-            /* capped values an ulp or two from torch's: within 8 ulps of each other, either could be its choice */
-            if (softcap > 0 && !nan && N > 1 && top - second <= 8 * FLT_EPSILON * fabsf(top)) sure = 0;
-            out[(long)s * B + b] = best;
+/* A row's greedy token from its logits row (N): the first of its largest (the first NaN where there is one:
+ * torch.argmax's rule), capped first where softcap > 0 (softcap * tanh(logit / softcap), as GPT.softcap). libm's
+ * tanhf can round an ulp away from torch.tanh, and the cap can tie logits that differ: where the two largest capped
+ * logits lie within 8 ulps of each other either could be torch's choice, and -1 leaves it to the caller. */
+static long greedy_one(const float *row, long N, float softcap) {
+    long best = 0;
+    float top = -INFINITY, second = -INFINITY;  /* the largest, and the largest of the others */
+    for (long j = 0; j < N; j++) {
+        float x = softcap > 0 ? softcap * tanhf(row[j] / softcap) : row[j];
+        if (isnan(x)) return j;
+        if (j == 0 || x > top) {
+            if (j > 0) second = top;
+            best = j, top = x;
+        } else if (x > second) {
+            second = x;
         }
-        if (!sure) return 0;  /* this step's choice is the caller's */
-        for (int b = 0; b < B; b++) pos[b]++;
-        *decided = s + 1;
-        in = out + (long)s * B;
     }
-    return 0;
+    return softcap > 0 && N > 1 && top - second <= 8 * FLT_EPSILON * fabsf(top) ? -1 : best;
 }
 
 /* A row's sampled token from its logits row (N), as generate.sample_next takes it at a temperature with no top-k,
@@ -573,36 +545,38 @@ static long sample_one(const float *row, long N, float softcap, float temperatur
     return -1;
 }
 
-/* Up to n sampled steps from tokens (B): as model_greedy, each row's token chosen by sample_one with its draw
- * draws[s * B + b] (uniform in [0, 1), those sample_next would draw) at temperature (> 0). A step where a row's
- * choice is left to the caller ends the run: *decided steps are in out, the next one ran and its logits (not
- * capped) are in logits, its positions not advanced. Returns as model_step. */
-int model_sample(const model *M, const int64_t *tokens, int B, int *pos, const int *slot, float *k, float *v,
-                 long layer_stride, float *logits, int n, int64_t *out, float softcap, float temperature,
-                 const float *draws, float tolerance, int *decided, int threads) {
+/* Up to n decode steps from tokens (B), each row's token chosen by greedy_one (temperature 0) or by sample_one
+ * with its draw draws[s * B + b] (uniform in [0, 1), those sample_next would draw) and written to out (n, B), then
+ * fed to the next step one position on; pos advances in place, one a step (the caller leaves the cache room for n).
+ * A step where a row's choice is left to the caller ends the run: *decided steps are in out, the next one ran and
+ * its logits (not capped) are in logits, its positions not advanced. The loop a decode runs, in one call: between
+ * steps Python would cost as much as a step's attention. Returns as model_step, *decided the steps done before the
+ * one that failed. */
+int model_run(const model *M, const int64_t *tokens, int B, int *pos, const int *slot, float *k, float *v,
+              long layer_stride, float *logits, int n, int64_t *out, float softcap, float temperature,
+              const float *draws, float tolerance, int *decided, int threads) {
     const int64_t *in = tokens;
     long N = M->head.N;
-    float *work = malloc((size_t)N * sizeof *work);
+    float *work = temperature > 0 ? malloc((size_t)N * sizeof *work) : NULL;
+    int status = temperature > 0 && !work ? -1 : 0;
     *decided = 0;
-    if (!work) return -1;
-    for (int s = 0; s < n; s++) {
-        int status = model_step(M, in, B, pos, slot, k, v, layer_stride, logits, threads), sure = 1;
-        if (status) {
-            free(work);
-            return status;
-        }
-        for (int b = 0; b < B && sure; b++) {
-            long j = sample_one(logits + b * N, N, softcap, temperature, draws[(long)s * B + b], tolerance, work);
-            if (j < 0) sure = 0;
+    for (int s = 0; s < n && !status; s++) {
+        int sure = 1;
+        status = model_step(M, in, B, pos, slot, k, v, layer_stride, logits, threads);
+        for (int b = 0; b < B && sure && !status; b++) {
+            const float *row = logits + b * N;
+            long j = temperature > 0 ? sample_one(row, N, softcap, temperature, draws[(long)s * B + b], tolerance, work)
+                                     : greedy_one(row, N, softcap);
+            sure = j >= 0;
             out[(long)s * B + b] = j;
         }
-        if (!sure) break;  /* this step's choices are the caller's */
+        if (status || !sure) break;  /* failed, or this step's choices are the caller's */
         for (int b = 0; b < B; b++) pos[b]++;
         *decided = s + 1;
         in = out + (long)s * B;
     }
     free(work);
-    return 0;
+    return status;
 }
 
 /* 1 where this build has the AVX-512 loops (F, BW, VNNI, BF16), 0 where it sums one value at a time */

@@ -256,39 +256,19 @@ class FusedStep:
         return logits.view(tokens.size(0), 1, -1)
 
     @torch.inference_mode()
-    def greedy(self, tokens, cache, n):
-        """Tokens (s, B), 1 <= s <= n: greedy steps from tokens (B,) in one call to decode.c, each step's argmax
-        fed to the next, as steps each followed by sample_next at temperature 0 give; the cache advanced by s.
-        Fewer than n where a softcap brings two logits within an ulp or two of a tie (decode.c's tanhf and
-        torch.tanh can round apart there): that step's choice is torch's, from its logits capped as the model
-        caps them, and the run ends with it. None where the step is not decode.c's."""
+    def run(self, tokens, cache, n, temperature=0.0, draws=None):
+        """(tokens (s, B), logits (B, V) or None): up to n steps from tokens (B,) in one call to decode.c
+        (native.model_run), each row's token the one sample_next takes: at temperature 0 the argmax, else with its
+        draw (draws (n, B)) and no top-k, top-p or penalty; the cache advanced by the steps run. Where s < n, step
+        s ran too and its logits, capped as the model caps them, are returned: its choice could go either way
+        between decode.c's rounding and PyTorch's, and is sample_next's. None where the step is not decode.c's."""
         if not self.native_applies(cache):
             return None
         rows = self.decode_rows(tokens, cache)
         if int(rows[0].max()) + n > self.layers[0].block:
             raise ValueError(f"{n} steps from position {int(rows[0].max())} pass the block ({self.layers[0].block})")
-        out, logits = native.model_greedy(self.native_model[0], tokens, rows, cache.k, cache.v, n,
-                                          self.config.logit_softcap)
-        if out.size(0) < n:  # the step after out's ran: its choice, near a tie under the cap, made as torch makes it
-            out = torch.cat([out, self.model.softcap(logits).argmax(dim=-1)[None]])
-        cache.advance(out.size(0))
-        return out
-
-    @torch.inference_mode()
-    def sample(self, tokens, cache, draws, temperature):
-        """(tokens (s, B), logits (B, V) or None): up to n = len(draws) steps sampled at temperature in one call to
-        decode.c (native.model_sample), each row's token the one sample_next takes with its draw (draws (n, B)) and
-        no top-k, top-p or penalty; the cache advanced by the steps run. Where s < n, step s ran too and its logits,
-        capped as the model caps them, are returned: a draw lay near the edge of a token's share, where the choice
-        is sample_next's. None where the step is not decode.c's."""
-        if not self.native_applies(cache):
-            return None
-        rows = self.decode_rows(tokens, cache)
-        n = draws.size(0)
-        if int(rows[0].max()) + n > self.layers[0].block:
-            raise ValueError(f"{n} steps from position {int(rows[0].max())} pass the block ({self.layers[0].block})")
-        out, logits = native.model_sample(self.native_model[0], tokens, rows, cache.k, cache.v, draws, temperature,
-                                          self.config.logit_softcap)
+        out, logits = native.model_run(self.native_model[0], tokens, rows, cache.k, cache.v, n, temperature, draws,
+                                       self.config.logit_softcap)
         if out.size(0) == n:
             cache.advance(n)
             return out, None

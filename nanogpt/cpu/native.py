@@ -129,11 +129,9 @@ def load():
     p, i = ctypes.c_void_p, ctypes.c_int
     lib.matvec.argtypes = [p, i, p, i, p, p, p, p, i, i, i, i, i]
     lib.model_step.argtypes = [p, p, i, p, p, p, p, ctypes.c_long, p, i]
-    lib.model_greedy.argtypes = [p, p, i, p, p, p, p, ctypes.c_long, p, i, p, ctypes.c_float, p, i]
     f = ctypes.c_float
-    lib.model_sample.argtypes = [p, p, i, p, p, p, p, ctypes.c_long, p, i, p, f, f, p, f, p, i]
-    lib.model_sample.restype = ctypes.c_int
-    lib.matvec.restype = lib.model_step.restype = lib.model_greedy.restype = lib.matvec_vector.restype = ctypes.c_int
+    lib.model_run.argtypes = [p, p, i, p, p, p, p, ctypes.c_long, p, i, p, f, f, p, f, p, i]
+    lib.matvec.restype = lib.model_step.restype = lib.model_run.restype = lib.matvec_vector.restype = ctypes.c_int
     return lib, ""
 
 
@@ -244,51 +242,36 @@ def model_step(model, tokens, rows, k, v):
     return logits
 
 
-def model_greedy(model, tokens, rows, k, v, n, softcap=None):
-    """(tokens (s, B) int64, logits (B, vocab)): up to n greedy steps from tokens (B,), as calls of model_step each
-    followed by an argmax (the first largest logit, after the softcap where one is given) whose tokens the next step
-    reads, the rows' positions one further each step. s < n where the softcap brought a row's two largest logits
-    within a few ulps of each other: step s then ran, its logits (not capped) are returned and its choice is the
-    caller's; else logits are the last step's. rows as model_step's, left as they were; the cache must have room for
-    n more positions in every row."""
-    tokens = tokens.long().contiguous()
-    rows = rows.clone()  # decode.c advances the positions in place
-    logits = torch.empty(tokens.size(0), model.head.N, dtype=torch.float32)
-    out = torch.empty(n, tokens.size(0), dtype=torch.long)
-    decided = ctypes.c_int(0)
-    check(library().model_greedy(ctypes.byref(model), tokens.data_ptr(), tokens.size(0), rows.data_ptr(),
-                                 rows[1].data_ptr(), k.data_ptr(), v.data_ptr(), k.stride(0), logits.data_ptr(), n,
-                                 out.data_ptr(), softcap or 0.0, ctypes.byref(decided), torch.get_num_threads()), model)
-    return out[:decided.value], logits
-
-
 # of the cumulative total: a draw this near a token's edge is left to PyTorch (sample_one); a softcap adds
 # 16 * FLT_EPSILON * softcap / temperature to it: tanhf and torch.tanh 2 ulps apart at most, on a logit and on the
 # largest, scaled by the temperature, move a share by 8 of them; twice that
 SAMPLE_TOLERANCE = 1e-5
 
 
-def model_sample(model, tokens, rows, k, v, draws, temperature, softcap=None):
-    """(tokens (s, B) int64, logits (B, vocab)): up to n = len(draws) sampled steps from tokens (B,), as model_greedy
-    but each row's token the one generate.pick takes with its draw (draws (n, B) float32, sample_next's) at
-    temperature, with no top-k, top-p or penalty. s < n where a row's draw lay within SAMPLE_TOLERANCE of an edge
-    (or a logit was NaN): step s then ran, its logits (not capped) are returned and its choices are the caller's."""
+def model_run(model, tokens, rows, k, v, n, temperature=0.0, draws=None, softcap=None):
+    """(tokens (s, B) int64, logits (B, vocab)): up to n steps from tokens (B,), as calls of model_step each followed
+    by sample_next's choice, fed to the next step, the rows' positions one further each step: at temperature 0 the
+    first largest logit (after the softcap where one is given), else the token generate.pick takes with the row's
+    draw (draws (n, B) float32, sample_next's), with no top-k, top-p or penalty. s < n where a choice could go
+    either way between decode.c's rounding and PyTorch's (two capped logits within a few ulps, a draw within
+    SAMPLE_TOLERANCE of a token's edge, a NaN to sample from): step s then ran, its logits (not capped) are
+    returned and its choices are the caller's. rows as model_step's, left as they were; the cache must have room
+    for n more positions in every row."""
     tokens = tokens.long().contiguous()
-    rows = rows.clone()
-    n = draws.size(0)
-    draws = draws.float().contiguous()
+    rows = rows.clone()  # decode.c advances the positions in place
+    draws = None if draws is None else draws.float().contiguous()
     logits = torch.empty(tokens.size(0), model.head.N, dtype=torch.float32)
     out = torch.empty(n, tokens.size(0), dtype=torch.long)
     decided = ctypes.c_int(0)
-    check(library().model_sample(ctypes.byref(model), tokens.data_ptr(), tokens.size(0), rows.data_ptr(),
-                                 rows[1].data_ptr(), k.data_ptr(), v.data_ptr(), k.stride(0), logits.data_ptr(), n,
-                                 out.data_ptr(), softcap or 0.0, temperature, draws.data_ptr(), SAMPLE_TOLERANCE,
-                                 ctypes.byref(decided), torch.get_num_threads()), model)
+    check(library().model_run(ctypes.byref(model), tokens.data_ptr(), tokens.size(0), rows.data_ptr(),
+                              rows[1].data_ptr(), k.data_ptr(), v.data_ptr(), k.stride(0), logits.data_ptr(), n,
+                              out.data_ptr(), softcap or 0.0, temperature, None if draws is None else draws.data_ptr(),
+                              SAMPLE_TOLERANCE, ctypes.byref(decided), torch.get_num_threads()), model)
     return out[:decided.value], logits
 
 
 def check(status, model):
-    """model_step's and model_greedy's status as Python's error."""
+    """model_step's and model_run's status as Python's error."""
     if status == -3:
         raise IndexError(f"a token id is outside the vocabulary [0, {model.vocab})")
     if status:
