@@ -4,6 +4,7 @@ import math
 import os
 import re
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -340,6 +341,29 @@ def test_a_chosen_shape_the_probe_did_not_time_is_timed_and_chosen_again(monkeyp
     monkeypatch.setattr(planning, "TIMED_CHOICES", 0)
     _, believed = make_plan(*args, elapsed=3.0, log=lambda *a: None)
     assert believed["shape"] in plan["timed"] and believed["shape"] != plan["shape"]
+
+
+def test_keys_that_set_the_whole_shape_plan_that_shape_once_with_its_own_rate(monkeypatch):
+    """--n_layer, --n_embd and --n_head together make every rung the same model: it is timed once (two timings of
+    one model differ by noise, and a line through them divided by zero FLOPs apart), and its AdamW rate and value
+    embeddings are its own width's and depth's, not the smallest rung's."""
+    calls = []
+
+    def slower_each_time(cfg, vocab_size, *a, **k):  # timing noise: the same model never times the same twice
+        calls.append((cfg.n_layer, cfg.n_embd))
+        return (0.005 + 1e-10 * flops_per_iter(vars(cfg), vocab_size)) * (1 + 0.01 * len(calls))
+    monkeypatch.setattr(planning, "iteration_seconds", slower_each_time)
+    given = {"n_layer": 6, "n_embd": 256, "n_head": 4, "dropout": 0.0}
+    cfg = TrainConfig(**{"minutes": 600, "device": "cpu", **given})
+    keys, plan = make_plan(cfg, given, corpus(train_tokens=3_000_000), torch.device("cpu"), torch.float32,
+                           elapsed=1.0, log=lambda *a: None)
+    assert set(calls) == {(6, 256)} and len(calls) == 1
+    assert keys["learning_rate"] == LADDER["S4"]["learning_rate"] == round(3e-3 * (128 / 256) ** 0.5, 6)
+    assert keys["value_embeds"] == 2 and "6 layers x 256 (4.72M in the blocks): the shape you set" in plan["why"]
+    # the line through two shapes of equal FLOPs (one model under two names) is no line: proportional instead
+    same = TrainConfig(**{**LADDER["S4"], "device": "cpu"})
+    speed = planning.probe({"A": same, "B": replace(same)}, 65, torch.device("cpu"), torch.float32, budget=1e6)
+    assert speed.a == 0.0 and speed.seconds(flops_per_iter(vars(same), 65)) == pytest.approx(speed.probed["B"])
 
 
 def test_too_short_a_budget_names_the_shortest_one_and_that_one_plans(fixed_speed):

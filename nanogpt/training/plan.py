@@ -33,14 +33,20 @@ SHAPES = {"S0": (2, 64, 2), "S1": (3, 96, 3), "S2": (4, 128, 4), "S3": (4, 192, 
           "S5": (6, 384, 6), "S6": (8, 512, 8)}
 
 
-def shape_keys(name):
-    """The config keys of one shape of the ladder: its size, its AdamW rate, its value embeddings."""
-    n_layer, n_embd, n_head = SHAPES[name]
+def shape_keys(n_layer, n_embd, n_head):
+    """The config keys of a shape: its size, its AdamW rate, its value embeddings."""
     return {**RECIPE, "n_layer": n_layer, "n_embd": n_embd, "n_head": n_head,
             "value_embeds": min(2, n_layer // 2), "learning_rate": round(3e-3 * (128 / n_embd) ** 0.5, 6)}
 
 
-LADDER = {name: shape_keys(name) for name in SHAPES}
+LADDER = {name: shape_keys(*SHAPES[name]) for name in SHAPES}
+
+
+def rung_keys(name, given):
+    """A rung of the ladder with the keys the user set laid over it: the rate and value embeddings follow the
+    layers and width the run will have (a width of yours gets its own rate, not the rung's)."""
+    shape = {**LADDER[name], **given}
+    return {**shape_keys(shape["n_layer"], shape["n_embd"], shape["n_head"]), **given}
 
 # The share of a budget spent on training iterations: the rest is start-up, the probe, evaluations and saves.
 TRAIN_SHARE = 0.9
@@ -347,7 +353,7 @@ def probe(candidates, vocab_size, device, dtype, budget, dropout=0.0, left=math.
         factor = max(1.0, iteration_seconds(replace(candidates[large], dropout=dropout), vocab_size, device, dtype)
                      / probed[large])
     f_large = flops_per_iter(vars(candidates[large]), vocab_size)
-    if large == small or probed[large] <= probed[small]:
+    if large == small or f_large <= f_small or probed[large] <= probed[small]:
         return Speed(0.0, probed[large] / f_large, probed, factor)  # proportional to FLOPs
     b = (probed[large] - probed[small]) / (f_large - f_small)
     return Speed(max(0.0, probed[small] - b * f_small), b, probed, factor)
@@ -433,11 +439,13 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1):
     split = {"gradient_accumulation_steps": world, "batch_size": -(-RECIPE["batch_size"] // world)} if world > 1 else {}
     candidates = {}
     for name in LADDER:
-        keys = {**LADDER[name], **split, "block_size": block, "matmul_dtype": "auto", **given}  # timed as it runs
+        keys = {**rung_keys(name, given), **split, "block_size": block, "matmul_dtype": "auto", **given}  # as it runs
         try:
-            candidates[name] = TrainConfig(**{**vars(cfg), **keys, "minutes": None, "init_from": "scratch"})
+            c = TrainConfig(**{**vars(cfg), **keys, "minutes": None, "init_from": "scratch"})
         except ValueError:
             continue  # the user's keys do not fit this shape (heads that do not divide its width, ...)
+        if c not in candidates.values():  # keys of yours that set the whole shape make the rungs one: timed once
+            candidates[name] = c
     if not candidates:
         raise UserError("--minutes: the keys you set fit none of the planned shapes; set n_layer, n_embd and n_head "
                         "together, or leave them to the plan")
@@ -494,7 +502,7 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1):
     predicted, _, name, dropout, iters, per_iter, fits = choose()
     ends_early = iters < fits and iters < given.get("max_iters", math.inf)
     chosen = candidates[name]
-    keys = {k: v for k, v in {**LADDER[name], **split}.items() if k not in given}
+    keys = {k: v for k, v in {**rung_keys(name, given), **split}.items() if k not in given}
     keys.update(block_size=block, dropout=dropout)
     tokens_per_iter = chosen.batch_size * chosen.block_size * chosen.gradient_accumulation_steps
     keys.update(schedule_keys({**vars(chosen), **keys}, iters * tokens_per_iter))
@@ -528,8 +536,9 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1):
            f"({', '.join(f'{n} {s * 1000:.1f} ms' for n, s in speed.probed.items())} probed"
            + "".join(f", {n} {s * 1000:.1f} ms timed once chosen" for n, s in speed.timed.items())
            + (f"; dropout takes {speed.dropout_factor:.2f}x as long" if speed.dropout_factor != 1.0 else "") + ")",
-           f"{final['n_layer']} layers x {final['n_embd']} ({params / 1e6:.2f}M in the blocks): the lowest predicted "
-           f"val bpb of {len(candidates)} shapes at this budget",
+           f"{final['n_layer']} layers x {final['n_embd']} ({params / 1e6:.2f}M in the blocks): "
+           + (f"the lowest predicted val bpb of {len(candidates)} shapes at this budget" if len(candidates) > 1
+              else "the shape you set"),
            f"{iters:,} iterations, {iters * tokens_per_iter / 1e6:.2f}M tokens: {epochs:.1f} epochs of the corpus"
            + ("" if "dropout" in given and not dropout else dropout_reason(dropout, corpus, vars(chosen), epochs))
            + ("; the best checkpoint is kept (a small corpus peaks within a few epochs)" if epochs > 4.5 else ""),
