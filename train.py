@@ -209,7 +209,9 @@ class Run(Start):
             x, y = self.batches.get("train", (TRAINING, self.iter_num, self.rank * self.accum + micro))
             sync = self.world == 1 or micro == self.accum - 1  # grads are reduced on the last micro-step only
             with local_gradients(self.model, sync, self.sharded), self.ctx:
-                _, loss = self.model(x, y)
+                logits, loss = self.model(x, y)
+                if self.teachers is not None:  # --teacher: the text's loss and the teachers' predictions
+                    loss = self.teachers.loss(x, logits, loss)
                 loss = loss / self.accum
             self.scaler.scale(loss).backward()
             loss_accum += loss.detach()

@@ -3,6 +3,11 @@ wall time, and a plan at several budgets, each best checkpoint scored the same w
 
     python runs/minutes_bench.py --dataset DIR --against config/shakespeare_char_cpu.py --out /tmp/mb/pride
     python runs/minutes_bench.py --dataset DIR --budgets 1,3,10 --out /tmp/mb/pride
+    python runs/minutes_bench.py --dataset DIR --distil 10 --out /tmp/mb/pride100k
+
+--distil M: M minutes as three runs (docs/minutes.md, "More minutes than a text is worth"): a plan of 0.3 M, the same
+with --seed=2, and a plan of 0.4 M that distils both (--teacher); each scored, the first two's ensemble too (the mean
+of their probabilities), with the three runs' time in all.
 
 --against: the recipe retargeted to DIR (--dataset, its own out_dir) runs to completion, timed from process start to
 exit; then train.py --dataset=DIR --minutes=(that time) runs, timed the same way. --budgets: one plan per budget.
@@ -43,6 +48,26 @@ def score(ckpt_dir, dataset, context):
     return val_bpb(model, dataset, context)
 
 
+class Ensemble:
+    """Models whose mean probability is one prediction: called as a model, it returns the log of that mean (as
+    logits: their softmax is the mean itself)."""
+
+    def __init__(self, models):
+        self.models, self.config = models, models[0].config  # one vocabulary: val_bpb reads it
+
+    def __call__(self, x):
+        import torch
+        logp = torch.stack([torch.log_softmax(m(x)[0].float(), -1) for m in self.models])
+        return torch.logsumexp(logp, 0) - math.log(len(self.models)), None
+
+
+def ensemble_score(ckpt_dirs, dataset, context):
+    """Bits per byte of the mean probability of the best.pt in each of ckpt_dirs, as score() scores one."""
+    from nanogpt.source import Source, load_model
+    return val_bpb(Ensemble([load_model(Source(init_from=d, ckpt="best.pt"))[0] for d in ckpt_dirs]), dataset,
+                   context)
+
+
 def val_bpb(model, dataset, context, autocast=contextlib.nullcontext):
     """Bits per byte of model over dataset's whole val split, in consecutive windows of `context` tokens, each token
     predicted from the window before it (computed within autocast()): the same tokens and contexts for every model."""
@@ -67,6 +92,25 @@ def val_bpb(model, dataset, context, autocast=contextlib.nullcontext):
     return nats / math.log(2) / nbytes
 
 
+def distilled(minutes, dataset, out, context):
+    """The rows of --distil: plans A and B of 0.3 minutes each (B with --seed=2), their ensemble, and a plan S of
+    0.4 minutes distilled from both; then the three runs in all."""
+    rows, total = [], 0.0
+    runs = [("A", 0.3, []), ("B", 0.3, ["--seed=2"]), ("S", 0.4, [f"--teacher={out}/A,{out}/B"])]
+    for name, share, extra in runs:
+        run_dir = os.path.join(out, name)
+        seconds = timed([f"--dataset={dataset}", f"--out_dir={run_dir}", f"--minutes={share * minutes:.4f}", *extra],
+                        run_dir + ".log")
+        total += seconds
+        rows.append({"run": f"{name}: --minutes={share * minutes:.3f} {' '.join(extra)}".strip(), "seconds": seconds,
+                     "budget": share * minutes * 60, "bpb": score(run_dir, dataset, context), **plan_of(run_dir)})
+        if name == "B":
+            rows.append({"run": "A and B, the mean of their probabilities", "seconds": 0.0,
+                         "bpb": ensemble_score([os.path.join(out, "A"), run_dir], dataset, context)})
+    rows.append({"run": f"the three, in {minutes:g} minutes", "seconds": total, "bpb": rows[-1]["bpb"]})
+    return rows
+
+
 def plan_of(out_dir):
     with open(os.path.join(out_dir, "log.jsonl")) as f:
         records = [json.loads(line) for line in f]
@@ -82,8 +126,10 @@ def main():
     p.add_argument("--out", required=True)
     p.add_argument("--against", help="a recipe (config file) to retarget and run first; the plan gets its time")
     p.add_argument("--budgets", help="minutes, comma-separated: a plan at each")
+    p.add_argument("--distil", type=float, help="minutes: two plans and a third distilled from both, in that time")
     p.add_argument("--context", type=int, default=64)
     args = p.parse_args()
+    args.out = os.path.abspath(args.out)  # the runs start in the repository, wherever this was started
     os.makedirs(args.out, exist_ok=True)
     dataset = os.path.abspath(args.dataset)
     rows = []
@@ -99,6 +145,8 @@ def main():
         seconds = timed([f"--dataset={dataset}", f"--out_dir={out}", f"--minutes={minutes:.4f}"], out + ".log")
         rows.append({"run": f"--minutes={minutes:.3f}", "seconds": seconds, "budget": minutes * 60,
                      "bpb": score(out, dataset, args.context), **plan_of(out)})
+    if args.distil:
+        rows += distilled(args.distil, dataset, args.out, args.context)
     with open(os.path.join(args.out, "results.jsonl"), "a") as f:
         for row in rows:
             f.write(json.dumps({"dataset": dataset, "context": args.context, **row}) + "\n")
@@ -108,7 +156,7 @@ def main():
     print(f"{'run':34s} {'seconds':>8s} {'budget':>7s} {'val bpb':>8s} {'predicted':>9s} {'its eval':>8s} "
           f"{'off':>6s} {'shape':>5s} {'epochs':>7s}")
     for r in rows:
-        if "predicted_val_bpb" in r:  # a plan's run; the recipe's has no plan
+        if "predicted_val_bpb" in r and "budget" in r:  # a plan's run; the recipe's and the ensemble's have none
             measured = r.get("measured_val_bpb") or nan
             plan = (f"{r['budget']:7.1f} {r['bpb']:8.4f} {r['predicted_val_bpb']:9.4f} {measured:8.4f} "
                     f"{(r['predicted_val_bpb'] / measured - 1) * 100:+5.1f}% {r['shape']:>5s} {r['epochs']:7.1f}")

@@ -26,6 +26,7 @@ from nanogpt.out_dir import interrupted_save
 from nanogpt.source import checkpoint_file
 from nanogpt.tokenizer import base_meta, read_meta, token_byte_lengths, tokenizer_from_meta, tokenizer_kind
 from nanogpt.training.batches import make_batches
+from nanogpt.training.distill import Teachers
 from nanogpt.training.distributed import barrier, from_rank0, micro_batches
 from nanogpt.training.notes import earlier_run
 from nanogpt.training.optim import DAMAGED, restore_optimizer
@@ -68,6 +69,7 @@ class Start:
     world: int = 1
     log: typing.Callable = print
     plan: dict | None = None  # --minutes: what the plan chose and predicted (plan.py)
+    teachers: Teachers | None = None  # --teacher: the models whose predictions the run distills (distill.py)
     threads: Threads | None = None  # --minutes on a CPU: the thread count, fitted to the load as the run goes
 
     def restore(self, optimizer, scaler):
@@ -150,6 +152,9 @@ def start_run(cfg, overrides, rank, local_rank, world, log, lock, into=Start, el
     token_bytes = bytes_per_token(meta, model.config.vocab_size, device, log)
     kernels = training_kernels(cfg, device, dtype, compile, sharded, log)
     tasks = task_scores(cfg, model, meta, rank, sharded)
+    teachers = (Teachers.load(cfg.teacher, cfg.distill, meta, data_dir, model.config.vocab_size, cfg.block_size,
+                              device, dtype, kernels, log, check_same_tokenizer)
+                if cfg.teacher else None)
     # an earlier run's checkpoint that this new run replaces: rank 0's view, shared, so that every rank
     # agrees on whether an interrupt saves
     replacing = from_rank0(earlier_run(ckpt_path) if rank == 0 and cfg.init_from != "resume" and not cfg.eval_only
@@ -157,7 +162,8 @@ def start_run(cfg, overrides, rank, local_rank, world, log, lock, into=Start, el
     return into(cfg, model, device, dtype, batches, meta, sharded, compile, kernels, tasks, token_bytes,
                 ctx=nullcontext() if sharded else autocast(device, dtype),
                 peak=cfg.peak_flops or peak_flops_for(device, dtype), ckpt_path=ckpt_path,
-                replacing=replacing, ckpt=ckpt, rank=rank, world=world, log=log, plan=plan, threads=threads)
+                replacing=replacing, ckpt=ckpt, rank=rank, world=world, log=log, plan=plan, threads=threads,
+                teachers=teachers)
 
 
 def build_model(cfg, ckpt, meta, data_dir, overrides, device, ckpt_path, log):
@@ -300,8 +306,13 @@ def check_vocab(model_vocab, meta, data_dir, path):
                         f"resume with the dataset it was trained on (--dataset)")
 
 
-def check_same_tokenizer(trained, meta, source, data_dir, log):
-    """A fine-tuning dataset must tokenize as the checkpoint's did (a chat dataset: its base tokenizer)."""
+FINETUNE_ADVICE = ("prepare the fine-tuning data on the model's own dataset (python data/chat/prepare.py --base "
+                   "THAT_DATASET ...)")
+
+
+def check_same_tokenizer(trained, meta, source, data_dir, log, advice=FINETUNE_ADVICE):
+    """A dataset must tokenize as the checkpoint's did (a chat dataset: its base tokenizer): a fine-tune's, or a
+    teacher's; advice: what to do when it does not."""
     if trained is None or meta is None:
         log(f"note: {source if trained is None else data_dir} names no tokenizer; assuming the two agree")
         return
@@ -309,8 +320,7 @@ def check_same_tokenizer(trained, meta, source, data_dir, log):
         m = base_meta(m)
         return (tokenizer_kind(m), m.get("chars") or m.get("itos"), m.get("pattern"), m.get("ranks_text"))
     if signature(trained) != signature(meta):
-        raise UserError(f"{data_dir}'s tokenizer is not the one {source} was trained with; prepare the fine-tuning "
-                        f"data on the model's own dataset (python data/chat/prepare.py --base THAT_DATASET ...)")
+        raise UserError(f"{data_dir}'s tokenizer is not the one {source} was trained with; {advice}")
 
 
 def grow_vocab(ckpt, vocab_size):

@@ -93,6 +93,9 @@ class TrainConfig(Device, Dtype, GPTConfig):
     target_loss: float | None = None  # stop once val loss <= target_loss (and report the training time it took)
     # --minutes=N: the plan chooses every key you did not set for the best model in N minutes (plan.py, docs/minutes.md)
     minutes: float | None = None  # wall-clock budget from process start to exit; None: train as configured
+    # distillation (distill.py): the model also learns the mean next-token distribution of trained models
+    teacher: str = ""  # checkpoints (out_dirs or files, comma-separated) of this dataset's tokenizer; "" for none
+    distill: float = 0.8  # with teacher: the share of the loss that is the KL to the teachers', the rest the text's
     # lm-eval tasks scored at each evaluation (train_tasks.py, docs/eval.md)
     eval_tasks: str = ""  # lm-eval task names, comma-separated: tangshi_next_line; "" for none
     eval_tasks_limit: int = 100  # the first this many items of each task, the same ones at every evaluation
@@ -117,6 +120,8 @@ class TrainConfig(Device, Dtype, GPTConfig):
             raise ValueError(f"eval_tasks_limit must be at least 1, got {self.eval_tasks_limit}")
         if self.minutes is not None and not (0 < self.minutes < float("inf")):
             raise ValueError(f"minutes must be a positive number of minutes, got {self.minutes}")
+        if not 0 <= self.distill <= 1:
+            raise ValueError(f"distill must be in [0, 1] (the teachers' share of the loss), got {self.distill}")
         if self.peak_flops is not None and self.peak_flops <= 0:
             raise ValueError(f"peak_flops must be > 0 (or None), got {self.peak_flops}")
 

@@ -1,0 +1,87 @@
+"""Distillation: a model learns from the text and from trained models' predictions of it (train.py --teacher).
+
+Each position's target is then two things: the next token (cross-entropy, as always) and the teachers' whole
+next-token distribution, the mean of their probabilities (an ensemble's prediction). The loss is
+
+    (1 - distill) * cross_entropy(student, next token) + distill * KL(teachers' mean || student)
+
+averaged over positions. The KL term is zero when the student predicts what the teachers predict. On a small text
+an ensemble of models trained on it predicts its val split better than any one of them (errors that differ
+average out), and a model distilled from the ensemble keeps part of that in one checkpoint that sample.py reads
+(docs/minutes.md, "More minutes than a text is worth").
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+
+from nanogpt.checkpoint import load_checkpoint, model_from_checkpoint
+from nanogpt.device import autocast
+from nanogpt.errors import UserError
+from nanogpt.source import checkpoint_file
+
+
+def teacher_paths(spec):
+    """The checkpoint files a --teacher value names (out_dirs or files, comma-separated), each checked to exist."""
+    paths = []
+    for name in (s.strip() for s in spec.split(",")):
+        if not name:
+            raise UserError(f"--teacher={spec!r} has an empty name; give checkpoints (out_dirs or files) separated by "
+                            f"commas")
+        path = checkpoint_file(name)
+        if path is None:
+            raise UserError(f"--teacher: no training checkpoint at {name} (an out_dir holding ckpt.pt, or the file); "
+                            f"train the teacher first, or correct the path")
+        paths.append(path)
+    return paths
+
+
+def distill_loss(logits, ce, teacher_logits, weight):
+    """(1 - weight) * ce + weight * the mean over positions of KL(mean of the teachers' distributions || the
+    student's), from logits (B, T, V) and each teacher's (B, T, V); ce: the student's cross-entropy."""
+    student = F.log_softmax(logits.float(), -1).flatten(0, -2)
+    logp = torch.stack([F.log_softmax(t.float(), -1).flatten(0, -2) for t in teacher_logits])
+    mean = torch.logsumexp(logp, 0) - math.log(len(teacher_logits))  # log of the mean probability
+    kl = F.kl_div(student, mean, log_target=True, reduction="batchmean")  # sum over the vocabulary, mean over rows
+    return (1 - weight) * ce + weight * kl
+
+
+class Teachers:
+    """The frozen models a run distills from, on its device, with the products training uses."""
+
+    def __init__(self, models, weight, ctx):
+        self.models, self.weight, self.ctx = models, weight, ctx
+
+    @classmethod
+    def load(cls, spec, weight, tokenizer_meta, data_dir, vocab_size, block_size, device, dtype, kernels, log,
+             same_tokenizer):
+        """The teachers --teacher names; each must read the dataset's tokens (its tokenizer, and the vocabulary of
+        the run's model: vocab_size) and see at least block_size tokens of context. same_tokenizer: startup's
+        check_same_tokenizer."""
+        models = []
+        for path in teacher_paths(spec):
+            ckpt = load_checkpoint(path)
+            same_tokenizer(ckpt.get("tokenizer"), tokenizer_meta, path, data_dir, log,
+                           advice="a teacher must be trained on this dataset (or one of its tokenizer)")
+            model = model_from_checkpoint(ckpt, path, dropout=0.0)
+            if model.config.vocab_size != vocab_size:
+                raise UserError(f"--teacher: {path} predicts {model.config.vocab_size:,} tokens but this run's model "
+                                f"{vocab_size:,}; a teacher must be trained on this dataset (or one of its tokenizer)")
+            if model.config.block_size < block_size:
+                raise UserError(f"--teacher: {path} sees {model.config.block_size} tokens of context, fewer than this "
+                                f"run's block_size ({block_size}); use --block_size={model.config.block_size}")
+            model.to(device).eval().requires_grad_(False)
+            models.append(model)
+            log(f"teacher: {path} ({model.get_num_params() / 1e6:.2f}M parameters)")
+        # on a CPU whose training products are bfloat16, the teachers' are too (a forward pass without gradients
+        # does not go through the training kernels)
+        ctx = autocast(device, kernels.dtype) if kernels.dtype == torch.bfloat16 else autocast(device, dtype)
+        log(f"distilling: {1 - weight:g} of the loss from the text, {weight:g} from the mean of {len(models)} "
+            f"teacher(s)' predictions")
+        return cls(models, weight, ctx)
+
+    def loss(self, x, logits, ce):
+        """The distilled loss of a micro-batch x, given the student's logits and cross-entropy on it."""
+        with torch.no_grad(), self.ctx:
+            taught = [model(x)[0] for model in self.models]
+        return distill_loss(logits, ce, taught, self.weight)

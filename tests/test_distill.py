@@ -1,0 +1,125 @@
+"""train.py --teacher: distillation from trained models (nanogpt/training/distill.py)."""
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import CORPUS, run_script
+from configurator import parse_args
+from nanogpt.checkpoint import load_checkpoint, model_from_checkpoint
+from nanogpt.training.distill import distill_loss
+from test_train import quiet, tiny_cfg
+from train import TrainConfig, train
+
+
+def test_the_loss_is_the_text_and_the_kl_to_the_teachers_mean_probability_worked_in_numpy():
+    """(1 - w) * ce + w * KL(mean of the teachers' probabilities || the student's), averaged over positions:
+    the mean of probabilities (an ensemble), not of log-probabilities, and the KL in that direction."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 3, 5, generator=g)
+    teachers = [torch.randn(2, 3, 5, generator=g) * 3, torch.randn(2, 3, 5, generator=g) * 3]
+    ce = torch.tensor(1.7)
+
+    def softmax(z):
+        z = z.numpy().astype(np.float64).reshape(-1, 5)
+        e = np.exp(z - z.max(1, keepdims=True))
+        return e / e.sum(1, keepdims=True)
+    mean = (softmax(teachers[0]) + softmax(teachers[1])) / 2
+    kl = (mean * (np.log(mean) - np.log(softmax(logits)))).sum(1).mean()  # 6 positions
+    for w in (0.0, 0.3, 1.0):
+        got = distill_loss(logits, ce, teachers, w)
+        assert got.item() == pytest.approx((1 - w) * 1.7 + w * kl, rel=1e-5)
+    # one teacher that is the student: nothing left to learn from it
+    assert distill_loss(logits, ce, [logits.clone()], 1.0).item() == pytest.approx(0.0, abs=1e-6)
+
+
+def kl_to(teacher_dir, student_dir, dataset):
+    """Mean KL(teacher || student) over the val split's first windows: how closely the student predicts as the
+    teacher does."""
+    models = [model_from_checkpoint(load_checkpoint(str(d / "ckpt.pt"))).eval() for d in (teacher_dir, student_dir)]
+    val = np.fromfile(dataset / "val.bin", dtype=np.uint16).astype(np.int64)
+    x = torch.from_numpy(val[:4 * 16].reshape(4, 16))
+    with torch.no_grad():
+        t, s = (F.log_softmax(m(x)[0], -1) for m in models)
+    return (t.exp() * (t - s)).sum(-1).mean().item()
+
+
+def test_a_distilled_model_learns_its_teachers_predictions_and_a_resume_keeps_them(tmp_path, char_dataset):
+    """A student trained only on a teacher's distribution (distill=1) ends closer to it than the same student
+    trained on the text alone; a resumed student goes on distilling from the teacher its checkpoint names. The
+    teacher learned the text backwards (the same characters): what it predicts the text does not teach."""
+    from data.prepare import prepare
+    backwards = tmp_path / "backwards.txt"
+    backwards.write_text(CORPUS[::-1], encoding="utf-8")
+    prepare(str(backwards), "char", str(tmp_path / "backwards"), 0.1, log=quiet)
+    teacher = tmp_path / "teacher"
+    train(tiny_cfg(teacher, tmp_path / "backwards", max_iters=30, lr_decay_iters=30, eval_interval=10,
+                   learning_rate=1e-2), log=quiet)
+    student = dict(max_iters=40, lr_decay_iters=40, eval_interval=20, learning_rate=1e-2,
+                   seed=7)
+    train(tiny_cfg(tmp_path / "text", char_dataset, **student), log=quiet)
+    lines = []
+    train(tiny_cfg(tmp_path / "taught", char_dataset, teacher=str(teacher / "out"), distill=1.0, **student),
+          log=lines.append)
+    assert f"teacher: {teacher / 'out' / 'ckpt.pt'} (" in "\n".join(lines)
+    taught = kl_to(teacher / "out", tmp_path / "taught" / "out", char_dataset)
+    alone = kl_to(teacher / "out", tmp_path / "text" / "out", char_dataset)
+    assert taught < 0.5 * alone, (taught, alone)
+    cfg, overrides = parse_args(TrainConfig, ["--init_from=resume", f"--out_dir={tmp_path / 'taught' / 'out'}",
+                                              "--max_iters=44"])
+    lines = []
+    train(cfg, overrides, log=lines.append)
+    assert any(line.startswith("distilling: 0 of the loss from the text, 1 from the mean of 1 teacher")
+               for line in lines), lines
+
+
+def test_a_teacher_that_cannot_teach_this_run_is_one_line(tmp_path, char_dataset):
+    """A missing checkpoint, a teacher of another tokenizer, one that sees less context than the run, and a weight
+    outside [0, 1]: one line each, exit 2, and nothing written to out_dir."""
+    teacher = tmp_path / "t"
+    train(tiny_cfg(teacher, char_dataset, max_iters=2, lr_decay_iters=2, eval_interval=1), log=quiet)
+    other = tmp_path / "other.txt"
+    other.write_text("zyxwvutsrq 0123456789\n" * 400, encoding="utf-8")
+    from data.prepare import prepare
+    prepare(str(other), "char", str(tmp_path / "other"), 0.1, log=quiet)
+    args = ["train.py", f"--dataset={char_dataset}", "--device=cpu", "--n_layer=1", "--n_head=2", "--n_embd=16",
+            "--block_size=16", "--batch_size=2", "--gradient_accumulation_steps=1", "--max_iters=2", "--compile=False",
+            f"--out_dir={tmp_path / 'student'}"]
+    cases = {f"--teacher={tmp_path / 'nowhere'}": "--teacher: no training checkpoint at",
+             f"--teacher={teacher / 'out'},": "has an empty name",
+             "--distill=1.5": "distill must be in [0, 1]"}
+    for extra, said in cases.items():
+        r = run_script([*args, extra, f"--teacher={teacher / 'out'}"] if extra.startswith("--distill") else
+                       [*args, extra])
+        assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr, (extra, r.stderr)
+    r = run_script([*args, f"--teacher={teacher / 'out'}", "--block_size=32"])
+    assert r.returncode == 2 and "sees 16 tokens of context, fewer than this run's block_size (32)" in r.stderr
+    r = run_script([*args, f"--dataset={tmp_path / 'other'}", f"--teacher={teacher / 'out'}"])
+    assert r.returncode == 2 and "a teacher must be trained on this dataset" in r.stderr, r.stderr
+    assert not (tmp_path / "student").exists() or not any((tmp_path / "student").iterdir())
+    assert math.isfinite(load_checkpoint(str(teacher / "out" / "ckpt.pt"))["best_val_loss"])
+
+
+def test_the_benchmarks_ensemble_predicts_the_mean_of_its_models_probabilities(tiny_config):
+    """runs/minutes_bench.py's Ensemble, which scores two plans together: its logits' softmax is the mean of the
+    models' probabilities, worked in numpy."""
+    import importlib.util
+
+    from conftest import ROOT
+    from model import GPT
+    spec = importlib.util.spec_from_file_location("minutes_bench", f"{ROOT}/runs/minutes_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    models = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        models.append(GPT(tiny_config).eval())
+        with torch.no_grad():
+            models[-1].lm_head.weight.mul_(20)  # predictions far apart: a mean of logs would differ
+    x = torch.randint(0, tiny_config.vocab_size, (2, 8))
+    with torch.no_grad():
+        logits, _ = bench.Ensemble(models)(x)
+        probs = [torch.softmax(m(x)[0].double(), -1).numpy() for m in models]
+    assert np.allclose(torch.softmax(logits.double(), -1).numpy(), (probs[0] + probs[1]) / 2, atol=1e-6)
