@@ -371,6 +371,13 @@ MAX_EPOCHS = 4.0
 DROPOUT_EPOCHS = 30.0  # more a unit of dropout: 10 at 0.2, where War and Peace's first 100 KB peaked with it; 7 at
 # 0.1 lies between, not measured as a peak: the study's two runs at 0.1 the law holds still improved at 5.4 and 7
 EXIT_SECONDS = 2.0  # the final save, the summary and the interpreter's exit
+# Where a text is used up well before the budget, the budget buys more as three runs: plans of 0.3 and 0.3 of it (the
+# second with another seed) and one of 0.4 that distils both (train.py --teacher). On Pride and Prejudice's first
+# 100 KB, 3, 3 and 4 minutes ended 0.7% below one run of 10, and on 100 KB of Don Quijote 2.1% (docs/minutes.md);
+# shorter budgets are unmeasured.
+DISTILL_SHARES = (0.3, 0.3, 0.4)
+DISTILL_MINUTES = 6.0  # the shortest budget the line is offered for: 1.8 minutes a run, where a 100 KB plan ends
+DISTILL_GAIN = "0.7% and 2.1%"
 EVAL_SHARE = 0.04  # of the training time, for evaluations (and the saves beside them)
 
 
@@ -400,9 +407,16 @@ def early_end_lines(ends_early, iters, epochs, dropout, finish, minutes, capped)
         return [f"{iters} iterations, the fewest a plan runs, are already {epochs:.0f} epochs of a text this small "
                 f"(the study's smallest corpus had 35,000 tokens): {end}, and the model will largely memorize it; "
                 f"give more text for a model that writes its own"]
-    return [f"{max_epochs(dropout):g} epochs is as many as a model learns from at this dropout (the study's runs "
-            f"had their best at 2.4 to 4.3 without it and at 10 with 0.2; 7 at 0.1 lies between), so {end}: "
-            f"more would only memorize this text"]
+    lines = [f"{max_epochs(dropout):g} epochs is as many as a model learns from at this dropout (the study's runs "
+             f"had their best at 2.4 to 4.3 without it and at 10 with 0.2; 7 at 0.1 lies between), so {end}: "
+             f"more would only memorize this text"]
+    if minutes >= DISTILL_MINUTES:  # a text used up well before the budget: the minutes buy more as three runs
+        a, b, c = (f"--minutes={share * minutes:.3g}" for share in DISTILL_SHARES)
+        lines.append(f"on a text this small three shorter runs do better than one: {a} twice (the second with "
+                     f"--seed=2), then {c} --teacher=A,B, which learns from both (on two texts of 100 KB: "
+                     f"{DISTILL_GAIN} below one run of 10 minutes; docs/minutes.md, \"More minutes than a text is "
+                     f"worth\")")
+    return lines
 
 
 def dropout_reason(dropout, corpus, keys, epochs):
@@ -554,6 +568,9 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1):
                    f"{sigma:.0%}; the study's smallest, 65 KB, was 17% off)")
     if given:
         why.append("kept as you set them: " + ", ".join(f"{k}={v}" for k, v in given.items()))
+    if cfg.teacher:
+        why.append("distilled (--teacher): the teachers' forward passes are not in the timing above (the deadline "
+                   "counts them), and the prediction is a run's on the text alone")
     plan = {"minutes": cfg.minutes, "shape": name, "params": params, "tokens": iters * tokens_per_iter,
             "epochs": epochs, "iters": iters, "dropout": dropout, "ends_early": ends_early,
             "predicted_val_bpb": predicted,
