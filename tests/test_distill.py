@@ -76,8 +76,8 @@ def test_a_distilled_model_learns_its_teachers_predictions_and_a_resume_keeps_th
 
 
 def test_a_teacher_that_cannot_teach_this_run_is_one_line(tmp_path, char_dataset):
-    """A missing checkpoint, a teacher of another tokenizer, one that sees less context than the run, and a weight
-    outside [0, 1]: one line each, exit 2, and nothing written to out_dir."""
+    """A missing checkpoint, a teacher in the run's own out_dir, one of another tokenizer, one that sees less context
+    than the run, and a weight outside [0, 1]: one line each, exit 2, nothing written, the teacher kept."""
     teacher = tmp_path / "t"
     train(tiny_cfg(teacher, char_dataset, max_iters=2, lr_decay_iters=2, eval_interval=1), log=quiet)
     other = tmp_path / "other.txt"
@@ -94,12 +94,15 @@ def test_a_teacher_that_cannot_teach_this_run_is_one_line(tmp_path, char_dataset
         r = run_script([*args, extra, f"--teacher={teacher / 'out'}"] if extra.startswith("--distill") else
                        [*args, extra])
         assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr, (extra, r.stderr)
+    r = run_script([*args, f"--teacher={teacher / 'out' / 'ckpt.pt'}", f"--out_dir={teacher / 'out'}"])
+    assert r.returncode == 2 and "is in this run's out_dir" in r.stderr, r.stderr  # it would write over its teacher
     r = run_script([*args, f"--teacher={teacher / 'out'}", "--block_size=32"])
     assert r.returncode == 2 and "sees 16 tokens of context, fewer than this run's block_size (32)" in r.stderr
     r = run_script([*args, f"--dataset={tmp_path / 'other'}", f"--teacher={teacher / 'out'}"])
     assert r.returncode == 2 and "a teacher must be trained on this dataset" in r.stderr, r.stderr
     assert not (tmp_path / "student").exists() or not any((tmp_path / "student").iterdir())
-    assert math.isfinite(load_checkpoint(str(teacher / "out" / "ckpt.pt"))["best_val_loss"])
+    kept = load_checkpoint(str(teacher / "out" / "ckpt.pt"))
+    assert kept["iter_num"] == 2 and math.isfinite(kept["best_val_loss"])
 
 
 def test_the_benchmarks_ensemble_predicts_the_mean_of_its_models_probabilities(tiny_config):

@@ -11,6 +11,7 @@ average out), and a model distilled from the ensemble keeps part of that in one 
 (docs/minutes.md, "More minutes than a text is worth").
 """
 import math
+import os
 
 import torch
 import torch.nn.functional as F
@@ -21,8 +22,9 @@ from nanogpt.errors import UserError
 from nanogpt.source import checkpoint_file
 
 
-def teacher_paths(spec):
-    """The checkpoint files a --teacher value names (out_dirs or files, comma-separated), each checked to exist."""
+def teacher_paths(spec, out_dir):
+    """The checkpoint files a --teacher value names (out_dirs or files, comma-separated), each checked to exist and
+    to lie outside out_dir, whose checkpoints this run writes over."""
     paths = []
     for name in (s.strip() for s in spec.split(",")):
         if not name:
@@ -32,6 +34,9 @@ def teacher_paths(spec):
         if path is None:
             raise UserError(f"--teacher: no training checkpoint at {name} (an out_dir holding ckpt.pt, or the file); "
                             f"train the teacher first, or correct the path")
+        if os.path.realpath(os.path.dirname(path)) == os.path.realpath(out_dir):
+            raise UserError(f"--teacher: {path} is in this run's out_dir ({out_dir}), whose checkpoints the run writes "
+                            f"over; train into another --out_dir, or copy the teacher elsewhere")
         paths.append(path)
     return paths
 
@@ -53,13 +58,13 @@ class Teachers:
         self.models, self.weight, self.ctx = models, weight, ctx
 
     @classmethod
-    def load(cls, spec, weight, tokenizer_meta, data_dir, vocab_size, block_size, device, dtype, kernels, log,
-             same_tokenizer):
+    def load(cls, spec, weight, tokenizer_meta, data_dir, vocab_size, block_size, out_dir, device, dtype, kernels,
+             log, same_tokenizer):
         """The teachers --teacher names; each must read the dataset's tokens (its tokenizer, and the vocabulary of
         the run's model: vocab_size) and see at least block_size tokens of context. same_tokenizer: startup's
         check_same_tokenizer."""
         models = []
-        for path in teacher_paths(spec):
+        for path in teacher_paths(spec, out_dir):
             ckpt = load_checkpoint(path)
             same_tokenizer(ckpt.get("tokenizer"), tokenizer_meta, path, data_dir, log,
                            advice="a teacher must be trained on this dataset (or one of its tokenizer)")

@@ -153,7 +153,7 @@ def start_run(cfg, overrides, rank, local_rank, world, log, lock, into=Start, el
     kernels = training_kernels(cfg, device, dtype, compile, sharded, log)
     tasks = task_scores(cfg, model, meta, rank, sharded)
     teachers = (Teachers.load(cfg.teacher, cfg.distill, meta, data_dir, model.config.vocab_size, cfg.block_size,
-                              device, dtype, kernels, log, check_same_tokenizer)
+                              cfg.out_dir, device, dtype, kernels, log, check_same_tokenizer)
                 if cfg.teacher else None)
     # an earlier run's checkpoint that this new run replaces: rank 0's view, shared, so that every rank
     # agrees on whether an interrupt saves
