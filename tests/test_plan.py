@@ -251,8 +251,8 @@ def test_a_small_corpus_gets_few_epochs_then_dropout_and_a_large_one_the_whole_b
     assert any("more would only memorize this text" in line for line in long["why"])
     # a run that ends in well under half its budget points to what the rest can buy; one that nearly fills it not
     # a text used up before a budget of 6 minutes or more: the line offers three runs in the same time
-    assert any("--minutes=9 twice (the second with --seed=2), then --minutes=12 --teacher=A,B" in line
-               for line in long["why"])
+    assert any("--minutes=9 --out_dir=out-a, --minutes=9 --out_dir=out-b --seed=2, then --minutes=12 "
+               "--teacher=out-a,out-b" in line for line in long["why"])
     assert not any("--teacher" in line for line in plan_of(5, corpus(train_tokens=20_000))["why"])
     large = plan_of(3, corpus(train_tokens=30_000_000))
     assert not large["ends_early"] and large["dropout"] == 0.0 and large["epochs"] < 1

@@ -395,7 +395,7 @@ def largest_block(corpus, wanted=128):
     return context_that_fits(corpus.path, corpus.train_tokens, corpus.val_tokens, wanted)
 
 
-def early_end_lines(ends_early, iters, epochs, dropout, finish, minutes, capped):
+def early_end_lines(ends_early, iters, epochs, dropout, finish, minutes, capped, out_dir="out"):
     """The plan's line on a run that ends well before its budget: the epochs a corpus is worth, the fewest
     iterations a plan runs on a text too small for them, or the user's max_iters."""
     end = f"the run ends after about {finish / 60:.1f} of the {minutes_text(minutes)}"
@@ -412,8 +412,10 @@ def early_end_lines(ends_early, iters, epochs, dropout, finish, minutes, capped)
              f"more would only memorize this text"]
     if minutes >= DISTILL_MINUTES:  # a text used up well before the budget: the minutes buy more as three runs
         a, b, c = (f"--minutes={share * minutes:.3g}" for share in DISTILL_SHARES)
-        lines.append(f"on a text this small three shorter runs do better than one: {a} twice (the second with "
-                     f"--seed=2), then {c} --teacher=A,B, which learns from both (on two texts of 100 KB: "
+        out_dir = os.path.normpath(out_dir)  # "out/" names out-a beside it, not a folder in it
+        lines.append(f"on a text this small three shorter runs do better than one: {a} --out_dir={out_dir}-a, {b} "
+                     f"--out_dir={out_dir}-b --seed=2, then {c} --teacher={out_dir}-a,{out_dir}-b, which learns from "
+                     f"both (on two texts of 100 KB: "
                      f"{DISTILL_GAIN} below one run of 10 minutes; docs/minutes.md, \"More minutes than a text is "
                      f"worth\")")
     return lines
@@ -557,7 +559,7 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1):
            + ("" if "dropout" in given and not dropout else dropout_reason(dropout, corpus, vars(chosen), epochs))
            + ("; the best checkpoint is kept (a small corpus peaks within a few epochs)" if epochs > 4.5 else ""),
            *early_end_lines(ends_early and finish < 0.9 * budget, iters, epochs, dropout, finish, cfg.minutes,
-                            given.get("max_iters") == iters and finish < 0.9 * budget),
+                            given.get("max_iters") == iters and finish < 0.9 * budget, cfg.out_dir),
            f"warm-up {final['warmup_iters']}, cosine decay to {final['min_lr']:.1e}; an evaluation every "
            f"{final['eval_interval']} iterations over {final['eval_windows']} fixed val windows; best.pt and ckpt.pt "
            f"keep the best val loss"]
