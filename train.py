@@ -211,7 +211,7 @@ class Run(Start):
             with local_gradients(self.model, sync, self.sharded), self.ctx:
                 logits, loss = self.model(x, y)
                 if self.teachers is not None:  # --teacher: the text's loss and the teachers' predictions
-                    loss = self.teachers.loss(x, logits, loss)
+                    loss = self.teachers.loss(x, y, logits, loss)
                 loss = loss / self.accum
             self.scaler.scale(loss).backward()
             loss_accum += loss.detach()

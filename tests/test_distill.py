@@ -31,6 +31,12 @@ def test_the_loss_is_the_text_and_the_kl_to_the_teachers_mean_probability_worked
     for w in (0.0, 0.3, 1.0):
         got = distill_loss(logits, ce, teachers, w)
         assert got.item() == pytest.approx((1 - w) * 1.7 + w * kl, rel=1e-5)
+    # positions whose target is -1 (a chat dataset's prompts) are left out of the KL as of the text's loss
+    targets = torch.tensor([[0, -1, 2], [-1, -1, 4]])
+    keep = targets.reshape(-1).numpy() != -1
+    kl_kept = (mean * (np.log(mean) - np.log(softmax(logits)))).sum(1)[keep].mean()
+    assert distill_loss(logits, ce, teachers, 1.0, targets).item() == pytest.approx(kl_kept, rel=1e-5)
+    assert distill_loss(logits, ce, teachers, 0.5, torch.full((2, 3), -1)).item() == pytest.approx(0.85)
     # one teacher that is the student: nothing left to learn from it
     assert distill_loss(logits, ce, [logits.clone()], 1.0).item() == pytest.approx(0.0, abs=1e-6)
 

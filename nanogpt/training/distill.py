@@ -41,13 +41,18 @@ def teacher_paths(spec, out_dir):
     return paths
 
 
-def distill_loss(logits, ce, teacher_logits, weight):
+def distill_loss(logits, ce, teacher_logits, weight, targets=None):
     """(1 - weight) * ce + weight * the mean over positions of KL(mean of the teachers' distributions || the
-    student's), from logits (B, T, V) and each teacher's (B, T, V); ce: the student's cross-entropy."""
+    student's), from logits (B, T, V) and each teacher's (B, T, V); ce: the student's cross-entropy. targets (B, T):
+    the positions whose target is -1 (a chat dataset's prompts, which the text's loss skips) are skipped here too."""
+    keep = None if targets is None else targets.reshape(-1) != -1
     student = F.log_softmax(logits.float(), -1).flatten(0, -2)
     logp = torch.stack([F.log_softmax(t.float(), -1).flatten(0, -2) for t in teacher_logits])
+    if keep is not None:
+        student, logp = student[keep], logp[:, keep]
     mean = torch.logsumexp(logp, 0) - math.log(len(teacher_logits))  # log of the mean probability
-    kl = F.kl_div(student, mean, log_target=True, reduction="batchmean")  # sum over the vocabulary, mean over rows
+    # summed over the vocabulary, averaged over the positions kept (none kept: nothing to learn from them)
+    kl = F.kl_div(student, mean, log_target=True, reduction="sum") / max(1, student.size(0))
     return (1 - weight) * ce + weight * kl
 
 
@@ -85,8 +90,8 @@ class Teachers:
             f"teacher(s)' predictions")
         return cls(models, weight, ctx)
 
-    def loss(self, x, logits, ce):
-        """The distilled loss of a micro-batch x, given the student's logits and cross-entropy on it."""
+    def loss(self, x, y, logits, ce):
+        """The distilled loss of a micro-batch (x, y), given the student's logits and cross-entropy on it."""
         with torch.no_grad(), self.ctx:
             taught = [model(x)[0] for model in self.models]
-        return distill_loss(logits, ce, taught, self.weight)
+        return distill_loss(logits, ce, taught, self.weight, y)
