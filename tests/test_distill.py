@@ -1,12 +1,12 @@
 """train.py --teacher: distillation from trained models (nanogpt/training/distill.py)."""
-import math
+import os
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import CORPUS, run_script
+from conftest import CORPUS, ROOT, run_script
 from configurator import parse_args
 from nanogpt.checkpoint import load_checkpoint, model_from_checkpoint
 from nanogpt.training.distill import distill_loss
@@ -86,6 +86,8 @@ def test_a_teacher_that_cannot_teach_this_run_is_one_line(tmp_path, char_dataset
     than the run, and a weight outside [0, 1]: one line each, exit 2, nothing written, the teacher kept."""
     teacher = tmp_path / "t"
     train(tiny_cfg(teacher, char_dataset, max_iters=2, lr_decay_iters=2, eval_interval=1), log=quiet)
+    teacher_bytes = (teacher / "out" / "ckpt.pt").read_bytes()
+    (tmp_path / "link.pt").symlink_to(teacher / "out" / "ckpt.pt")  # a link elsewhere to the run's own checkpoint
     other = tmp_path / "other.txt"
     other.write_text("zyxwvutsrq 0123456789\n" * 400, encoding="utf-8")
     from data.prepare import prepare
@@ -100,15 +102,34 @@ def test_a_teacher_that_cannot_teach_this_run_is_one_line(tmp_path, char_dataset
         r = run_script([*args, extra, f"--teacher={teacher / 'out'}"] if extra.startswith("--distill") else
                        [*args, extra])
         assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr, (extra, r.stderr)
-    r = run_script([*args, f"--teacher={teacher / 'out' / 'ckpt.pt'}", f"--out_dir={teacher / 'out'}"])
-    assert r.returncode == 2 and "is in this run's out_dir" in r.stderr, r.stderr  # it would write over its teacher
+    for own in (teacher / "out" / "ckpt.pt", tmp_path / "link.pt"):  # it would write over its teacher
+        r = run_script([*args, f"--teacher={own}", f"--out_dir={teacher / 'out'}"])
+        assert r.returncode == 2 and "is in this run's out_dir" in r.stderr, (own, r.stderr)
     r = run_script([*args, f"--teacher={teacher / 'out'}", "--block_size=32"])
     assert r.returncode == 2 and "sees 16 tokens of context, fewer than this run's block_size (32)" in r.stderr
     r = run_script([*args, f"--dataset={tmp_path / 'other'}", f"--teacher={teacher / 'out'}"])
     assert r.returncode == 2 and "a teacher must be trained on this dataset" in r.stderr, r.stderr
     assert not (tmp_path / "student").exists() or not any((tmp_path / "student").iterdir())
-    kept = load_checkpoint(str(teacher / "out" / "ckpt.pt"))
-    assert kept["iter_num"] == 2 and math.isfinite(kept["best_val_loss"])
+    assert (teacher / "out" / "ckpt.pt").read_bytes() == teacher_bytes
+
+
+def test_a_resume_reads_the_same_teachers_from_anywhere_and_says_where_their_names_came_from(tmp_path, char_dataset):
+    """A teacher given by a relative path is saved absolute, so a resume started in another directory reads the same
+    file; a teacher gone by then is one line that names the checkpoint that named it and how to go on."""
+    train(tiny_cfg(tmp_path / "t", char_dataset, max_iters=2, lr_decay_iters=2, eval_interval=1), log=quiet)
+    args = [os.path.join(ROOT, "train.py"), f"--dataset={char_dataset}", "--device=cpu", "--n_layer=1", "--n_head=2",
+            "--n_embd=16", "--block_size=16", "--batch_size=2", "--gradient_accumulation_steps=1", "--compile=False",
+            "--eval_interval=2", "--eval_iters=1"]
+    r = run_script([*args, "--max_iters=2", "--teacher=t/out", f"--out_dir={tmp_path / 's'}"], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    saved = load_checkpoint(str(tmp_path / "s" / "ckpt.pt"))["config"]["teacher"]
+    assert saved == str(tmp_path / "t" / "out" / "ckpt.pt")
+    (tmp_path / "t").rename(tmp_path / "gone")
+    r = run_script([*args, "--init_from=resume", "--max_iters=4", f"--out_dir={tmp_path / 's'}"], cwd=ROOT)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert f"named by {tmp_path / 's' / 'ckpt.pt'}'s config" in r.stderr and "--teacher= goes on without" in r.stderr
+    r = run_script([*args, "--init_from=resume", "--max_iters=4", f"--out_dir={tmp_path / 's'}", "--teacher="])
+    assert r.returncode == 0 and "distilling" not in r.stdout, r.stderr
 
 
 def test_the_benchmarks_ensemble_predicts_the_mean_of_its_models_probabilities(tiny_config):

@@ -22,9 +22,12 @@ from nanogpt.errors import UserError
 from nanogpt.source import checkpoint_file
 
 
-def teacher_paths(spec, out_dir):
-    """The checkpoint files a --teacher value names (out_dirs or files, comma-separated), each checked to exist and
-    to lie outside out_dir, whose checkpoints this run writes over."""
+def teacher_paths(spec, out_dir, named_by=None):
+    """The checkpoint files a --teacher value names (out_dirs or files, comma-separated), as absolute paths (a resume
+    started elsewhere reads the same files), each checked to exist and to lie outside out_dir, whose checkpoints
+    this run writes over (through links too). named_by: the checkpoint whose saved config gave spec (a resume)."""
+    source = (f" (named by {named_by}'s config: --teacher=PATH points elsewhere, --teacher= goes on without)"
+              if named_by else "")
     paths = []
     for name in (s.strip() for s in spec.split(",")):
         if not name:
@@ -33,11 +36,11 @@ def teacher_paths(spec, out_dir):
         path = checkpoint_file(name)
         if path is None:
             raise UserError(f"--teacher: no training checkpoint at {name} (an out_dir holding ckpt.pt, or the file); "
-                            f"train the teacher first, or correct the path")
-        if os.path.realpath(os.path.dirname(path)) == os.path.realpath(out_dir):
+                            f"train the teacher first, or correct the path{source}")
+        if os.path.dirname(os.path.realpath(path)) == os.path.realpath(out_dir):
             raise UserError(f"--teacher: {path} is in this run's out_dir ({out_dir}), whose checkpoints the run writes "
-                            f"over; train into another --out_dir, or copy the teacher elsewhere")
-        paths.append(path)
+                            f"over; train into another --out_dir, or copy the teacher elsewhere{source}")
+        paths.append(os.path.abspath(path))
     return paths
 
 
@@ -47,10 +50,13 @@ def distill_loss(logits, ce, teacher_logits, weight, targets=None):
     the positions whose target is -1 (a chat dataset's prompts, which the text's loss skips) are skipped here too."""
     keep = None if targets is None else targets.reshape(-1) != -1
     student = F.log_softmax(logits.float(), -1).flatten(0, -2)
-    logp = torch.stack([F.log_softmax(t.float(), -1).flatten(0, -2) for t in teacher_logits])
+    mean = None  # the log of the teachers' summed probabilities, one teacher at a time (one (B T, V) buffer)
+    for t in teacher_logits:
+        logp = F.log_softmax(t.float(), -1).flatten(0, -2)
+        mean = logp if mean is None else torch.logaddexp(mean, logp)
+    mean = mean - math.log(len(teacher_logits))  # the log of the mean probability
     if keep is not None:
-        student, logp = student[keep], logp[:, keep]
-    mean = torch.logsumexp(logp, 0) - math.log(len(teacher_logits))  # log of the mean probability
+        student, mean = student[keep], mean[keep]
     # summed over the vocabulary, averaged over the positions kept (none kept: nothing to learn from them)
     kl = F.kl_div(student, mean, log_target=True, reduction="sum") / max(1, student.size(0))
     return (1 - weight) * ce + weight * kl
@@ -63,13 +69,13 @@ class Teachers:
         self.models, self.weight, self.ctx = models, weight, ctx
 
     @classmethod
-    def load(cls, spec, weight, tokenizer_meta, data_dir, vocab_size, block_size, out_dir, device, dtype, kernels,
-             log, same_tokenizer):
-        """The teachers --teacher names; each must read the dataset's tokens (its tokenizer, and the vocabulary of
+    def load(cls, paths, weight, tokenizer_meta, data_dir, vocab_size, block_size, device, dtype, kernels, log,
+             same_tokenizer):
+        """The teachers at paths (teacher_paths'); each must read the dataset's tokens (its tokenizer, and the vocabulary of
         the run's model: vocab_size) and see at least block_size tokens of context. same_tokenizer: startup's
         check_same_tokenizer."""
         models = []
-        for path in teacher_paths(spec, out_dir):
+        for path in paths:
             ckpt = load_checkpoint(path)
             same_tokenizer(ckpt.get("tokenizer"), tokenizer_meta, path, data_dir, log,
                            advice="a teacher must be trained on this dataset (or one of its tokenizer)")

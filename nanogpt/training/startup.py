@@ -26,7 +26,7 @@ from nanogpt.out_dir import interrupted_save
 from nanogpt.source import checkpoint_file
 from nanogpt.tokenizer import base_meta, read_meta, token_byte_lengths, tokenizer_from_meta, tokenizer_kind
 from nanogpt.training.batches import make_batches
-from nanogpt.training.distill import Teachers
+from nanogpt.training.distill import Teachers, teacher_paths
 from nanogpt.training.distributed import barrier, from_rank0, micro_batches
 from nanogpt.training.notes import earlier_run
 from nanogpt.training.optim import DAMAGED, restore_optimizer
@@ -124,6 +124,13 @@ def start_run(cfg, overrides, rank, local_rank, world, log, lock, into=Start, el
         barrier(world)  # every rank reads out_dir as rank 0 left it
     cfg, base, ckpt = run_config(cfg, overrides, ckpt_path, world, log)
     report_overrides(overrides, base, log)
+    # --teacher: the files, checked before a plan's probe spends time; saved absolute, so a resume reads the same
+    # files from any directory; none where nothing is distilled (distill=0, or an evaluation)
+    teachers = None
+    if cfg.teacher and cfg.distill > 0 and not cfg.eval_only:
+        teachers = teacher_paths(cfg.teacher, cfg.out_dir, ckpt_path if ckpt is not None and "teacher" not in overrides
+                                 else None)
+        cfg = replace(cfg, teacher=",".join(teachers))
     device = resolve_device(cfg.device, local_rank)
     dtype = resolve_dtype(cfg.dtype, device)
     data_dir = dataset_dir(cfg.dataset)
@@ -152,9 +159,8 @@ def start_run(cfg, overrides, rank, local_rank, world, log, lock, into=Start, el
     token_bytes = bytes_per_token(meta, model.config.vocab_size, device, log)
     kernels = training_kernels(cfg, device, dtype, compile, sharded, log)
     tasks = task_scores(cfg, model, meta, rank, sharded)
-    teachers = (Teachers.load(cfg.teacher, cfg.distill, meta, data_dir, model.config.vocab_size, cfg.block_size,
-                              cfg.out_dir, device, dtype, kernels, log, check_same_tokenizer)
-                if cfg.teacher else None)
+    teachers = (Teachers.load(teachers, cfg.distill, meta, data_dir, model.config.vocab_size, cfg.block_size,
+                              device, dtype, kernels, log, check_same_tokenizer) if teachers else None)
     # an earlier run's checkpoint that this new run replaces: rank 0's view, shared, so that every rank
     # agrees on whether an interrupt saves
     replacing = from_rank0(earlier_run(ckpt_path) if rank == 0 and cfg.init_from != "resume" and not cfg.eval_only
