@@ -130,6 +130,13 @@ def test_a_resume_reads_the_same_teachers_from_anywhere_and_says_where_their_nam
     assert f"named by {tmp_path / 's' / 'ckpt.pt'}'s config" in r.stderr and "--teacher= goes on without" in r.stderr
     r = run_script([*args, "--init_from=resume", "--max_iters=4", f"--out_dir={tmp_path / 's'}", "--teacher="])
     assert r.returncode == 0 and "distilling" not in r.stdout, r.stderr
+    # a weight of 0, or an evaluation, distils nothing: the teacher it names is not read, gone or not
+    for extra in ("--distill=0", "--eval_only=True"):
+        r = run_script([*args, "--init_from=resume", "--max_iters=6", f"--out_dir={tmp_path / 's'}", extra,
+                        f"--teacher={tmp_path / 'gone' / 'out'}.missing"])
+        assert r.returncode == 0 and "teacher:" not in r.stdout, (extra, r.stderr)
+    r = run_script([*args, "--max_iters=2", "--distill=0.5", f"--out_dir={tmp_path / 'alone'}"])
+    assert r.returncode == 0 and "note: --distill weighs what --teacher names" in r.stdout, r.stderr
 
 
 def test_the_benchmarks_ensemble_predicts_the_mean_of_its_models_probabilities(tiny_config):

@@ -127,6 +127,8 @@ def start_run(cfg, overrides, rank, local_rank, world, log, lock, into=Start, el
     # --teacher: the files, checked before a plan's probe spends time; saved absolute, so a resume reads the same
     # files from any directory; none where nothing is distilled (distill=0, or an evaluation)
     teachers = None
+    if "distill" in overrides and not cfg.teacher:
+        log("note: --distill weighs what --teacher names; without a teacher the run learns from the text alone")
     if cfg.teacher and cfg.distill > 0 and not cfg.eval_only:
         teachers = teacher_paths(cfg.teacher, cfg.out_dir, ckpt_path if ckpt is not None and "teacher" not in overrides
                                  else None)
