@@ -56,9 +56,8 @@ class Ensemble:
         self.models, self.config = models, models[0].config  # one vocabulary: val_bpb reads it
 
     def __call__(self, x):
-        import torch
-        logp = torch.stack([torch.log_softmax(m(x)[0].float(), -1) for m in self.models])
-        return torch.logsumexp(logp, 0) - math.log(len(self.models)), None
+        from nanogpt.training.distill import log_mean_probs
+        return log_mean_probs([m(x)[0] for m in self.models]), None
 
 
 def ensemble_score(ckpt_dirs, dataset, context):
@@ -93,11 +92,12 @@ def val_bpb(model, dataset, context, autocast=contextlib.nullcontext):
 
 
 def distilled(minutes, dataset, out, context):
-    """The rows of --distil: plans A and B of 0.3 minutes each (B with --seed=2), their ensemble, and a plan S of
-    0.4 minutes distilled from both; then the three runs in all."""
+    """The rows of --distil: plans A and B (B with --seed=2), their ensemble, and a plan S distilled from both, of the
+    shares of `minutes` the plan's line offers; then the three runs in all."""
+    from nanogpt.training.plan import DISTILL_SHARES  # the shares the plan's line offers
     rows, total = [], 0.0
-    runs = [("A", 0.3, []), ("B", 0.3, ["--seed=2"]), ("S", 0.4, [f"--teacher={out}/A,{out}/B"])]
-    for name, share, extra in runs:
+    extras = ([], ["--seed=2"], [f"--teacher={out}/A,{out}/B"])
+    for name, share, extra in zip("ABS", DISTILL_SHARES, extras):
         run_dir = os.path.join(out, name)
         seconds = timed([f"--dataset={dataset}", f"--out_dir={run_dir}", f"--minutes={share * minutes:.4f}", *extra],
                         run_dir + ".log")
@@ -156,7 +156,7 @@ def main():
     print(f"{'run':34s} {'seconds':>8s} {'budget':>7s} {'val bpb':>8s} {'predicted':>9s} {'its eval':>8s} "
           f"{'off':>6s} {'shape':>5s} {'epochs':>7s}")
     for r in rows:
-        if "predicted_val_bpb" in r and "budget" in r:  # a plan's run; the recipe's and the ensemble's have none
+        if "predicted_val_bpb" in r:  # a plan's run; the recipe's, the ensemble's and the total have no plan
             measured = r.get("measured_val_bpb") or nan
             plan = (f"{r['budget']:7.1f} {r['bpb']:8.4f} {r['predicted_val_bpb']:9.4f} {measured:8.4f} "
                     f"{(r['predicted_val_bpb'] / measured - 1) * 100:+5.1f}% {r['shape']:>5s} {r['epochs']:7.1f}")

@@ -44,22 +44,32 @@ def teacher_paths(spec, out_dir, named_by=None):
     return paths
 
 
+def log_mean_probs(logits):
+    """The log of the mean of the models' next-token probabilities (an ensemble's prediction), from each model's
+    logits (..., V), in float32, added one model at a time (one buffer of their shape, not a stack). As logits, its
+    softmax is that mean itself."""
+    total = None
+    for t in logits:
+        logp = F.log_softmax(t.float(), -1)
+        total = logp if total is None else torch.logaddexp(total, logp)
+    return total - math.log(len(logits))
+
+
 def distill_loss(logits, ce, teacher_logits, weight, targets=None):
     """(1 - weight) * ce + weight * the mean over positions of KL(mean of the teachers' distributions || the
     student's), from logits (B, T, V) and each teacher's (B, T, V); ce: the student's cross-entropy. targets (B, T):
     the positions whose target is -1 (a chat dataset's prompts, which the text's loss skips) are skipped here too."""
     keep = None if targets is None else targets.reshape(-1) != -1
     student = F.log_softmax(logits.float(), -1).flatten(0, -2)
-    mean = None  # the log of the teachers' summed probabilities, one teacher at a time (one (B T, V) buffer)
-    for t in teacher_logits:
-        logp = F.log_softmax(t.float(), -1).flatten(0, -2)
-        mean = logp if mean is None else torch.logaddexp(mean, logp)
-    mean = mean - math.log(len(teacher_logits))  # the log of the mean probability
+    mean = log_mean_probs(teacher_logits).flatten(0, -2)
     if keep is not None:
         student, mean = student[keep], mean[keep]
     # summed over the vocabulary, averaged over the positions kept (none kept: nothing to learn from them)
     kl = F.kl_div(student, mean, log_target=True, reduction="sum") / max(1, student.size(0))
     return (1 - weight) * ce + weight * kl
+
+
+SAME_DATASET = "a teacher must be trained on this dataset (or one of its tokenizer)"
 
 
 class Teachers:
@@ -77,12 +87,11 @@ class Teachers:
         models = []
         for path in paths:
             ckpt = load_checkpoint(path)
-            same_tokenizer(ckpt.get("tokenizer"), tokenizer_meta, path, data_dir, log,
-                           advice="a teacher must be trained on this dataset (or one of its tokenizer)")
+            same_tokenizer(ckpt.get("tokenizer"), tokenizer_meta, path, data_dir, log, advice=SAME_DATASET)
             model = model_from_checkpoint(ckpt, path, dropout=0.0)
             if model.config.vocab_size != vocab_size:
                 raise UserError(f"--teacher: {path} predicts {model.config.vocab_size:,} tokens but this run's model "
-                                f"{vocab_size:,}; a teacher must be trained on this dataset (or one of its tokenizer)")
+                                f"{vocab_size:,}; {SAME_DATASET}")
             if model.config.block_size < block_size:
                 raise UserError(f"--teacher: {path} sees {model.config.block_size} tokens of context, fewer than this "
                                 f"run's block_size ({block_size}); use --block_size={model.config.block_size}")

@@ -126,13 +126,13 @@ def start_run(cfg, overrides, rank, local_rank, world, log, lock, into=Start, el
     report_overrides(overrides, base, log)
     # --teacher: the files, checked before a plan's probe spends time; saved absolute, so a resume reads the same
     # files from any directory; none where nothing is distilled (distill=0, or an evaluation)
-    teachers = None
+    teacher_files = None
     if "distill" in overrides and not cfg.teacher:
         log("note: --distill weighs what --teacher names; without a teacher the run learns from the text alone")
     if cfg.teacher and cfg.distill > 0 and not cfg.eval_only:
-        teachers = teacher_paths(cfg.teacher, cfg.out_dir, ckpt_path if ckpt is not None and "teacher" not in overrides
-                                 else None)
-        cfg = replace(cfg, teacher=",".join(teachers))
+        teacher_files = teacher_paths(cfg.teacher, cfg.out_dir,
+                                      ckpt_path if ckpt is not None and "teacher" not in overrides else None)
+        cfg = replace(cfg, teacher=",".join(teacher_files))
     device = resolve_device(cfg.device, local_rank)
     dtype = resolve_dtype(cfg.dtype, device)
     data_dir = dataset_dir(cfg.dataset)
@@ -161,8 +161,8 @@ def start_run(cfg, overrides, rank, local_rank, world, log, lock, into=Start, el
     token_bytes = bytes_per_token(meta, model.config.vocab_size, device, log)
     kernels = training_kernels(cfg, device, dtype, compile, sharded, log)
     tasks = task_scores(cfg, model, meta, rank, sharded)
-    teachers = (Teachers.load(teachers, cfg.distill, meta, data_dir, model.config.vocab_size, cfg.block_size,
-                              device, dtype, kernels, log, check_same_tokenizer) if teachers else None)
+    teachers = (Teachers.load(teacher_files, cfg.distill, meta, data_dir, model.config.vocab_size, cfg.block_size,
+                              device, dtype, kernels, log, check_same_tokenizer) if teacher_files else None)
     # an earlier run's checkpoint that this new run replaces: rank 0's view, shared, so that every rank
     # agrees on whether an interrupt saves
     replacing = from_rank0(earlier_run(ckpt_path) if rank == 0 and cfg.init_from != "resume" and not cfg.eval_only
