@@ -41,6 +41,7 @@ from nanogpt.training.distributed import (all_ranks, barrier, from_rank0, gather
                                           mean_over_ranks, micro_batches, setup_distributed, teardown)
 from nanogpt.training.metrics import Clock, Metrics
 from nanogpt.training.notes import cpu_time_of, startup_notes
+from nanogpt.training.parts import plan_in_parts, train_parts
 from nanogpt.training.optim import OptimizerSettings, configure_optimizers, lr_scale
 from nanogpt.training.plan import Deadline, minutes_text, plan_summary
 from nanogpt.training.resume import resume_command
@@ -50,13 +51,18 @@ from nanogpt.training.stopping import Interrupted, StopFlag
 from nanogpt.training.train_config import TrainConfig
 
 
-def train(cfg, overrides=None, log=print, t_start=None, config_files=()):
+def train(cfg, overrides=None, log=print, t_start=None, config_files=(), whole=None):
     """Run training as cfg says; returns a summary dict (iters, losses, time).
 
     t_start: when the clock for "training time" started (the process start for the script).
-        config_files: the config files cfg was read from (a note on a slow CPU never suggests one of them).
+    config_files: the config files cfg was read from (a note on a slow CPU never suggests one of them).
+    whole: for one of a plan's three runs (parts.py), the config that resumes them all: its Ctrl-C names that.
     """
     t_start = t_start or time.time()
+    if whole is None and cfg.init_from == "resume":
+        plan = plan_in_parts(cfg.out_dir)
+        if plan is not None:  # out_dir holds three runs not yet done: they go on where they stopped
+            return train_parts(train, cfg, overrides or {}, plan, t_start, log, config_files)
     stop = StopFlag()  # first: a signal during start-up stops the run at once, with nothing saved
     lock = OutDirLock(cfg.out_dir)  # taken once the run is about to write
     world = 1
@@ -67,6 +73,10 @@ def train(cfg, overrides=None, log=print, t_start=None, config_files=()):
         log = log if rank == 0 else (lambda *a, **k: None)
         run = start_run(cfg, overrides or {}, rank, local_rank, world, log, lock, into=Run,
                         elapsed=lambda: time.time() - t_start)
+        if run.plan is not None and run.plan.get("parts") and whole is None:  # the budget as three runs
+            plan, run = run.plan, None
+            return train_parts(train, cfg, overrides or {}, plan, t_start, log, config_files)
+        run.whole = whole
         run.begin(local_rank, t_start, stop, lock, config_files)
         with run.kernels.applied(run.raw_model):
             loop(run, stop)
@@ -306,10 +316,11 @@ class Run(Start):
             elif self.iter_num > self.start_iter:
                 self.save("ckpt.pt", rng=self.rng_at_iter)
                 log(f"interrupted: saved {latest_form(self.ckpt_path)} at iter {self.iter_num}; continue with "
-                    f"{resume_command('train.py', cfg, self.world)}")
+                    f"{resume_command('train.py', self.whole or cfg, self.world)}")
             else:
                 log(f"interrupted at iter {self.iter_num}, before this run completed an iteration: nothing saved")
         summary = {"iters": self.iter_num, "val_loss": self.last_val, "best_val_loss": self.best_val_loss,
+                   "best_val_bpb": self.best_bpb,
                    "time": self.clock.wall(), "train_time": self.clock.train_time(), "interrupted": stop.set,
                    "reached": self.reached}
         if cfg.target_loss is not None and self.reached is None and self.last_val is not None:

@@ -5,9 +5,11 @@ wall time, and a plan at several budgets, each best checkpoint scored the same w
     python runs/minutes_bench.py --dataset DIR --budgets 1,3,10 --out /tmp/mb/pride
     python runs/minutes_bench.py --dataset DIR --distil 10 --out /tmp/mb/pride100k
 
---distil M: M minutes as three runs (docs/minutes.md, "More minutes than a text is worth"): a plan of 0.3 M, the same
-with --seed=2, and a plan of 0.4 M that distils both (--teacher); each scored, the first two's ensemble too (the mean
-of their probabilities), with the three runs' time in all.
+--distil M: M minutes as three runs by hand (docs/minutes.md, "More minutes than a text is worth"): a plan of 0.3 M,
+the same with --seed=2, and a plan of 0.4 M that distils both (--teacher); each scored, the first two's ensemble too
+(the mean of their probabilities), with the three runs' time in all. A plan splits its budget so by itself where its
+text is used up well before it (from 10 minutes); --distil splits any budget, for a text where the plan does not, and
+--budgets scores a plan's teachers and their ensemble where it did.
 
 --against: the recipe retargeted to DIR (--dataset, its own out_dir) runs to completion, timed from process start to
 exit; then train.py --dataset=DIR --minutes=(that time) runs, timed the same way. --budgets: one plan per budget.
@@ -114,10 +116,21 @@ def distilled(minutes, dataset, out, context):
 def plan_of(out_dir):
     with open(os.path.join(out_dir, "log.jsonl")) as f:
         records = [json.loads(line) for line in f]
-    plan = next(r for r in records if r.get("kind") == "plan")
-    result = next((r for r in records if r.get("kind") == "plan_result"), {})
+    plan = next(r for r in records if r.get("kind") == "plan")  # the first: a plan in parts' own, then its model's
+    results = [r for r in records if r.get("kind") == "plan_result"]  # the last: a plan in parts' result
     return {"shape": plan["shape"], "iters": plan["iters"], "epochs": plan["epochs"], "dropout": plan["dropout"],
-            "predicted_val_bpb": plan["predicted_val_bpb"], "measured_val_bpb": result.get("measured_val_bpb")}
+            "predicted_val_bpb": plan["predicted_val_bpb"], "parts": bool(plan.get("parts")),
+            "measured_val_bpb": results[-1].get("measured_val_bpb") if results else None}
+
+
+def teacher_rows(out, dataset, context):
+    """A plan in parts' teachers (out/teacher-a, out/teacher-b), each scored, and their ensemble."""
+    from nanogpt.training.plan import TEACHER_DIRS
+    dirs = [os.path.join(out, name) for name in TEACHER_DIRS]
+    rows = [{"run": f"  its {name}", "seconds": 0.0, "bpb": score(d, dataset, context)}
+            for name, d in zip(TEACHER_DIRS, dirs)]
+    return rows + [{"run": "  its teachers' mean probability", "seconds": 0.0,
+                    "bpb": ensemble_score(dirs, dataset, context)}]
 
 
 def main():
@@ -127,6 +140,7 @@ def main():
     p.add_argument("--against", help="a recipe (config file) to retarget and run first; the plan gets its time")
     p.add_argument("--budgets", help="minutes, comma-separated: a plan at each")
     p.add_argument("--distil", type=float, help="minutes: two plans and a third distilled from both, in that time")
+    p.add_argument("--one_run", action="store_true", help="plans of one run each (--plan_teachers=False)")
     p.add_argument("--context", type=int, default=64)
     args = p.parse_args()
     args.out = os.path.abspath(args.out)  # the runs start in the repository, wherever this was started
@@ -141,10 +155,13 @@ def main():
         runs.append(seconds / 60)
     runs += [float(b) for b in (args.budgets or "").split(",") if b]
     for minutes in runs:
-        out = os.path.join(args.out, f"plan-{minutes:.3f}m")
-        seconds = timed([f"--dataset={dataset}", f"--out_dir={out}", f"--minutes={minutes:.4f}"], out + ".log")
-        rows.append({"run": f"--minutes={minutes:.3f}", "seconds": seconds, "budget": minutes * 60,
+        out = os.path.join(args.out, f"plan-{minutes:.3f}m" + ("-one" if args.one_run else ""))
+        one = ["--plan_teachers=False"] if args.one_run else []
+        seconds = timed([f"--dataset={dataset}", f"--out_dir={out}", f"--minutes={minutes:.4f}", *one], out + ".log")
+        rows.append({"run": f"--minutes={minutes:.3f} {' '.join(one)}".strip(), "seconds": seconds, "budget": minutes * 60,
                      "bpb": score(out, dataset, args.context), **plan_of(out)})
+        if rows[-1]["parts"]:  # the plan ran three: its teachers too
+            rows += teacher_rows(out, dataset, args.context)
     if args.distil:
         rows += distilled(args.distil, dataset, args.out, args.context)
     with open(os.path.join(args.out, "results.jsonl"), "a") as f:

@@ -93,10 +93,11 @@ def test_ctrl_c_under_torchrun_saves_and_prints_the_torchrun_command_to_resume(t
                             stderr=subprocess.PIPE, text=True, start_new_session=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
-        deadline = time.time() + 120
-        while time.time() < deadline and not (tmp_path / "out" / "log.jsonl").exists():
+        # an iteration completed (its log line: log_interval=1), not a fixed wait: on a loaded machine the first
+        # evaluation alone outlasted one, and a signal before any iteration rightly saves nothing
+        log, deadline = tmp_path / "out" / "log.jsonl", time.time() + 120
+        while time.time() < deadline and not (log.exists() and '"kind": "train"' in log.read_text()):
             time.sleep(0.2)
-        time.sleep(2)  # a few iterations
         os.killpg(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=90)
     finally:

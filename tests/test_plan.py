@@ -250,9 +250,31 @@ def test_a_small_corpus_gets_few_epochs_then_dropout_and_a_large_one_the_whole_b
     assert long["predicted_val_bpb"] < short["predicted_val_bpb"]
     assert any("more would only memorize this text" in line for line in long["why"])
     # a run that ends in well under half its budget points to what the rest can buy; one that nearly fills it not
-    # a text used up before a budget of 6 minutes or more: the line offers three runs in the same time
-    assert any("--minutes=9 --out_dir=out-a, --minutes=9 --out_dir=out-b --seed=2, then --minutes=12 "
-               "--teacher=out-a,out-b" in line for line in long["why"])
+    # a text used up well before a budget of 10 minutes or more: the budget goes to three runs (parts.py), and the
+    # prediction is one run's less what three gained where measured
+    assert long["parts"] == planning.plan_parts(1337)
+    assert [p["share"] for p in long["parts"]] == [0.3, 0.3, 0.4] and long["parts"][1]["seed"] == 1338
+    assert any("the 30 minutes go to three runs instead" in line and "out/teacher-a and out/teacher-b" in line
+               for line in long["why"])
+    one = make_plan(TrainConfig(minutes=30, device="cpu", plan_teachers=False), {}, small, torch.device("cpu"),
+                    torch.float32, elapsed=3.0, log=lambda *a: None)[1]
+    assert one["parts"] is None and not any("three" in line for line in one["why"])
+    assert long["predicted_val_bpb"] == pytest.approx(one["predicted_val_bpb"] * (1 - 0.092 / 3))
+    # under torchrun the parts are not run (one process runs them): the line gives the three commands
+    ranks = make_plan(TrainConfig(minutes=30, device="cpu"), {}, small, torch.device("cpu"), torch.float32,
+                      elapsed=3.0, log=lambda *a: None, world=2)[1]
+    assert ranks["parts"] is None
+    assert any("--minutes=9 --out_dir=out-a, --minutes=9 --out_dir=out-b --seed=1338, then --minutes=12 "
+               "--teacher=out-a,out-b" in line for line in ranks["why"])
+    # a budget that sees the text 0.9 of the epochs a model learns from splits even where it ends on time; one
+    # that sees it less often is one run
+    used, fewer = plan_of(10, corpus(train_tokens=275_000)), plan_of(10, corpus(train_tokens=300_000))
+    assert not used["ends_early"] and used["epochs"] >= 0.9 * planning.max_epochs(used["dropout"]) and used["parts"]
+    assert fewer["epochs"] < 0.9 * planning.max_epochs(fewer["dropout"]) and fewer["parts"] is None
+    # a run that already learns from teachers, or a budget under the one measured, is one run
+    assert make_plan(TrainConfig(minutes=30, device="cpu", teacher="t"), {}, small, torch.device("cpu"), torch.float32,
+                     elapsed=3.0, log=lambda *a: None)[1]["parts"] is None
+    assert plan_of(5, corpus(train_tokens=20_000))["parts"] is None
     assert not any("--teacher" in line for line in plan_of(5, corpus(train_tokens=20_000))["why"])
     large = plan_of(3, corpus(train_tokens=30_000_000))
     assert not large["ends_early"] and large["dropout"] == 0.0 and large["epochs"] < 1

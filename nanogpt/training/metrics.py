@@ -50,6 +50,7 @@ class Metrics:
 
     def __init__(self, path, cfg, log, record, iter=0):
         self.path, self.log, self.active, self.file = path, log, record, None
+        self.headed = False  # the config record written: a record after close() reopens the log without another
         self.header = {"kind": "config", "iter": iter, **asdict(cfg)}
         self.wandb = None
         if record and cfg.wandb_log:
@@ -79,9 +80,10 @@ class Metrics:
             self.file = open_fd_to_write(self.path, append=True)  # never through a link planted in out_dir
             size = os.fstat(self.file).st_size
             torn = size and os.pread(self.file, 1, size - 1) != b"\n"  # a line cut short before: end it
-            text = ("\n" if torn else "") + json.dumps(self.header) + "\n" + text
-            if self.wandb is not None:
+            text = ("\n" if torn else "") + ("" if self.headed else json.dumps(self.header) + "\n") + text
+            if self.wandb is not None and not self.headed:
                 self.wandb.init(**self.wandb_args)
+            self.headed = True
         self.append(text.encode("utf-8"))
         if self.wandb is not None:  # e.g. train/loss, eval/val_loss, at step iter
             self.wandb.log({f"{record['kind']}/{k}": v for k, v in record.items() if k not in ("kind", "iter")},

@@ -371,13 +371,20 @@ MAX_EPOCHS = 4.0
 DROPOUT_EPOCHS = 30.0  # more a unit of dropout: 10 at 0.2, where War and Peace's first 100 KB peaked with it; 7 at
 # 0.1 lies between, not measured as a peak: the study's two runs at 0.1 the law holds still improved at 5.4 and 7
 EXIT_SECONDS = 2.0  # the final save, the summary and the interpreter's exit
-# Where a text is used up well before the budget, the budget buys more as three runs: plans of 0.3 and 0.3 of it (the
-# second with another seed) and one of 0.4 that distils both (train.py --teacher). On Pride and Prejudice's first
-# 100 KB, 3, 3 and 4 minutes ended 0.7% below one run of 10, and on 100 KB of Don Quijote 2.1% (docs/minutes.md);
-# shorter budgets are unmeasured, and the line is not offered for them.
+# Where the budget sees the text as often as a model learns from it, the budget buys more as three runs (parts.py):
+# plans of 0.3 and 0.3 of it into out_dir/teacher-a and out_dir/teacher-b (the second with the next seed), then one
+# of 0.4 into out_dir that distils both (train.py --teacher), each part to the end of its share from process start.
+# Against one run of 10 minutes the plan's three ended 3.3% lower on Pride and Prejudice's first 100 KB, 3.4% on
+# 100 KB of Don Quijote and 2.5% on the study's Shakespeare (1 MB, which one run sees 3.8 times; docs/minutes.md):
+# the prediction is one run's less their mean. Shorter budgets are unmeasured, and are not split.
 DISTILL_SHARES = (0.3, 0.3, 0.4)
-DISTILL_MINUTES = 10.0  # the shortest budget the line is offered for: the one measured
-DISTILL_GAIN = "0.7% and 2.1%"
+DISTILL_MINUTES = 10.0  # the shortest budget split: the one measured
+DISTILL_GAINS = (0.033, 0.034, 0.025)  # the two texts of 100 KB, then the 1 MB
+DISTILL_GAIN = f"{DISTILL_GAINS[0]:.1%} and {DISTILL_GAINS[1]:.1%}"
+DISTILL_GAIN_1MB = f"{DISTILL_GAINS[2]:.1%}"
+HAND_GAIN = "0.7% and 2.1%"  # the same three by hand, 3, 3 and 4 minutes each from its own start (torchrun's line)
+USED_UP = 0.9  # of the epochs a model learns from (max_epochs): a budget that buys this many is split
+TEACHER_DIRS = ("teacher-a", "teacher-b")  # in out_dir: the two runs the third learns from
 EVAL_SHARE = 0.04  # of the training time, for evaluations (and the saves beside them)
 
 
@@ -395,10 +402,11 @@ def largest_block(corpus, wanted=128):
     return context_that_fits(corpus.path, corpus.train_tokens, corpus.val_tokens, wanted)
 
 
-def early_end_lines(ends_early, iters, epochs, dropout, finish, minutes, capped, out_dir="out"):
+def early_end_lines(ends_early, iters, epochs, dropout, finish, minutes, capped, parts=False):
     """The plan's line on a run that ends well before its budget: the epochs a corpus is worth, the fewest
-    iterations a plan runs on a text too small for them, or the user's max_iters."""
-    end = f"the run ends after about {finish / 60:.1f} of the {minutes_text(minutes)}"
+    iterations a plan runs on a text too small for them, or the user's max_iters (parts: the one run that three
+    replace)."""
+    end = f"{'one run would end' if parts else 'the run ends'} after about {finish / 60:.1f} of the {minutes_text(minutes)}"
     if capped:
         return [f"your max_iters={iters:,} is the run's length: {end}"]
     if not ends_early:
@@ -407,18 +415,38 @@ def early_end_lines(ends_early, iters, epochs, dropout, finish, minutes, capped,
         return [f"{iters} iterations, the fewest a plan runs, are already {epochs:.0f} epochs of a text this small "
                 f"(the study's smallest corpus had 35,000 tokens): {end}, and the model will largely memorize it; "
                 f"give more text for a model that writes its own"]
-    lines = [f"{max_epochs(dropout):g} epochs is as many as a model learns from at this dropout (the study's runs "
-             f"had their best at 2.4 to 4.3 without it and at 10 with 0.2; 7 at 0.1 lies between), so {end}: "
-             f"more would only memorize this text"]
-    if minutes >= DISTILL_MINUTES:  # a text used up well before the budget: the minutes buy more as three runs
+    return [f"{max_epochs(dropout):g} epochs is as many as a model learns from at this dropout (the study's runs "
+            f"had their best at 2.4 to 4.3 without it and at 10 with 0.2; 7 at 0.1 lies between), so {end}: "
+            f"more would only memorize this text"]
+
+
+def parts_lines(parts, minutes, out_dir, seed, world):
+    """The plan's line on a budget that buys more as three runs than as one (its text used up): where they go
+    (parts), or under torchrun, whose processes run one at a time, the three commands."""
+    out_dir = os.path.normpath(out_dir)  # "out/" names out-a beside it, not a folder in it
+    measured = f"{DISTILL_GAIN} below one run of 10 minutes on two texts of 100 KB, and {DISTILL_GAIN_1MB} on 1 MB"
+    if parts:
+        a, b, c = (f"{share * minutes:.3g}" for share in DISTILL_SHARES)
+        return [f"the {minutes_text(minutes)} go to three runs instead (a text used up gives more to three shorter "
+                f"runs than to one): plans of {a} and {b} minutes into {out_dir}/{TEACHER_DIRS[0]} and "
+                f"{out_dir}/{TEACHER_DIRS[1]} (seeds {seed} and {seed + 1}), then one of {c} into {out_dir} that "
+                f"learns from the text and from both (--teacher); the three ended {measured} (docs/minutes.md, "
+                f"\"More minutes than a text is worth\"); --plan_teachers=False keeps one run"]
+    if world > 1:
         a, b, c = (f"--minutes={share * minutes:.3g}" for share in DISTILL_SHARES)
-        out_dir = os.path.normpath(out_dir)  # "out/" names out-a beside it, not a folder in it
-        lines.append(f"on a text this small three shorter runs do better than one: {a} --out_dir={out_dir}-a, {b} "
-                     f"--out_dir={out_dir}-b --seed=2, then {c} --teacher={out_dir}-a,{out_dir}-b, which learns from "
-                     f"both (on two texts of 100 KB: "
-                     f"{DISTILL_GAIN} below one run of 10 minutes; docs/minutes.md, \"More minutes than a text is "
-                     f"worth\")")
-    return lines
+        return [f"on a text used up three shorter runs do better than one: {a} --out_dir={out_dir}-a, {b} "
+                f"--out_dir={out_dir}-b --seed={seed + 1}, then {c} --teacher={out_dir}-a,{out_dir}-b, which "
+                f"learns from both (so run by hand on two texts of 100 KB: {HAND_GAIN} below one run of 10 minutes; "
+                f"docs/minutes.md, \"More minutes than a text is worth\")"]
+    return []
+
+
+def plan_parts(seed):
+    """The three runs of a budget in parts, in order: each one's folder in out_dir ("" for out_dir itself), its
+    share of the budget, its seed, and whether it learns from the two before it."""
+    return [dict(dir=TEACHER_DIRS[0], share=DISTILL_SHARES[0], seed=seed, distils=False),
+            dict(dir=TEACHER_DIRS[1], share=DISTILL_SHARES[1], seed=seed + 1, distils=False),
+            dict(dir="", share=DISTILL_SHARES[2], seed=seed, distils=True)]
 
 
 def dropout_reason(dropout, corpus, keys, epochs):
@@ -544,6 +572,12 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1):
     final = {**vars(chosen), **keys}
     params = blocks_params(final)
     finish = elapsed + EXIT_SECONDS + iters * per_iter / (1 - EVAL_SHARE)  # seconds from start to exit, about
+    early = ends_early and finish < 0.9 * budget
+    # the budget sees the text as often as a model learns from it: three runs (parts.py) where the parts can run, in
+    # one process, of a plan's own text (not one that learns from teachers already, nor one whose length you set)
+    split = (epochs >= USED_UP * max_epochs(dropout) and cfg.minutes >= DISTILL_MINUTES and not cfg.teacher
+             and "max_iters" not in given and cfg.plan_teachers)
+    parts = split and world == 1
     why = [f"{corpus.train_tokens:,} train tokens ({corpus.train_bytes / 1e6:.2f} MB), vocabulary {corpus.vocab_size:,}"
            f", {corpus.bytes_per_token:.2f} bytes a token; character n-grams of its train text predict its val text at "
            f"{corpus.hardness:.2f} bits a byte",
@@ -558,11 +592,18 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1):
            f"{iters:,} iterations, {iters * tokens_per_iter / 1e6:.2f}M tokens: {epochs:.1f} epochs of the corpus"
            + ("" if "dropout" in given and not dropout else dropout_reason(dropout, corpus, vars(chosen), epochs))
            + ("; the best checkpoint is kept (a small corpus peaks within a few epochs)" if epochs > 4.5 else ""),
-           *early_end_lines(ends_early and finish < 0.9 * budget, iters, epochs, dropout, finish, cfg.minutes,
-                            given.get("max_iters") == iters and finish < 0.9 * budget, cfg.out_dir),
-           f"warm-up {final['warmup_iters']}, cosine decay to {final['min_lr']:.1e}; an evaluation every "
-           f"{final['eval_interval']} iterations over {final['eval_windows']} fixed val windows; best.pt and ckpt.pt "
-           f"keep the best val loss"]
+           *early_end_lines(early, iters, epochs, dropout, finish, cfg.minutes,
+                            given.get("max_iters") == iters and finish < 0.9 * budget, parts),
+           *(parts_lines(parts, cfg.minutes, cfg.out_dir, cfg.seed, world) if split else [])]
+    if not parts:  # the parts' own plans say theirs
+        why.append(f"warm-up {final['warmup_iters']}, cosine decay to {final['min_lr']:.1e}; an evaluation every "
+                   f"{final['eval_interval']} iterations over {final['eval_windows']} fixed val windows; best.pt and "
+                   f"ckpt.pt keep the best val loss")
+    if parts:
+        one = predicted
+        predicted *= 1 - sum(DISTILL_GAINS) / len(DISTILL_GAINS)
+        why.append(f"predicted: one run's {one:.3f}, less the {sum(DISTILL_GAINS) / len(DISTILL_GAINS):.1%} three runs "
+                   f"gained on the texts measured")
     sigma = LAW["rel_sigma"]
     if corpus.train_bytes < HARDNESS_SAMPLE:  # its hardness read all of it, fewer bytes than the study's corpora
         sigma = SMALL_TEXT_SIGMA
@@ -578,7 +619,7 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1):
             "predicted_val_bpb": predicted,
             "predicted_sigma": predicted * sigma, "seconds_per_iter": per_iter,
             "probe": speed.probed, "timed": speed.timed, "corpus": {k: v for k, v in vars(corpus).items()},
-            "kept": sorted(given),
+            "kept": sorted(given), "parts": plan_parts(cfg.seed) if parts else None,
             "why": why, "planned_at": elapsed}
     return keys, plan
 

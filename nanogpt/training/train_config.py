@@ -93,6 +93,7 @@ class TrainConfig(Device, Dtype, GPTConfig):
     target_loss: float | None = None  # stop once val loss <= target_loss (and report the training time it took)
     # --minutes=N: the plan chooses every key you did not set for the best model in N minutes (plan.py, docs/minutes.md)
     minutes: float | None = None  # wall-clock budget from process start to exit; None: train as configured
+    plan_teachers: bool = True  # a text used up well before the budget: two teachers, then the model (parts.py)
     # distillation (distill.py): the model also learns the mean next-token distribution of trained models
     teacher: str = ""  # checkpoints (out_dirs or files, comma-separated) of this dataset's tokenizer; "" for none
     distill: float = 0.8  # with teacher: the share of the loss that is the KL to the teachers', the rest the text's

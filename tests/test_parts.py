@@ -1,0 +1,110 @@
+"""train.py --minutes=N on a text used up well before N: three runs, two teachers and a model that learns from both
+(nanogpt/training/parts.py), their budget, their Ctrl-C and their resume."""
+import json
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+import train as train_module
+from nanogpt.training import plan as planning
+from nanogpt.training.parts import user_settings
+from nanogpt.training.train_config import TrainConfig
+from train import train
+
+SHAPE = dict(n_layer=2, n_embd=64, n_head=2)  # the shape set: one candidate, quick to probe and to train
+
+
+def records(out_dir, kind=None):
+    with open(os.path.join(out_dir, "log.jsonl")) as f:
+        return [r for r in map(json.loads, f) if kind is None or r.get("kind") == kind]
+
+
+def saved(path):
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+@pytest.fixture
+def split_small_budgets(monkeypatch):
+    """Budgets of seconds split as 10 minutes are, so that a test runs the three parts in seconds."""
+    monkeypatch.setattr(planning, "DISTILL_MINUTES", 0.1)
+
+
+def test_a_text_used_up_early_trains_two_teachers_then_a_model_from_both_within_the_budget(
+        tmp_path, char_dataset, split_small_budgets):
+    out = str(tmp_path / "out")
+    keys = dict(dataset=str(char_dataset), out_dir=out, minutes=0.4, device="cpu", **SHAPE)
+    start, lines = time.time(), []
+    summary = train(TrainConfig(**keys), keys, log=lines.append, t_start=start)
+    assert time.time() - start <= 0.4 * 60 + 10  # the whole, within the 10 s the plan promises
+    a, b = (os.path.join(out, name) for name in planning.TEACHER_DIRS)
+    student = saved(os.path.join(out, "ckpt.pt"))["config"]
+    # the model learns from both teachers, by absolute path, at the default weight; the teachers differ in seed
+    assert student["teacher"] == f"{os.path.abspath(a)}/ckpt.pt,{os.path.abspath(b)}/ckpt.pt"
+    assert student["distill"] == 0.8 and not student["plan_teachers"]
+    assert [saved(os.path.join(d, "ckpt.pt"))["config"]["seed"] for d in (a, b)] == [1337, 1338]
+    # each part runs to the end of its share, counted from process start: the first 0.3 of the budget, and a part
+    # that ends early (these do: the text is used up) leaves its time to the next
+    minutes = [records(d, "plan")[-1]["minutes"] for d in (a, b, out)]
+    assert minutes[0] == pytest.approx(0.12) and 0.12 < minutes[1] < 0.24 and 0.16 < minutes[2] < 0.4
+    # out_dir's log: the plan in parts first, its result last, the student's own plan between
+    log = [r for r in records(out) if r["kind"] in ("plan", "plan_result")]
+    assert log[0]["parts"] and log[0]["started"] == pytest.approx(start) and log[-1]["parts"] is True
+    assert log[-1]["measured_val_bpb"] == pytest.approx(summary["best_val_bpb"])
+    assert summary["parts"][:2] == [records(d, "plan_result")[-1]["measured_val_bpb"] for d in (a, b)]
+    assert any("three parts: teachers" in line for line in lines)
+    assert not any(str(line).startswith("override: seed") for line in lines)  # a part's keys are its line's
+
+
+def test_ctrl_c_in_a_part_names_the_whole_and_a_resume_goes_on_from_that_part(
+        tmp_path, char_dataset, split_small_budgets, monkeypatch):
+    out = str(tmp_path / "out")
+    keys = dict(dataset=str(char_dataset), out_dir=out, minutes=0.4, device="cpu", **SHAPE)
+    step = train_module.Run.step
+
+    def interrupted_in_b(run, loss):  # Ctrl-C after iteration 20 of the second teacher
+        step(run, loss)
+        if run.cfg.out_dir.endswith("teacher-b") and run.iter_num == 20:
+            os.kill(os.getpid(), signal.SIGINT)
+    monkeypatch.setattr(train_module.Run, "step", interrupted_in_b)
+    lines = []
+    summary = train(TrainConfig(**keys), keys, log=lines.append, t_start=time.time())
+    assert summary["interrupted"]
+    a, b = (os.path.join(out, name) for name in planning.TEACHER_DIRS)
+    assert saved(os.path.join(b, "ckpt.pt"))["iter_num"] == 20 and not os.path.exists(os.path.join(out, "ckpt.pt"))
+    said = [line for line in lines if "continue with" in str(line)]
+    assert said and said[0].endswith(f"continue with python train.py --init_from=resume --out_dir={out}")
+    teacher_a = open(os.path.join(a, "ckpt.pt"), "rb").read()
+
+    monkeypatch.setattr(train_module.Run, "step", step)
+    lines = []
+    resume = dict(init_from="resume", out_dir=out)
+    summary = train(TrainConfig(**resume), resume, log=lines.append)
+    assert not summary["interrupted"] and summary["parts"][2] is not None
+    assert open(os.path.join(a, "ckpt.pt"), "rb").read() == teacher_a  # done: kept as it was
+    assert any("part 1 of 3" in line and "done earlier" in line for line in lines)
+    assert [r["iter"] for r in records(b, "config")] == [0, 20]  # resumed where it stopped, not begun again
+    assert len(records(b, "plan")) == 1  # and keeping its plan
+    student = saved(os.path.join(out, "ckpt.pt"))["config"]
+    assert student["teacher"].split(",") == [os.path.abspath(os.path.join(d, "ckpt.pt")) for d in (a, b)]
+    assert student["dataset"] == str(char_dataset) and student["n_embd"] == 64  # the user's keys, from the plan
+    assert records(out, "plan_result")[-1]["parts"] is True
+    # done: a resume now is the model's own, which has nothing left to train
+    lines = []
+    train(TrainConfig(**resume), resume, log=lines.append)
+    assert not any("part 1 of 3" in str(line) for line in lines)
+
+
+def test_a_plan_in_parts_takes_no_key_that_names_code_from_its_log(tmp_path):
+    """A resume reads the user's config from out_dir/log.jsonl as it reads a checkpoint's: typed, and a key that
+    leads to code (a folder of task YAMLs) only from this invocation."""
+    plan = {"config": {"dataset": "data/x", "n_layer": 3, "eval_tasks_include_path": str(tmp_path / "evil")},
+            "given": {"n_layer": 3, "eval_tasks_include_path": str(tmp_path / "evil")}}
+    notes = []
+    user, given = user_settings(plan, TrainConfig(out_dir=str(tmp_path), device="cpu"),
+                                {"out_dir": str(tmp_path), "init_from": "resume"}, notes.append)
+    assert user.n_layer == 3 and user.dataset == "data/x" and user.device == "cpu"
+    assert user.eval_tasks_include_path == TrainConfig().eval_tasks_include_path
+    assert given == {"n_layer": 3, "out_dir": str(tmp_path)} and any("names eval_tasks_include_path" in n for n in notes)
