@@ -59,7 +59,7 @@ def train(cfg, overrides=None, log=print, t_start=None, config_files=(), whole=N
     whole: for one of a plan's three runs (parts.py), the config that resumes them all: its Ctrl-C names that.
     """
     t_start = t_start or time.time()
-    if whole is None and cfg.init_from == "resume":
+    if whole is None and cfg.init_from == "resume" and not cfg.eval_only:
         plan = plan_in_parts(cfg.out_dir)
         if plan is not None:  # out_dir holds three runs not yet done: they go on where they stopped
             return train_parts(train, cfg, overrides or {}, plan, t_start, log, config_files)
@@ -330,9 +330,10 @@ class Run(Start):
             total = f" ({self.iter_num} in all)" if self.start_iter else ""
             log(f"done: {ran} iters in {summary['time']:.1f} s{total}; val loss {self.last_val:.4f} "
                 f"(best {self.best_val_loss:.4f}); checkpoint {latest_form(self.ckpt_path)}")
-            if self.plan is not None and self.best_bpb is not None:
-                log(plan_summary(self.plan, self.best_bpb, self.iter_num, self.clock.before + summary["time"],
-                                 cfg.minutes, reached=self.reached is not None))
+            if self.plan is not None:  # recorded however it ended: a resume that improved nothing is done too
+                if self.best_bpb is not None:
+                    log(plan_summary(self.plan, self.best_bpb, self.iter_num, self.clock.before + summary["time"],
+                                     cfg.minutes, reached=self.reached is not None))
                 self.metrics.record(kind="plan_result", iter=self.iter_num, measured_val_bpb=self.best_bpb,
                                     predicted_val_bpb=self.plan["predicted_val_bpb"], budget=cfg.minutes * 60,
                                     seconds=self.clock.before + summary["time"])

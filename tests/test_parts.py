@@ -10,7 +10,9 @@ import torch
 
 import train as train_module
 from nanogpt.training import plan as planning
-from nanogpt.training.parts import user_settings
+from nanogpt.errors import UserError
+from nanogpt.out_dir import OutDirLock
+from nanogpt.training.parts import checked, plan_in_parts, user_settings
 from nanogpt.training.train_config import TrainConfig
 from train import train
 
@@ -79,8 +81,13 @@ def test_ctrl_c_in_a_part_names_the_whole_and_a_resume_goes_on_from_that_part(
     teacher_a = open(os.path.join(a, "ckpt.pt"), "rb").read()
 
     monkeypatch.setattr(train_module.Run, "step", step)
-    lines = []
     resume = dict(init_from="resume", out_dir=out)
+    # an evaluation of out_dir is never a resume of the parts: out_dir has no model yet, and nothing is written
+    before = open(os.path.join(out, "log.jsonl")).read()
+    with pytest.raises(UserError, match="no checkpoint"):
+        train(TrainConfig(**resume, eval_only=True), {**resume, "eval_only": True}, log=lambda *a: None)
+    assert open(os.path.join(out, "log.jsonl")).read() == before
+    lines = []
     summary = train(TrainConfig(**resume), resume, log=lines.append)
     assert not summary["interrupted"] and summary["parts"][2] is not None
     assert open(os.path.join(a, "ckpt.pt"), "rb").read() == teacher_a  # done: kept as it was
@@ -104,7 +111,51 @@ def test_a_plan_in_parts_takes_no_key_that_names_code_from_its_log(tmp_path):
             "given": {"n_layer": 3, "eval_tasks_include_path": str(tmp_path / "evil")}}
     notes = []
     user, given = user_settings(plan, TrainConfig(out_dir=str(tmp_path), device="cpu"),
-                                {"out_dir": str(tmp_path), "init_from": "resume"}, notes.append)
+                                {"out_dir": str(tmp_path), "init_from": "resume", "device": "cpu"}, notes.append)
     assert user.n_layer == 3 and user.dataset == "data/x" and user.device == "cpu"
     assert user.eval_tasks_include_path == TrainConfig().eval_tasks_include_path
-    assert given == {"n_layer": 3, "out_dir": str(tmp_path)} and any("names eval_tasks_include_path" in n for n in notes)
+    assert given == {"n_layer": 3, "device": "cpu"} and any("names eval_tasks_include_path" in n for n in notes)
+    # keys this resume sets reach the parts it begins, as they reach the one it resumes
+    mine = str(tmp_path / "mine")
+    user, given = user_settings(plan, TrainConfig(out_dir=str(tmp_path)), {"init_from": "resume", "batch_size": 8,
+                                                                          "eval_tasks_include_path": mine}, notes.append)
+    assert user.batch_size == 8 and user.eval_tasks_include_path == mine and given["batch_size"] == 8
+
+
+def test_a_later_run_in_out_dir_ends_the_plan_in_parts_and_a_damaged_record_is_one_line(tmp_path):
+    """A resume of out_dir goes on with the plan in parts only while the runs after its record are its third part's;
+    a plain run there later (or a plan of one run) is what a resume continues. The record's numbers and config are
+    checked before they are used."""
+    out = tmp_path / "out"
+    out.mkdir()
+    third = {"kind": "config", "iter": 0, "plan_teachers": False,
+             "teacher": f"{out}/teacher-a/ckpt.pt,{out}/teacher-b/ckpt.pt"}
+    plan = {"kind": "plan", "iter": 0, "parts": [{"dir": "teacher-a"}], "minutes": 10, "started": 1.0,
+            "predicted_val_bpb": 2.0, "predicted_sigma": 0.1, "config": {"dataset": "d"}, "given": {}}
+
+    def log_of(*rows):
+        (out / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return plan_in_parts(str(out))
+    assert log_of({"kind": "config", "iter": 0}, plan)["minutes"] == 10
+    assert log_of(plan, third, {"kind": "eval", "iter": 5, "train_time": 1.0})["minutes"] == 10  # the third's own
+    assert log_of(plan, {"kind": "config", "iter": 0, "plan_teachers": True}) is None  # a run of its own after it
+    assert log_of(plan, third, {"kind": "plan_result", "iter": 9, "parts": True}) is None  # done
+    path = str(out / "log.jsonl")
+    assert checked(plan, path) is plan
+    for damage in ({"started": "x"}, {"minutes": None}, {"predicted_val_bpb": float("nan")}, {"config": "x"},
+                   {"given": [1]}):
+        with pytest.raises(UserError, match="the plan in parts records"):
+            checked({**plan, **damage}, path)
+
+
+def test_a_plan_in_parts_into_an_out_dir_in_use_is_refused_before_it_trains(tmp_path, char_dataset,
+                                                                             split_small_budgets):
+    out = str(tmp_path / "out")
+    keys = dict(dataset=str(char_dataset), out_dir=out, minutes=0.4, device="cpu", **SHAPE)
+    held = OutDirLock(out).acquire()  # another run, writing there
+    try:
+        with pytest.raises(UserError, match="is in use by"):
+            train(TrainConfig(**keys), keys, log=lambda *a: None, t_start=time.time())
+    finally:
+        held.release()
+    assert not os.path.exists(os.path.join(out, "teacher-a")) and not os.path.exists(os.path.join(out, "log.jsonl"))

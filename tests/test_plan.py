@@ -264,8 +264,8 @@ def test_a_small_corpus_gets_few_epochs_then_dropout_and_a_large_one_the_whole_b
     ranks = make_plan(TrainConfig(minutes=30, device="cpu"), {}, small, torch.device("cpu"), torch.float32,
                       elapsed=3.0, log=lambda *a: None, world=2)[1]
     assert ranks["parts"] is None
-    assert any("--minutes=9 --out_dir=out-a, --minutes=9 --out_dir=out-b --seed=1338, then --minutes=12 "
-               "--teacher=out-a,out-b" in line for line in ranks["why"])
+    assert any("--minutes=9 --out_dir=out-a --plan_teachers=False, --minutes=9 --out_dir=out-b --seed=1338 "
+               "--plan_teachers=False, then --minutes=12 --teacher=out-a,out-b" in line for line in ranks["why"])
     # a budget that sees the text 0.9 of the epochs a model learns from splits even where it ends on time; one
     # that sees it less often is one run
     used, fewer = plan_of(10, corpus(train_tokens=275_000)), plan_of(10, corpus(train_tokens=300_000))
@@ -508,7 +508,11 @@ def test_planned_run_holds_its_budget_logs_its_plan_and_keeps_the_best_checkpoin
     assert any("epochs of the corpus" in line for line in plan["why"])
     # a few KB of text is worth a few epochs, far less than 18 s buys: the run ends early, and says so
     assert plan["ends_early"] and (plan["epochs"] <= planning.MAX_EPOCHS or plan["iters"] == planning.MIN_ITERS)
-    assert any("more would only memorize this text" in line or "the fewest a plan runs" in line for line in plan["why"])
+    # said where the run ends well before the budget: on a loaded machine the probe alone can take it past 0.9
+    finish = plan["planned_at"] + planning.EXIT_SECONDS + plan["iters"] * plan["seconds_per_iter"] / (
+        1 - planning.EVAL_SHARE)
+    assert finish >= 0.9 * 0.3 * 60 or any("more would only memorize this text" in line or "the fewest a plan runs"
+                                            in line for line in plan["why"])
     assert summary["iters"] == plan["iters"]
     assert any(line.startswith("plan: 0.3 minutes on") for line in lines)
     evals = records(out, "eval")

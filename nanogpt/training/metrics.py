@@ -48,9 +48,11 @@ class Metrics:
     leaves out_dir (and wandb) alone. Each process's records follow a config record, whose iter is
     where it started: a resumed run's (init_from resume) continue the run from there."""
 
-    def __init__(self, path, cfg, log, record, iter=0):
+    def __init__(self, path, cfg, log, record, iter=0, headed=False):
         self.path, self.log, self.active, self.file = path, log, record, None
-        self.headed = False  # the config record written: a record after close() reopens the log without another
+        # the config record written (headed: by the run whose records these continue): a record after close()
+        # reopens the log without another
+        self.headed = headed
         self.header = {"kind": "config", "iter": iter, **asdict(cfg)}
         self.wandb = None
         if record and cfg.wandb_log:

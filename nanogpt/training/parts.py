@@ -1,23 +1,26 @@
-"""train.py --minutes=N on a text used up well before N: the budget as three runs (plan.py decides; docs/minutes.md,
+"""train.py --minutes=N on a text the budget uses up: the budget as three runs (plan.py decides; docs/minutes.md,
 "More minutes than a text is worth"). Plans of 0.3 N into out_dir/teacher-a and out_dir/teacher-b (the second with
 the next seed), then one of 0.4 N into out_dir that learns from the text and from both (--teacher).
 
 Each part is a run of its own: its plan, its log.jsonl, its checkpoints, its Ctrl-C. The whole ends by the budget:
 each part by the end of its share, counted from process start, so a part that ends early leaves its time to the
-next. out_dir/log.jsonl records the plan in parts and, at the end, the result; a resume of out_dir
-(--init_from=resume --out_dir=OUT) goes on from where the parts stopped: a part done is kept, one interrupted is
-resumed (keeping its plan), one not begun is planned anew with its share of the budget.
+next. out_dir/log.jsonl records the plan in parts (with the user's config) and, at the end, the result; a resume of
+out_dir (--init_from=resume --out_dir=OUT) goes on from where the parts stopped: a part done is kept, one
+interrupted is resumed (keeping its plan), one not begun is planned anew with its share of the budget. A later run
+of its own in out_dir (a config record that is not the third part's) ends the plan in parts: a resume is that run's.
 """
+import math
 import os
 import time
 from dataclasses import asdict, replace
 
 from nanogpt.errors import UserError
+from nanogpt.out_dir import OutDirLock, latest_form
 from nanogpt.training.metrics import Metrics, read_log
-from nanogpt.training.plan import minutes_text
+from nanogpt.training.plan import TEACHER_DIRS, minutes_text, plan_parts
 from nanogpt.training.resume import resume_command, saved_settings
 from nanogpt.training.startup import LOCAL_FIELDS
-from nanogpt.training.stopping import Interrupted
+from nanogpt.training.stopping import Interrupted, StopFlag
 from nanogpt.training.train_config import TrainConfig
 
 
@@ -27,14 +30,39 @@ def records(out_dir):
     return read_log(path, note=lambda *a: None) if os.path.isfile(path) else []
 
 
+def is_third_part(record):
+    """True for the config record of a plan in parts' third run: one run, learning from the two teachers."""
+    names = [os.path.basename(os.path.dirname(p)) for p in str(record.get("teacher") or "").split(",")]
+    return record.get("plan_teachers") is False and names == list(TEACHER_DIRS)
+
+
 def plan_in_parts(out_dir):
-    """The plan in parts that out_dir's log records last, if the whole is not done: the record, else None."""
+    """The plan in parts that out_dir's log records last, if it is not done and no run of its own followed it: the
+    record, else None."""
     plan = None
     for r in records(out_dir):
         if r.get("kind") == "plan" and r.get("parts"):
             plan = r
-        elif r.get("kind") == "plan_result" and r.get("parts") and plan is not None:
-            plan = None  # done: a resume of out_dir is its last part's own
+        elif plan is not None and r.get("kind") == "plan_result" and r.get("parts"):
+            plan = None  # done: a resume of out_dir is its third part's own
+        elif plan is not None and r.get("kind") == "config" and not is_third_part(r):
+            plan = None  # a later run of its own in out_dir: a resume is that run's
+    return plan
+
+
+def checked(plan, path):
+    """The recorded plan in parts, its fields checked (a log may come from anyone): one line where one is wrong."""
+    def number(key):
+        value = plan.get(key)
+        if type(value) not in (int, float) or not math.isfinite(value) or value <= 0:
+            raise UserError(f"{path}: the plan in parts records {key}={str(value)[:40]!r}, not a positive number; "
+                            f"train anew in a new --out_dir")
+        return value
+    for key in ("minutes", "started", "predicted_val_bpb", "predicted_sigma"):
+        number(key)
+    if not isinstance(plan.get("config"), dict) or not isinstance(plan.get("given"), dict):
+        raise UserError(f"{path}: the plan in parts records no config of yours to plan its parts from; train anew in "
+                        f"a new --out_dir")
     return plan
 
 
@@ -42,32 +70,38 @@ def part_state(out_dir, since):
     """A part's run in out_dir: "done" (its plan's result recorded), "started" (a checkpoint saved since the plan
     in parts began, at `since`), or "new". A checkpoint older than `since` is an earlier run's, which a new part
     replaces as any run does."""
-    ckpt = os.path.join(out_dir, "ckpt.pt")
-    if not os.path.isfile(ckpt) or os.path.getmtime(ckpt) < since:
+    ckpt = latest_form(os.path.join(out_dir, "ckpt.pt"))  # ckpt.pt, or ckpt.dcp with --parallel=fsdp
+    if not os.path.exists(ckpt) or os.path.getmtime(ckpt) < since:
         return "new"
     kinds = [r["kind"] for r in records(out_dir) if r.get("kind") in ("plan", "plan_result")]
     return "done" if kinds and kinds[-1] == "plan_result" else "started"
 
 
 def measured(out_dir):
-    """The val bpb of a part's best checkpoint, as its log's last plan result says (None where it has none)."""
-    results = [r for r in records(out_dir) if r.get("kind") == "plan_result"]
-    return results[-1].get("measured_val_bpb") if results else None
+    """The val bpb of a part's best checkpoint: its lowest val loss's since its last plan (None where it has none)."""
+    evals = []
+    for r in records(out_dir):
+        if r.get("kind") == "plan":
+            evals = []
+        elif r.get("kind") == "eval" and r.get("val_bpb") is not None:
+            evals.append(r)
+    return min(evals, key=lambda r: r["val_loss"])["val_bpb"] if evals else None
 
 
 def user_settings(plan, cfg, overrides, log):
     """(cfg, given): the user's config and the keys they set, as the plan in parts recorded them, read as a resume
-    reads a checkpoint's (typed; a key naming code only from this invocation), with this invocation's local keys
-    (out_dir, device, ...)."""
+    reads a checkpoint's (typed; a key naming code only from this invocation), with the keys this resume sets laid
+    over them."""
     path = os.path.join(cfg.out_dir, "log.jsonl")
-    saved = saved_settings({"config": plan.get("config")}, TrainConfig, path, overrides, log, skip=LOCAL_FIELDS)
-    given = {k: saved[k] for k in plan.get("given") or () if k in saved}
+    saved = saved_settings({"config": plan["config"]}, TrainConfig, path, overrides, log, skip=LOCAL_FIELDS)
+    given = {k: saved[k] for k in plan["given"] if k in saved}
+    now = {k: v for k, v in overrides.items() if k not in ("init_from", "minutes", "out_dir")}
     try:
-        user = TrainConfig(**{**saved, **{k: getattr(cfg, k) for k in LOCAL_FIELDS}})
+        user = TrainConfig(**{**saved, **{k: getattr(cfg, k) for k in LOCAL_FIELDS}, **now})
     except (TypeError, ValueError) as e:
         raise UserError(f"{path}: the plan in parts records a config that does not load ({e}); train anew in a new "
                         f"--out_dir") from None
-    return user, {**given, **{k: v for k, v in overrides.items() if k in LOCAL_FIELDS and k != "init_from"}}
+    return user, {**given, **now}
 
 
 def train_parts(train, cfg, overrides, plan, t_start, log, config_files=()):
@@ -75,68 +109,88 @@ def train_parts(train, cfg, overrides, plan, t_start, log, config_files=()):
     own; the summary of the last (the model out_dir keeps), with the whole's wall time. cfg and overrides: the
     user's, before the plan; a resume's are the resume's own (init_from, out_dir)."""
     resuming = cfg.init_from == "resume"
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise UserError(f"{cfg.out_dir} holds a plan in parts, which runs in one process: resume it with "
-                        f"{resume_command('train.py', replace(cfg, init_from='resume'), 1)}")
-    if resuming and "minutes" in overrides and overrides["minutes"] != plan["minutes"]:
-        raise UserError(f"--minutes={overrides['minutes']:g}: {cfg.out_dir} holds a plan in parts for "
-                        f"--minutes={plan['minutes']:g}, and a resumed run keeps its plan; resume without --minutes")
-    if resuming:
-        user, given = user_settings(plan, cfg, overrides, log)
-    else:  # the user's config beside the plan: a part begun after a resume is planned from it
-        user, given = cfg, overrides
-        plan = {**plan, "started": t_start, "config": asdict(cfg), "given": overrides}
-        metrics = Metrics(os.path.join(cfg.out_dir, "log.jsonl"), cfg, log, record=True)
-        metrics.record(kind="plan", iter=0, **plan)
-        metrics.close()
-    budget = plan["minutes"] * 60
-    dirs = [os.path.join(cfg.out_dir, part["dir"]) if part["dir"] else cfg.out_dir for part in plan["parts"]]
-    teachers = ",".join(d for d, part in zip(dirs, plan["parts"]) if not part["distils"])
     whole = replace(cfg, init_from="resume")  # what a part's Ctrl-C says to run: the whole goes on from there
+    again = resume_command("train.py", whole, 1)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise UserError(f"{cfg.out_dir} holds a plan in parts, which runs in one process: resume it with {again}")
+    path = os.path.join(cfg.out_dir, "log.jsonl")
+    if resuming:
+        plan = checked(plan, path)
+        if "minutes" in overrides and overrides["minutes"] != plan["minutes"]:
+            raise UserError(f"--minutes={overrides['minutes']:g}: {cfg.out_dir} holds a plan in parts for "
+                            f"--minutes={plan['minutes']:g}, and a resumed run keeps its plan; resume without "
+                            f"--minutes")
+    # out_dir is the plan's until its third part takes it (that run locks it itself): a run already writing there
+    # refuses this one before any record or any training
+    lock = OutDirLock(cfg.out_dir).acquire()
+    stop = StopFlag()  # a signal between two parts (each part's own flag covers it while it runs)
+    try:
+        if resuming:
+            user, given = user_settings(plan, cfg, overrides, log)
+        else:  # the user's config beside the plan: a part begun after a resume is planned from it
+            user, given = cfg, overrides
+            plan = {**plan, "started": t_start, "config": asdict(cfg), "given": overrides}
+            metrics = Metrics(path, cfg, log, record=True)
+            metrics.record(kind="plan", iter=0, **plan)
+            metrics.close()
+        return run_parts(train, cfg, user, given, overrides, plan, t_start, log, config_files, whole, lock)
+    except Interrupted:  # outside a part (between two, or after the third): each part has saved what it ran
+        log(f"interrupted outside a part; the three parts go on with {again}")
+        return {"iters": None, "val_loss": None, "best_val_loss": None, "time": time.time() - t_start,
+                "train_time": None, "interrupted": True, "reached": None}
+    finally:
+        stop.restore()
+        lock.release()
+
+
+def run_parts(train, cfg, user, given, overrides, plan, t_start, log, config_files, whole, lock):
+    """train_parts' loop: each part that is not done, resumed or begun; then the result, said and recorded."""
+    resuming, budget = cfg.init_from == "resume", plan["minutes"] * 60
+    parts = plan_parts(user.seed)  # the recorded plan's parts are code's, not read back: only their shares of it
+    dirs = [os.path.join(cfg.out_dir, part["dir"]) if part["dir"] else cfg.out_dir for part in parts]
+    teachers = ",".join(d for d, part in zip(dirs, parts) if not part["distils"])
     share_end, summary = t_start, None
 
     def quiet(line, *args, **kwargs):  # the user's keys were said once, before the plan: not again in each part
         if not str(line).startswith("override: "):
             log(line, *args, **kwargs)
-    try:
-        for number, (part, out_dir) in enumerate(zip(plan["parts"], dirs), 1):
-            share_end += part["share"] * budget  # where this part's share ends, counted from process start
-            state = part_state(out_dir, plan["started"]) if resuming else "new"
-            what = "the model, learning from both" if part["distils"] else f"teacher {number} of 2"
-            if state == "done":
-                log(f"part {number} of 3 ({what}, {out_dir}): done earlier, val bpb {measured(out_dir)}")
-                continue
-            begin = time.time()
-            if state == "started":
-                part_cfg = replace(cfg, out_dir=out_dir, init_from="resume")
-                part_overrides = {k: v for k, v in overrides.items() if k != "minutes"} | {"out_dir": out_dir}
-                log(f"part {number} of 3 ({what}): resuming {out_dir}")
-            else:
-                # a part begun now: to the end of its share, or after a resume its whole share from now; at least
-                # half its share, should the parts before have run past theirs
-                left = part["share"] * budget if resuming else share_end - (t_start if number == 1 else begin)
-                minutes = round(max(left, part["share"] * budget / 2) / 60, 2)
-                keys = dict(out_dir=out_dir, minutes=minutes, seed=part["seed"], plan_teachers=False,
-                            teacher=teachers if part["distils"] else "", init_from="scratch")
-                part_cfg, part_overrides = replace(user, **keys), {**given, **keys}
-                log(f"part {number} of 3 ({what}): a plan of {minutes_text(minutes)} into {out_dir}, seed "
-                    f"{part['seed']}" + (f", teachers {teachers}" if part["distils"] else ""))
-            summary = train(part_cfg, part_overrides, quiet, t_start=t_start if number == 1 and not resuming else begin,
-                            config_files=config_files, whole=whole)
-            if summary.get("interrupted"):
-                log(f"the three parts go on with {resume_command('train.py', whole, 1)}")
-                return summary
-    except Interrupted:  # between two parts: each part before has saved what it ran
-        log(f"interrupted between parts; the three parts go on with {resume_command('train.py', whole, 1)}")
-        return {"iters": None, "val_loss": None, "best_val_loss": None, "time": time.time() - t_start,
-                "train_time": None, "interrupted": True, "reached": None}
+    for number, (part, out_dir) in enumerate(zip(parts, dirs), 1):
+        share_end += part["share"] * budget  # where this part's share ends, counted from process start
+        state = part_state(out_dir, plan["started"]) if resuming else "new"
+        what = "the model, learning from both" if part["distils"] else f"teacher {number} of 2"
+        if state == "done":
+            score = measured(out_dir)
+            log(f"part {number} of 3 ({what}): done earlier in {out_dir}"
+                + ("" if score is None else f", val bpb {score:.3f}"))
+            continue
+        begin = time.time()
+        if part["distils"]:
+            lock.release()  # the third part's run locks out_dir itself
+        if state == "started":
+            part_cfg = replace(cfg, out_dir=out_dir, init_from="resume")
+            part_overrides = {k: v for k, v in overrides.items() if k != "minutes"} | {"out_dir": out_dir}
+            log(f"part {number} of 3 ({what}): resuming {out_dir}")
+        else:
+            # a part begun now: to the end of its share, or after a resume its whole share from now; at least half
+            # its share, should the parts before have run past theirs
+            left = part["share"] * budget if resuming else share_end - (t_start if number == 1 else begin)
+            minutes = round(max(left, part["share"] * budget / 2) / 60, 2)
+            keys = dict(out_dir=out_dir, minutes=minutes, seed=part["seed"], plan_teachers=False,
+                        teacher=teachers if part["distils"] else "", init_from="scratch")
+            part_cfg, part_overrides = replace(user, **keys), {**given, **keys}
+            log(f"part {number} of 3 ({what}): a plan of {minutes_text(minutes)} into {out_dir}, seed "
+                f"{part['seed']}" + (f", teachers {teachers}" if part["distils"] else ""))
+        summary = train(part_cfg, part_overrides, quiet, t_start=t_start if number == 1 and not resuming else begin,
+                        config_files=config_files, whole=whole)
+        if summary.get("interrupted"):
+            return summary
     seconds = time.time() - t_start
     scores = [measured(d) for d in dirs]
     shown = ["-" if s is None else f"{s:.3f}" for s in scores]
     log(f"three parts: teachers {shown[0]} and {shown[1]}, the model in {cfg.out_dir} {shown[2]} (val bpb of each "
         f"best checkpoint); predicted {plan['predicted_val_bpb']:.3f} +- {plan['predicted_sigma']:.3f}; "
         + (f"{seconds:.0f} s of the {budget:.0f} s budget" if not resuming else f"{seconds:.0f} s since the resume"))
-    metrics = Metrics(os.path.join(cfg.out_dir, "log.jsonl"), cfg, log, record=True)
+    metrics = Metrics(os.path.join(cfg.out_dir, "log.jsonl"), cfg, log, record=True, headed=True)  # the third's run
     metrics.record(kind="plan_result", iter=summary["iters"] if summary else 0, parts=True, measured_val_bpb=scores[2],
                    teachers_val_bpb=scores[:2], predicted_val_bpb=plan["predicted_val_bpb"], budget=budget,
                    seconds=seconds, resumed=resuming)

@@ -422,7 +422,7 @@ def early_end_lines(ends_early, iters, epochs, dropout, finish, minutes, capped,
 
 def parts_lines(parts, minutes, out_dir, seed, world):
     """The plan's line on a budget that buys more as three runs than as one (its text used up): where they go
-    (parts), or under torchrun, whose processes run one at a time, the three commands."""
+    (parts), or under torchrun (world > 1), where the plan does not split, the three commands."""
     out_dir = os.path.normpath(out_dir)  # "out/" names out-a beside it, not a folder in it
     measured = f"{DISTILL_GAIN} below one run of 10 minutes on two texts of 100 KB, and {DISTILL_GAIN_1MB} on 1 MB"
     if parts:
@@ -434,8 +434,9 @@ def parts_lines(parts, minutes, out_dir, seed, world):
                 f"\"More minutes than a text is worth\"); --plan_teachers=False keeps one run"]
     if world > 1:
         a, b, c = (f"--minutes={share * minutes:.3g}" for share in DISTILL_SHARES)
-        return [f"on a text used up three shorter runs do better than one: {a} --out_dir={out_dir}-a, {b} "
-                f"--out_dir={out_dir}-b --seed={seed + 1}, then {c} --teacher={out_dir}-a,{out_dir}-b, which "
+        return [f"on a text used up three shorter runs do better than one: {a} --out_dir={out_dir}-a "
+                f"--plan_teachers=False, {b} --out_dir={out_dir}-b --seed={seed + 1} --plan_teachers=False, then {c} "
+                f"--teacher={out_dir}-a,{out_dir}-b, which "
                 f"learns from both (so run by hand on two texts of 100 KB: {HAND_GAIN} below one run of 10 minutes; "
                 f"docs/minutes.md, \"More minutes than a text is worth\")"]
     return []
@@ -443,7 +444,8 @@ def parts_lines(parts, minutes, out_dir, seed, world):
 
 def plan_parts(seed):
     """The three runs of a budget in parts, in order: each one's folder in out_dir ("" for out_dir itself), its
-    share of the budget, its seed, and whether it learns from the two before it."""
+    share of the budget, its seed, and whether it learns from the two before it. The third starts from the first's
+    seed (its weights and batches), as the three measured did."""
     return [dict(dir=TEACHER_DIRS[0], share=DISTILL_SHARES[0], seed=seed, distils=False),
             dict(dir=TEACHER_DIRS[1], share=DISTILL_SHARES[1], seed=seed + 1, distils=False),
             dict(dir="", share=DISTILL_SHARES[2], seed=seed, distils=True)]
@@ -575,9 +577,13 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1):
     early = ends_early and finish < 0.9 * budget
     # the budget sees the text as often as a model learns from it: three runs (parts.py) where the parts can run, in
     # one process, of a plan's own text (not one that learns from teachers already, nor one whose length you set)
-    split = (epochs >= USED_UP * max_epochs(dropout) and cfg.minutes >= DISTILL_MINUTES and not cfg.teacher
-             and "max_iters" not in given and cfg.plan_teachers)
-    parts = split and world == 1
+    # (and each part's share buys twice the fewest iterations a plan runs of the quickest shape: its own plan would
+    # refuse less, after the parts before had trained)
+    quickest = min(speed.seconds(flops_per_iter(vars(c), corpus.vocab_size), 0.0, n) for n, c in candidates.items())
+    share_fits = (min(DISTILL_SHARES) * budget - EXIT_SECONDS) * (1 - EVAL_SHARE) >= 2 * MIN_ITERS * quickest
+    used_up = (epochs >= USED_UP * max_epochs(dropout) and cfg.minutes >= DISTILL_MINUTES and not cfg.teacher
+               and "max_iters" not in given and cfg.plan_teachers and share_fits)
+    parts = used_up and world == 1
     why = [f"{corpus.train_tokens:,} train tokens ({corpus.train_bytes / 1e6:.2f} MB), vocabulary {corpus.vocab_size:,}"
            f", {corpus.bytes_per_token:.2f} bytes a token; character n-grams of its train text predict its val text at "
            f"{corpus.hardness:.2f} bits a byte",
@@ -594,7 +600,7 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1):
            + ("; the best checkpoint is kept (a small corpus peaks within a few epochs)" if epochs > 4.5 else ""),
            *early_end_lines(early, iters, epochs, dropout, finish, cfg.minutes,
                             given.get("max_iters") == iters and finish < 0.9 * budget, parts),
-           *(parts_lines(parts, cfg.minutes, cfg.out_dir, cfg.seed, world) if split else [])]
+           *(parts_lines(parts, cfg.minutes, cfg.out_dir, cfg.seed, world) if used_up else [])]
     if not parts:  # the parts' own plans say theirs
         why.append(f"warm-up {final['warmup_iters']}, cosine decay to {final['min_lr']:.1e}; an evaluation every "
                    f"{final['eval_interval']} iterations over {final['eval_windows']} fixed val windows; best.pt and "
