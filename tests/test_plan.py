@@ -640,3 +640,19 @@ def test_a_planned_run_that_ends_worse_than_its_best_leaves_ckpt_at_the_best(tmp
     assert len(evals) > 2 and best["iter"] < evals[-1]["iter"]  # the run did end worse than its best
     ckpt = torch.load(os.path.join(out, "ckpt.pt"), map_location="cpu", weights_only=False)
     assert ckpt["iter_num"] == best["iter"]
+
+
+def test_a_distilled_run_plans_the_time_its_teachers_forward_passes_take(fixed_speed):
+    """Each iteration of a --teacher run also runs the teachers forward over its tokens (a third of a training
+    step's FLOPs each): the plan counts them in the time an iteration takes, so it plans the iterations it can run."""
+    c = corpus(train_tokens=3_000_000)
+    cfg = TrainConfig(minutes=60, device="cpu", teacher="t", n_layer=4, n_embd=192, n_head=6)
+    given = {"n_layer": 4, "n_embd": 192, "n_head": 6}
+    teacher = {"n_layer": 6, "n_embd": 256, "n_head": 4, "block_size": 128, "vocab_size": 65}
+    args = (c, torch.device("cpu"), torch.float32)
+    _, alone = make_plan(cfg, given, *args, elapsed=3.0, log=lambda *a: None)
+    _, taught = make_plan(cfg, given, *args, elapsed=3.0, log=lambda *a: None, teachers=[teacher, teacher])
+    forward = 2 * flops_per_iter({**teacher, "batch_size": 12, "gradient_accumulation_steps": 1}, 65) / 3
+    assert taught["seconds_per_iter"] == pytest.approx(alone["seconds_per_iter"] + 1e-10 * forward)
+    assert taught["iters"] < alone["iters"]
+    assert any("the 2 teachers' forward passes are in the time an iteration takes" in line for line in taught["why"])

@@ -475,11 +475,12 @@ def why_slow(cfg, seconds, vocab_size, device):
     return text
 
 
-def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1):
+def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, teachers=()):
     """(keys, plan): the config keys of the best run of cfg.minutes for corpus on this machine, and the plan's
     record (what it chose, why, and its prediction). given: the keys the user set, which stay as they are;
     elapsed: the seconds already spent since the process started (they count in the budget); world: the processes
-    under torchrun, each taking a share of every iteration's micro-batches."""
+    under torchrun, each taking a share of every iteration's micro-batches; teachers: the model_args of the
+    checkpoints a --teacher run learns from, whose forward passes each iteration also runs."""
     budget = cfg.minutes * 60
     block = given.get("block_size") or largest_block(corpus)
     split = {"gradient_accumulation_steps": world, "batch_size": -(-RECIPE["batch_size"] // world)} if world > 1 else {}
@@ -507,6 +508,11 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1):
 
     uniform = math.log2(max(2, corpus.vocab_size)) / corpus.bytes_per_token  # bits per byte of no training at all
 
+    def teacher_flops(c):  # the teachers' forward passes over an iteration's tokens: a third of training each
+        return sum(flops_per_iter({**t, "batch_size": c.batch_size, "block_size": c.block_size,
+                                   "gradient_accumulation_steps": c.gradient_accumulation_steps}, corpus.vocab_size)
+                   for t in teachers) / 3
+
     def choose():
         choices = []
         for name, c in candidates.items():
@@ -514,6 +520,7 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1):
             per_iter_tokens = c.batch_size * c.block_size * c.gradient_accumulation_steps
             for p in dropouts if "dropout" in given else planned_dropouts(corpus, keys):
                 per_iter = speed.seconds(flops_per_iter(keys, corpus.vocab_size), p, name)  # yours was probed
+                per_iter += speed.b * teacher_flops(c)
                 fits = int(train_seconds() / per_iter)  # the iterations the budget has time for
                 useful = max(MIN_ITERS, math.ceil(max_epochs(p) * corpus.train_tokens / per_iter_tokens))
                 iters = min(fits, useful, given.get("max_iters", math.inf))  # a max_iters of yours is a ceiling
@@ -618,8 +625,9 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1):
     if given:
         why.append("kept as you set them: " + ", ".join(f"{k}={v}" for k, v in given.items()))
     if cfg.teacher:
-        why.append("distilled (--teacher): the teachers' forward passes are not in the timing above (the deadline "
-                   "counts them), and the prediction is a run's on the text alone")
+        why.append(f"distilled (--teacher): the {len(teachers)} teachers' forward passes are in the time an iteration "
+                   f"takes above ({speed.b * teacher_flops(chosen) * 1000:.1f} ms of it, at a third of their "
+                   f"training FLOPs), and the prediction is a run's on the text alone")
     plan = {"minutes": cfg.minutes, "shape": name, "params": params, "tokens": iters * tokens_per_iter,
             "epochs": epochs, "iters": iters, "dropout": dropout, "ends_early": ends_early,
             "predicted_val_bpb": predicted,
@@ -670,9 +678,10 @@ PLANNED = (set(LADDER["S0"]) | {"max_iters", "lr_decay_iters", "warmup_iters", "
                                 "matmul_dtype"})
 
 
-def plan_run(cfg, given, meta, data_dir, device, dtype, rank, world, elapsed, log=print):
+def plan_run(cfg, given, meta, data_dir, device, dtype, rank, world, elapsed, log=print, teachers=()):
     """(cfg, plan): cfg with the keys the plan chose for cfg.minutes, and the plan's record (rank 0 probes and
-    chooses; every rank takes its plan). given: the keys the user set."""
+    chooses; every rank takes its plan). given: the keys the user set; teachers: the model_args of --teacher's
+    checkpoints."""
     if init_from_kind(cfg.init_from) != "scratch":
         raise UserError(f"--minutes plans a new model from scratch; with --init_from={cfg.init_from} the model is "
                         f"the checkpoint's: drop --minutes and set max_iters, or train anew")
@@ -691,7 +700,7 @@ def plan_run(cfg, given, meta, data_dir, device, dtype, rank, world, elapsed, lo
                 strings = [bytes([i % 256]) for i in range(vocab)]
             corpus = read_corpus(data_dir, meta, strings)
             keys, plan = make_plan(cfg, {k: v for k, v in given.items() if k in PLANNED}, corpus, device, dtype,
-                                   elapsed(), log, world)
+                                   elapsed(), log, world, teachers)
         except UserError as e:
             error = str(e)
         except RuntimeError as e:  # the device failed while probing (a GPU that went away, out of memory)

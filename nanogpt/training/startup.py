@@ -144,7 +144,8 @@ def start_run(cfg, overrides, rank, local_rank, world, log, lock, into=Start, el
     plan = None
     if cfg.minutes is not None:
         if ckpt is None:
-            cfg, plan = plan_run(cfg, overrides, meta, data_dir, device, dtype, rank, world, elapsed, log)
+            shapes = [load_checkpoint(path)["model_args"] for path in teacher_files or ()]  # their time, planned
+            cfg, plan = plan_run(cfg, overrides, meta, data_dir, device, dtype, rank, world, elapsed, log, shapes)
         else:
             plan = last_plan(cfg.out_dir)
     batches = make_batches(data_dir, cfg.block_size, cfg.batch_size, device, cfg.seed, meta, log)
