@@ -30,17 +30,18 @@ def saved(path):
 
 @pytest.fixture
 def split_small_budgets(monkeypatch):
-    """Budgets of seconds split as 10 minutes are, so that a test runs the three parts in seconds."""
+    """A minute's budget split as 10 minutes are: on a text of a few KB each part ends within seconds (a minute, not
+    less: a share of it must buy the fewest iterations a plan runs twice over, on a loaded machine too)."""
     monkeypatch.setattr(planning, "DISTILL_MINUTES", 0.1)
 
 
 def test_a_text_used_up_early_trains_two_teachers_then_a_model_from_both_within_the_budget(
         tmp_path, char_dataset, split_small_budgets):
     out = str(tmp_path / "out")
-    keys = dict(dataset=str(char_dataset), out_dir=out, minutes=0.4, device="cpu", **SHAPE)
+    keys = dict(dataset=str(char_dataset), out_dir=out, minutes=1, device="cpu", **SHAPE)
     start, lines = time.time(), []
     summary = train(TrainConfig(**keys), keys, log=lines.append, t_start=start)
-    assert time.time() - start <= 0.4 * 60 + 10  # the whole, within the 10 s the plan promises
+    assert time.time() - start <= 60 + 10  # the whole, within the 10 s the plan promises
     a, b = (os.path.join(out, name) for name in planning.TEACHER_DIRS)
     student = saved(os.path.join(out, "ckpt.pt"))["config"]
     # the model learns from both teachers, by absolute path, at the default weight; the teachers differ in seed
@@ -50,7 +51,7 @@ def test_a_text_used_up_early_trains_two_teachers_then_a_model_from_both_within_
     # each part runs to the end of its share, counted from process start: the first 0.3 of the budget, and a part
     # that ends early (these do: the text is used up) leaves its time to the next
     minutes = [records(d, "plan")[-1]["minutes"] for d in (a, b, out)]
-    assert minutes[0] == pytest.approx(0.12) and 0.12 < minutes[1] < 0.24 and 0.16 < minutes[2] < 0.4
+    assert minutes[0] == pytest.approx(0.3) and 0.3 < minutes[1] < 0.6 and 0.4 < minutes[2] < 1
     # out_dir's log: the plan in parts first, its result last, the student's own plan between
     log = [r for r in records(out) if r["kind"] in ("plan", "plan_result")]
     assert log[0]["parts"] and log[0]["started"] == pytest.approx(start) and log[-1]["parts"] is True
@@ -64,7 +65,7 @@ def test_a_text_used_up_early_trains_two_teachers_then_a_model_from_both_within_
 def test_ctrl_c_in_a_part_names_the_whole_and_a_resume_goes_on_from_that_part(
         tmp_path, char_dataset, split_small_budgets, monkeypatch):
     out = str(tmp_path / "out")
-    keys = dict(dataset=str(char_dataset), out_dir=out, minutes=0.4, device="cpu", **SHAPE)
+    keys = dict(dataset=str(char_dataset), out_dir=out, minutes=1, device="cpu", **SHAPE)
     step = train_module.Run.step
 
     def interrupted_in_b(run, loss):  # Ctrl-C after iteration 20 of the second teacher
@@ -152,7 +153,7 @@ def test_a_later_run_in_out_dir_ends_the_plan_in_parts_and_a_damaged_record_is_o
 def test_a_plan_in_parts_into_an_out_dir_in_use_is_refused_before_it_trains(tmp_path, char_dataset,
                                                                              split_small_budgets):
     out = str(tmp_path / "out")
-    keys = dict(dataset=str(char_dataset), out_dir=out, minutes=0.4, device="cpu", **SHAPE)
+    keys = dict(dataset=str(char_dataset), out_dir=out, minutes=1, device="cpu", **SHAPE)
     held = OutDirLock(out).acquire()  # another run, writing there
     try:
         with pytest.raises(UserError, match="is in use by"):
