@@ -44,6 +44,11 @@ def teacher_paths(spec, out_dir, named_by=None):
     return paths
 
 
+def read_teachers(paths):
+    """(path, checkpoint) of each teacher file, read once: the plan takes their shapes, Teachers.load their weights."""
+    return [(path, load_checkpoint(path)) for path in paths]
+
+
 def log_mean_probs(logits):
     """The log of the mean of the models' next-token probabilities (an ensemble's prediction), from each model's
     logits (..., V), in float32, added one model at a time (one buffer of their shape, not a stack). As logits, its
@@ -79,14 +84,13 @@ class Teachers:
         self.models, self.weight, self.ctx = models, weight, ctx
 
     @classmethod
-    def load(cls, paths, weight, tokenizer_meta, data_dir, vocab_size, block_size, device, dtype, kernels, log,
+    def load(cls, ckpts, weight, tokenizer_meta, data_dir, vocab_size, block_size, device, dtype, kernels, log,
              same_tokenizer):
-        """The teachers at paths (teacher_paths'); each must read the dataset's tokens (its tokenizer, and the vocabulary of
-        the run's model: vocab_size) and see at least block_size tokens of context. same_tokenizer: startup's
-        check_same_tokenizer."""
+        """The teachers of ckpts, (path, checkpoint) pairs (read_teachers'); each must read the dataset's tokens (its
+        tokenizer, and the vocabulary of the run's model: vocab_size) and see at least block_size tokens of context.
+        same_tokenizer: startup's check_same_tokenizer."""
         models = []
-        for path in paths:
-            ckpt = load_checkpoint(path)
+        for path, ckpt in ckpts:
             same_tokenizer(ckpt.get("tokenizer"), tokenizer_meta, path, data_dir, log, advice=SAME_DATASET)
             model = model_from_checkpoint(ckpt, path, dropout=0.0)
             if model.config.vocab_size != vocab_size:

@@ -424,8 +424,8 @@ def parts_lines(parts, minutes, out_dir, seed, world):
     """The plan's line on a budget that buys more as three runs than as one (its text used up): where they go
     (parts), or under torchrun (world > 1), where the plan does not split, the three commands."""
     out_dir = os.path.normpath(out_dir)  # "out/" names out-a beside it, not a folder in it
-    measured = f"{DISTILL_GAIN} below one run of 10 minutes on two texts of 100 KB, and {DISTILL_GAIN_1MB} on 1 MB"
     if parts:
+        measured = f"{DISTILL_GAIN} below one run of 10 minutes on two texts of 100 KB, and {DISTILL_GAIN_1MB} on 1 MB"
         a, b, c = (f"{share * minutes:.3g}" for share in DISTILL_SHARES)
         return [f"the {minutes_text(minutes)} go to three runs instead (a text used up gives more to three shorter "
                 f"runs than to one): plans of {a} and {b} minutes into {out_dir}/{TEACHER_DIRS[0]} and "

@@ -26,7 +26,7 @@ from nanogpt.out_dir import interrupted_save
 from nanogpt.source import checkpoint_file
 from nanogpt.tokenizer import base_meta, read_meta, token_byte_lengths, tokenizer_from_meta, tokenizer_kind
 from nanogpt.training.batches import make_batches
-from nanogpt.training.distill import Teachers, teacher_paths
+from nanogpt.training.distill import Teachers, read_teachers, teacher_paths
 from nanogpt.training.distributed import barrier, from_rank0, micro_batches
 from nanogpt.training.notes import earlier_run
 from nanogpt.training.optim import DAMAGED, restore_optimizer
@@ -126,13 +126,14 @@ def start_run(cfg, overrides, rank, local_rank, world, log, lock, into=Start, el
     report_overrides(overrides, base, log)
     # --teacher: the files, checked before a plan's probe spends time; saved absolute, so a resume reads the same
     # files from any directory; none where nothing is distilled (distill=0, or an evaluation)
-    teacher_files = None
+    teacher_files = ()
     if "distill" in overrides and not cfg.teacher:
         log("note: --distill weighs what --teacher names; without a teacher the run learns from the text alone")
     if cfg.teacher and cfg.distill > 0 and not cfg.eval_only:
         teacher_files = teacher_paths(cfg.teacher, cfg.out_dir,
                                       ckpt_path if ckpt is not None and "teacher" not in overrides else None)
         cfg = replace(cfg, teacher=",".join(teacher_files))
+    teacher_ckpts = read_teachers(teacher_files)
     device = resolve_device(cfg.device, local_rank)
     dtype = resolve_dtype(cfg.dtype, device)
     data_dir = dataset_dir(cfg.dataset)
@@ -144,7 +145,7 @@ def start_run(cfg, overrides, rank, local_rank, world, log, lock, into=Start, el
     plan = None
     if cfg.minutes is not None:
         if ckpt is None:
-            shapes = [load_checkpoint(path)["model_args"] for path in teacher_files or ()]  # their time, planned
+            shapes = [ckpt["model_args"] for _, ckpt in teacher_ckpts]  # their forward passes, planned
             cfg, plan = plan_run(cfg, overrides, meta, data_dir, device, dtype, rank, world, elapsed, log, shapes)
         else:
             plan = last_plan(cfg.out_dir)
@@ -162,8 +163,8 @@ def start_run(cfg, overrides, rank, local_rank, world, log, lock, into=Start, el
     token_bytes = bytes_per_token(meta, model.config.vocab_size, device, log)
     kernels = training_kernels(cfg, device, dtype, compile, sharded, log)
     tasks = task_scores(cfg, model, meta, rank, sharded)
-    teachers = (Teachers.load(teacher_files, cfg.distill, meta, data_dir, model.config.vocab_size, cfg.block_size,
-                              device, dtype, kernels, log, check_same_tokenizer) if teacher_files else None)
+    teachers = (Teachers.load(teacher_ckpts, cfg.distill, meta, data_dir, model.config.vocab_size, cfg.block_size,
+                              device, dtype, kernels, log, check_same_tokenizer) if teacher_ckpts else None)
     # an earlier run's checkpoint that this new run replaces: rank 0's view, shared, so that every rank
     # agrees on whether an interrupt saves
     replacing = from_rank0(earlier_run(ckpt_path) if rank == 0 and cfg.init_from != "resume" and not cfg.eval_only
