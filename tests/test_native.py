@@ -190,8 +190,8 @@ def test_a_nan_input_gives_nan_outputs(kind):
 
 @NATIVE
 def test_a_long_context_over_two_threads_matches_the_uncached_forward(monkeypatch):
-    """Past 1,024 positions (the scores leave the stack) and with attention split over two threads (rows x heads x
-    positions x head size past decode.c's ATTEND_PARALLEL): each step's logits as the uncached forward's."""
+    """Past 1,024 positions (the scores leave the stack) and with the step's team of two threads (each a share of
+    every product, and of the heads): each step's logits as the uncached forward's."""
     import nanogpt.cpu
     from model import GPT, GPTConfig
     from nanogpt.generate import KVCache

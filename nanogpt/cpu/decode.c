@@ -12,14 +12,14 @@
  *     above 1/128 of the largest), products of integers summed exactly in 32 bits, then times both scales.
  * Rows of W are split over OpenMP threads (the runtime PyTorch loaded: its threads, not a second pool).
  *
- * model_step: GPT.forward for one new token per row, its blocks by block_step: the whole step in one call.
+ * model_step: GPT.forward for one new token per row, the whole step in one call: each Block of model.py for one
+ * new position per row, each row at its own position in its own slot of the cache (generate.KVCache,
+ * engine.SlotCache): x += attn(norm_1(x)), x += mlp(norm_2(x)), the new keys and values written into the layer's
+ * cache. Each operation around the products costs a few microseconds from Python, some 150 of them a step; here
+ * they cost what their arithmetic costs. One team of threads runs the whole step, meeting only where a product
+ * needs all of the one before (a product's own team would start and meet 25 times a step). The same math as
+ * fused_step.py's: tests/test_fused_step.py holds both to the model's uncached forward.
  * model_run: up to n steps of model_step, each step's greedy or sampled choice fed to the next: a decode's loop in one call.
- *
- * block_step: one Block of model.py for one new position per row, each row at its own position in its own slot
- * of the cache (generate.KVCache, engine.SlotCache): x += attn(norm_1(x)), x += mlp(norm_2(x)), the new keys and
- * values written into the layer's cache. Each operation around the products costs a few microseconds from
- * Python, some 150 of them a step; here they cost what their arithmetic costs. The same math as fused_step.py's: tests/test_fused_step.py holds both to the
- * model's uncached forward.
  *
  * native.py compiles this file on first use and calls it through ctypes; tests/test_native.py holds it to
  * float64 references. Rules: sizes positive; x, W and y contiguous; residual and y may be the same buffer,
@@ -48,7 +48,6 @@ enum { ACT_NONE = 0, ACT_RELU = 1, ACT_GELU = 2, ACT_GELU_TANH = 3, ACT_RELU2 = 
                                are summed in 32 bits (four rows in one set of shuffles): 16 * 16 * 2 * 32767 * 128
                                < 2^31 */
 #define INT16_MAX_X 32767.0f
-#define ATTEND_PARALLEL 32768L  /* rows x heads x positions x head size from which attention is split over threads */
 
 /* x as the kernel reads it: float32 as given; bfloat16 rounded; int16 on each row's scale (xscale[b]) */
 typedef struct {
@@ -251,24 +250,24 @@ static int rows(const input *x, int B, const void *w, int kind, const float *sca
     return 0;
 }
 
-/* x's rows as kind reads them, into buffers of x->ld elements a row (malloc'd: the caller frees x->h, x->i) */
-static int prepare(input *x, const float *f, int B, int K, int kind) {
+/* x's rows as kind reads them, into h (bfloat16) or i and xscale (int8), each row x->ld elements (K rounded up to
+ * 32, the tail zeroed): B * x->ld elements of room, and B scales */
+static void round_input(input *x, const float *f, int B, int K, int kind, uint16_t *h, int16_t *i, float *xscale) {
     memset(x, 0, sizeof *x);
     x->f = f;
     x->ld = (K + 31) / 32 * 32;
     if (kind == BF16) {
-        x->h = calloc((size_t)B * x->ld, sizeof *x->h);
-        if (!x->h) return -1;
-        for (int b = 0; b < B; b++)
+        x->h = h;
+        for (int b = 0; b < B; b++) {
             for (int j = 0; j < K; j += 16) {  /* rounded to nearest even, as PyTorch's .bfloat16() */
                 __mmask16 in = K - j >= 16 ? 0xffff : (__mmask16)((1u << (K - j)) - 1);
-                __m256bh h = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(in, f + (long)b * K + j));
-                _mm256_mask_storeu_epi16(x->h + b * x->ld + j, in, (__m256i)h);
+                __m256bh r = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(in, f + (long)b * K + j));
+                _mm256_mask_storeu_epi16(h + b * x->ld + j, in, (__m256i)r);
             }
+            memset(h + b * x->ld + K, 0, (x->ld - K) * sizeof *h);
+        }
     } else if (kind == INT8) {
-        x->i = calloc((size_t)B * x->ld, sizeof *x->i);
-        x->xscale = malloc((size_t)B * sizeof *x->xscale);
-        if (!x->i || !x->xscale) return -1;
+        x->i = i, x->xscale = xscale;
         for (int b = 0; b < B; b++) {
             const float *row = f + (long)b * K;
             __m512 top = _mm512_setzero_ps();
@@ -281,15 +280,34 @@ static int prepare(input *x, const float *f, int B, int K, int kind) {
             }
             float amax = _mm512_reduce_max_ps(top), s = amax > 0.0f ? amax / INT16_MAX_X : 1.0f;
             if (nan) s = NAN; /* a NaN input gives NaN outputs, as a float product would */
-            x->xscale[b] = s;
+            xscale[b] = s;
             for (int j = 0; j < K; j += 16) {  /* row / s rounded to nearest even: within [-32767, 32767] */
                 __mmask16 in = K - j >= 16 ? 0xffff : (__mmask16)((1u << (K - j)) - 1);
                 __m512i q = _mm512_cvtps_epi32(_mm512_div_ps(_mm512_maskz_loadu_ps(in, row + j), _mm512_set1_ps(s)));
-                _mm256_mask_storeu_epi16(x->i + b * x->ld + j, in, _mm512_cvtsepi32_epi16(q));
+                _mm256_mask_storeu_epi16(i + b * x->ld + j, in, _mm512_cvtsepi32_epi16(q));
             }
+            memset(i + b * x->ld + K, 0, (x->ld - K) * sizeof *i);
         }
     }
-    return 0;
+}
+
+/* the room round_input needs for B rows of K (malloc'd: the caller frees *h, *i and *xscale); 0, or -1 */
+static int input_room(int B, int K, uint16_t **h, int16_t **i, float **xscale) {
+    size_t n = (size_t)B * ((K + 31) / 32 * 32);
+    *h = malloc(n * sizeof **h), *i = malloc(n * sizeof **i), *xscale = malloc((size_t)B * sizeof **xscale);
+    return *h && *i && *xscale ? 0 : -1;
+}
+
+/* the rows of y a thread of nt computes, [*n0, *n1): blocks of ROWS split evenly, or all to thread 0 where each
+ * thread would have fewer than two */
+static void share_of(long N, int t, int nt, long *n0, long *n1) {
+    long blocks = (N + ROWS - 1) / ROWS;
+    if (nt <= 1 || blocks < 2 * nt) {
+        *n0 = 0, *n1 = t ? 0 : N;
+        return;
+    }
+    long b0 = blocks * t / nt, b1 = blocks * (t + 1) / nt;
+    *n0 = b0 * ROWS, *n1 = b1 * ROWS < N ? b1 * ROWS : N;
 }
 
 #endif
@@ -304,27 +322,31 @@ int matvec(const float *x, int B, const void *w, int kind, const float *scale, c
     (void)N, (void)act, (void)threads;
     return -2;
 #else
-    input in;
-    int status = prepare(&in, x, B, K, kind);
-    long blocks = (N + ROWS - 1) / ROWS;
-    if (status == 0 && (threads <= 1 || blocks < 2 * threads)) {
-        status = rows(&in, B, w, kind, scale, bias, residual, y, K, ldw, N, act, 0, N);
-    } else if (status == 0) {
-#ifdef _OPENMP
-#pragma omp parallel num_threads(threads) reduction(| : status)
-        {
-            int t = omp_get_thread_num(), nt = omp_get_num_threads();
-            long b0 = blocks * t / nt, b1 = blocks * (t + 1) / nt;
-            long n1 = b1 * ROWS < N ? b1 * ROWS : N;
-            status |= rows(&in, B, w, kind, scale, bias, residual, y, K, ldw, N, act, b0 * ROWS, n1);
-        }
-#else
-        status = rows(&in, B, w, kind, scale, bias, residual, y, K, ldw, N, act, 0, N);
+#ifndef _OPENMP
+    (void)threads;
 #endif
+    uint16_t *h;
+    int16_t *i;
+    float *xscale;
+    int status = input_room(B, K, &h, &i, &xscale);
+    if (status == 0) {
+        input in;
+        round_input(&in, x, B, K, kind, h, i, xscale);
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads) reduction(| : status) if (threads > 1 && (N + ROWS - 1) / ROWS >= 2 * threads)
+#endif
+        {
+#ifdef _OPENMP
+            int t = omp_get_thread_num(), nt = omp_get_num_threads();
+#else
+            int t = 0, nt = 1;
+#endif
+            long n0, n1;
+            share_of(N, t, nt, &n0, &n1);
+            if (n1 > n0) status |= rows(&in, B, w, kind, scale, bias, residual, y, K, ldw, N, act, n0, n1);
+        }
     }
-    free(in.h);
-    free(in.i);
-    free(in.xscale);
+    free(h), free(i), free(xscale);
     return status;
 #endif
 }
@@ -342,14 +364,25 @@ static inline float dot(const float *a, const float *b, int n) {
 /* y = norm(x) over n values: LayerNorm (rms 0: (x - mean) / sqrt(var + eps) * w + b) or RMSNorm (rms 1:
  * x / sqrt(mean(x^2) + eps) * w); w, b NULL: none */
 static void norm(const float *x, float *y, int n, int rms, const float *w, const float *b, float eps) {
-    float mean = 0.0f, var = 0.0f;
-    if (!rms) {
-        for (int j = 0; j < n; j++) mean += x[j];
-        mean /= n;
+    __m512 sum = _mm512_setzero_ps(), squares = _mm512_setzero_ps(); /* 16 lanes: one sum's chain would wait on each add */
+    for (int j = 0; j < n && !rms; j += 16) {
+        __mmask16 in = n - j >= 16 ? 0xffff : (__mmask16)((1u << (n - j)) - 1);
+        sum = _mm512_add_ps(sum, _mm512_maskz_loadu_ps(in, x + j));
     }
-    for (int j = 0; j < n; j++) var += (x[j] - mean) * (x[j] - mean);
-    float inv = 1.0f / sqrtf(var / n + eps);
-    for (int j = 0; j < n; j++) y[j] = (x[j] - mean) * inv * (w ? w[j] : 1.0f) + (b ? b[j] : 0.0f);
+    __m512 mean = _mm512_set1_ps(_mm512_reduce_add_ps(sum) / n);
+    for (int j = 0; j < n; j += 16) {
+        __mmask16 in = n - j >= 16 ? 0xffff : (__mmask16)((1u << (n - j)) - 1);
+        __m512 d = _mm512_maskz_sub_ps(in, _mm512_maskz_loadu_ps(in, x + j), mean);
+        squares = _mm512_fmadd_ps(d, d, squares);
+    }
+    __m512 inv = _mm512_set1_ps(1.0f / sqrtf(_mm512_reduce_add_ps(squares) / n + eps));
+    for (int j = 0; j < n; j += 16) {
+        __mmask16 in = n - j >= 16 ? 0xffff : (__mmask16)((1u << (n - j)) - 1);
+        __m512 v = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(in, x + j), mean), inv);
+        if (w) v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(in, w + j));
+        if (b) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(in, b + j));
+        _mm512_mask_storeu_ps(y + j, in, v);
+    }
 }
 
 /* out (hs) = softmax_l(q . K[l] / sqrt(hs)) V[l] over l < L; p: L floats of room */
@@ -375,7 +408,7 @@ static void attend_one(const float *q, const float *k, const float *v, long stri
 }
 #endif
 
-/* one linear layer as block_step reads it: matvec's arguments but x, y and the residual */
+/* one linear layer as model_step reads it: matvec's arguments but x, y and the residual */
 typedef struct {
     const void *w;
     const float *scale, *bias;
@@ -391,67 +424,61 @@ typedef struct {
 } layer;
 
 #ifdef VECTOR
-static int product(const linear *m, const float *x, int B, const float *residual, float *y, int act, int threads) {
-    return matvec(x, B, m->w, m->kind, m->scale, m->bias, residual, y, m->K, m->ldw, m->N, act, threads);
+/* what one thread of a step keeps for itself: a norm's output and each product's input as the kernel reads it
+ * (each thread computes them, which costs less than the threads meeting once more to share them) */
+typedef struct {
+    float *h;
+    uint16_t *xh;
+    int16_t *xi;
+    float *xscale;
+} own;
+
+/* thread t's rows of y = act(x m^T * scale + bias) + residual; 0, or -1 where memory ran out */
+static int share(const linear *m, const float *x, int B, const float *residual, float *y, int act, own *me, int t,
+                 int nt) {
+    long n0, n1;
+    share_of(m->N, t, nt, &n0, &n1);
+    if (n1 <= n0) return 0;
+    input in;
+    round_input(&in, x, B, m->K, m->kind, me->xh, me->xi, me->xscale);
+    return rows(&in, B, m->w, m->kind, m->scale, m->bias, residual, y, m->K, m->ldw, m->N, act, n0, n1);
 }
 
-/* x (B, C) after layer L for one new token per row: row b's at position pos[b] of cache slot slot[b]. k and v: the
- * layer's cache (slots, nkv, block, hs), row b's key and value written at (slot[b], pos[b]), its attention over
- * that slot's positions 0 .. pos[b]; rope: the table (block, hs / 2, 2) of (cos, sin), or NULL. Returns 0, or -1
- * where memory ran out. */
-static int block_step(const layer *L, float *x, int B, const int *pos, const int *slot, const float *rope, float *k,
-               float *v, int threads) {
-    int C = L->C, nh = L->nh, nkv = L->nkv, hs = L->hs, width = (nh + 2 * nkv) * hs, status = 0;
-    long hstride = (long)L->block * hs, bstride = nkv * hstride, work = 0;
-    float *h = malloc((size_t)B * C * sizeof *h), *qkv = malloc((size_t)B * width * sizeof *qkv);
-    float *y = malloc((size_t)B * nh * hs * sizeof *y), *a = malloc((size_t)B * L->hidden * sizeof *a);
-    if (!h || !qkv || !y || !a) status = -1;
-    for (int b = 0; b < B && !status; b++) norm(x + (long)b * C, h + (long)b * C, C, L->rms, L->ln1_w, L->ln1_b, L->eps);
-    if (!status) status = product(&L->c_attn, h, B, NULL, qkv, ACT_NONE, threads);
-    for (int b = 0; b < B && !status; b++) {
-        float *row = qkv + (long)b * width;  /* q heads, then k heads, then v heads */
-        const float *turn = rope ? rope + (long)pos[b] * hs : NULL;  /* hs / 2 pairs at this row's position */
-        for (int i = 0; i < nh + nkv; i++) {
-            float *head = row + i * hs;
-            if (L->qk_norm) norm(head, head, hs, 1, NULL, NULL, L->eps);
-            for (int j = 0; turn && j < hs / 2; j++) {
-                float re = head[2 * j], im = head[2 * j + 1], c = turn[2 * j], s = turn[2 * j + 1];
-                head[2 * j] = re * c - im * s;
-                head[2 * j + 1] = re * s + im * c;
-            }
+/* head i of row b in the q/k/v product's output (q heads, then k heads, then v heads): q and k heads QK-normed and
+ * turned by RoPE at the row's position (rope NULL: none), k and v heads written into the layer's cache (slots, nkv,
+ * block, hs) at (slot[b], pos[b]) */
+static void place_head(const layer *L, float *qkv, int b, int i, const int *pos, const int *slot, const float *rope,
+                       float *k, float *v) {
+    int nh = L->nh, nkv = L->nkv, hs = L->hs;
+    float *head = qkv + (long)b * (nh + 2 * nkv) * hs + (long)i * hs;
+    if (i < nh + nkv) {
+        const float *turn = rope ? rope + (long)pos[b] * hs : NULL; /* hs / 2 pairs at this row's position */
+        if (L->qk_norm) norm(head, head, hs, 1, NULL, NULL, L->eps);
+        for (int j = 0; turn && j < hs / 2; j++) {
+            float re = head[2 * j], im = head[2 * j + 1], c = turn[2 * j], s = turn[2 * j + 1];
+            head[2 * j] = re * c - im * s;
+            head[2 * j + 1] = re * s + im * c;
         }
-        for (int g = 0; g < nkv; g++) {
-            long at = slot[b] * bstride + g * hstride + (long)pos[b] * hs;
-            memcpy(k + at, row + (nh + g) * hs, hs * sizeof *k);
-            memcpy(v + at, row + (nh + nkv + g) * hs, hs * sizeof *v);
-        }
-        work += (long)nh * (pos[b] + 1) * hs;
     }
-    /* each row's and head's attention: split over the threads where there is enough of it */
-    int failed = 0;
-#ifdef _OPENMP
-#pragma omp parallel for num_threads(threads) if (threads > 1 && work >= ATTEND_PARALLEL)
-#endif
-    for (long bh = 0; bh < (status ? 0 : (long)B * nh); bh++) {
-        long b = bh / nh, i = bh % nh, at = slot[b] * bstride + (i / (nh / nkv)) * hstride;
-        int seen = pos[b] + 1;
-        float room[1024], *scores = seen <= 1024 ? room : malloc((size_t)seen * sizeof *scores);
-        if (scores) attend_one(qkv + b * width + i * hs, k + at, v + at, hs, y + bh * hs, seen, hs, scores);
-        else {
-#ifdef _OPENMP
-#pragma omp atomic write
-#endif
-            failed = 1;
-        }
-        if (scores != room) free(scores);
+    if (i >= nh) {
+        int g = i < nh + nkv ? i - nh : i - nh - nkv;
+        long at = (long)slot[b] * nkv * L->block * hs + (long)g * L->block * hs + (long)pos[b] * hs;
+        memcpy((i < nh + nkv ? k : v) + at, head, hs * sizeof *head);
     }
-    if (failed) status = -1;
-    if (!status) status = product(&L->c_proj, y, B, x, x, ACT_NONE, threads);  /* heads concatenated, added */
-    for (int b = 0; b < B && !status; b++) norm(x + (long)b * C, h + (long)b * C, C, L->rms, L->ln2_w, L->ln2_b, L->eps);
-    if (!status) status = product(&L->c_fc, h, B, NULL, a, L->act, threads);
-    if (!status) status = product(&L->mlp_proj, a, B, x, x, ACT_NONE, threads);
-    free(h), free(qkv), free(y), free(a);
-    return status;
+}
+
+/* y's head i of row b: query head i over its group's keys and values at the row's positions 0 .. pos[b]; 0, or -1
+ * where memory ran out */
+static int attend(const layer *L, const float *qkv, float *y, int b, int i, const int *pos, const int *slot,
+                  const float *k, const float *v) {
+    int nh = L->nh, nkv = L->nkv, hs = L->hs, seen = pos[b] + 1;
+    long at = (long)slot[b] * nkv * L->block * hs + (long)(i / (nh / nkv)) * L->block * hs;
+    float room[1024], *scores = seen <= 1024 ? room : malloc((size_t)seen * sizeof *scores);
+    if (!scores) return -1;
+    attend_one(qkv + (long)b * (nh + 2 * nkv) * hs + (long)i * hs, k + at, v + at, hs, y + ((long)b * nh + i) * hs,
+               seen, hs, scores);
+    if (scores != room) free(scores);
+    return 0;
 }
 #endif
 
@@ -477,20 +504,87 @@ int model_step(const model *M, const int64_t *tokens, int B, const int *pos, con
     (void)threads;
     return -2;
 #else
-    int C = M->C, status = 0;
+    int C = M->C, K = M->head.K, width = 0, heads = 0, hidden = 0, status = 0;
     for (int b = 0; b < B; b++)
         if (tokens[b] < 0 || tokens[b] >= M->vocab) return -3;
-    float *x = malloc((size_t)B * C * sizeof *x), *h = malloc((size_t)B * C * sizeof *h);
-    if (!x || !h) status = -1;
+    for (int l = 0; l < M->n_layer; l++) {  /* each buffer as wide as the widest layer needs */
+        const layer *L = M->layers + l;
+        int ks[4] = {L->c_attn.K, L->c_proj.K, L->c_fc.K, L->mlp_proj.K};
+        for (int j = 0; j < 4; j++) K = ks[j] > K ? ks[j] : K;
+        width = L->c_attn.N > width ? L->c_attn.N : width;
+        heads = L->nh * L->hs > heads ? L->nh * L->hs : heads;
+        hidden = L->c_fc.N > hidden ? L->c_fc.N : hidden;
+    }
+    float *x = malloc((size_t)B * C * sizeof *x), *qkv = malloc((size_t)B * width * sizeof *qkv);
+    float *y = malloc((size_t)B * heads * sizeof *y), *a = malloc((size_t)B * hidden * sizeof *a);
+    own *owns = calloc(threads, sizeof *owns);
+    if (!x || !qkv || !y || !a || !owns) status = -1;
+    for (int t = 0; t < threads && !status; t++) {
+        owns[t].h = malloc((size_t)B * C * sizeof *owns[t].h);
+        status = owns[t].h ? input_room(B, K, &owns[t].xh, &owns[t].xi, &owns[t].xscale) : -1;
+    }
     for (int b = 0; b < B && !status; b++)
         for (int j = 0; j < C; j++)
             x[(long)b * C + j] = M->wte[tokens[b] * C + j] + (M->wpe ? M->wpe[(long)pos[b] * C + j] : 0.0f);
-    for (int i = 0; i < M->n_layer && !status; i++)
-        status = block_step(&M->layers[i], x, B, pos, slot, M->wpe ? NULL : M->rope, k + i * layer_stride,
-                            v + i * layer_stride, threads);
-    for (int b = 0; b < B && !status; b++) norm(x + (long)b * C, h + (long)b * C, C, M->rms, M->lnf_w, M->lnf_b, M->eps);
-    if (!status) status = product(&M->head, h, B, NULL, logits, ACT_NONE, threads);
-    free(x), free(h);
+    /* One team of threads for the whole step, meeting where a product needs all of the one before: each product's
+     * rows split between them, then the heads' RoPE and cache writes, then attention, a row's head at a time. Every
+     * thread passes every barrier, whatever failed. */
+    int failed = 0;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads) if (threads > 1 && !status)
+#endif
+    {
+#ifdef _OPENMP
+        int t = omp_get_thread_num(), nt = omp_get_num_threads();
+#else
+        int t = 0, nt = 1;
+#endif
+        own *me = status ? NULL : owns + t;
+        int bad = status;
+        for (int l = 0; l < M->n_layer && !status; l++) {
+            const layer *L = M->layers + l;
+            float *kl = k + l * layer_stride, *vl = v + l * layer_stride;
+            int nh = L->nh, per_row = nh + 2 * L->nkv;
+            for (int b = 0; b < B; b++) norm(x + (long)b * C, me->h + (long)b * C, C, L->rms, L->ln1_w, L->ln1_b, L->eps);
+            bad |= share(&L->c_attn, me->h, B, NULL, qkv, ACT_NONE, me, t, nt);
+#ifdef _OPENMP
+#pragma omp barrier
+#pragma omp for schedule(static)
+#endif
+            for (int u = 0; u < B * per_row; u++)
+                place_head(L, qkv, u / per_row, u % per_row, pos, slot, M->wpe ? NULL : M->rope, kl, vl);
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+            for (int u = 0; u < B * nh; u++) bad |= attend(L, qkv, y, u / nh, u % nh, pos, slot, kl, vl);
+            bad |= share(&L->c_proj, y, B, x, x, ACT_NONE, me, t, nt); /* heads concatenated, added */
+#ifdef _OPENMP
+#pragma omp barrier
+#endif
+            for (int b = 0; b < B; b++) norm(x + (long)b * C, me->h + (long)b * C, C, L->rms, L->ln2_w, L->ln2_b, L->eps);
+            bad |= share(&L->c_fc, me->h, B, NULL, a, L->act, me, t, nt);
+#ifdef _OPENMP
+#pragma omp barrier
+#endif
+            bad |= share(&L->mlp_proj, a, B, x, x, ACT_NONE, me, t, nt);
+#ifdef _OPENMP
+#pragma omp barrier
+#endif
+        }
+        if (!status) {
+            for (int b = 0; b < B; b++) norm(x + (long)b * C, me->h + (long)b * C, C, M->rms, M->lnf_w, M->lnf_b, M->eps);
+            bad |= share(&M->head, me->h, B, NULL, logits, ACT_NONE, me, t, nt);
+        }
+        if (bad) {
+#ifdef _OPENMP
+#pragma omp atomic write
+#endif
+            failed = 1;
+        }
+    }
+    if (failed) status = -1;
+    for (int t = 0; owns && t < threads; t++) free(owns[t].h), free(owns[t].xh), free(owns[t].xi), free(owns[t].xscale);
+    free(owns), free(x), free(qkv), free(y), free(a);
     return status;
 #endif
 }
