@@ -225,3 +225,38 @@ def test_a_cache_that_does_not_fit_the_step_is_refused(tiny_config):
     step = FusedStep.build(model, {}, torch.float32, "native", "native")
     with pytest.raises(ValueError, match="does not fit"):
         step(torch.tensor([1, 2]), KVCache(model.config, 1, "cpu", torch.float32))
+
+
+@NATIVE
+@pytest.mark.parametrize("quantized", [False, True])
+@pytest.mark.parametrize("n_kv_head,rows", [(None, 3), (2, 2), (1, 1)])
+def test_two_threads_give_one_threads_step_bit_for_bit(quantized, n_kv_head, rows):
+    """decode.c's step splits each product's rows and the heads between its threads, each thread's share of the
+    rows in proportion to the rate it read its last share at: where a split falls must change nothing. Twenty steps
+    on two threads, their shares moving, give one thread's logits and cache bit for bit (a row no thread summed, or
+    read before the product it comes from was whole, would not): heads by their groups (MHA, GQA) and, with fewer
+    groups than threads, every head placed before any attends (MQA, one row)."""
+    from model import GPTConfig
+    from nanogpt.cpu.fused_step import FusedStep
+    from nanogpt.generate import KVCache
+    from nanogpt.quantize import quantize
+    from test_fused_step import sharp32
+    model = sharp32(GPTConfig(block_size=32, vocab_size=96, n_layer=2, n_head=4, n_kv_head=n_kv_head, n_embd=64,
+                              dropout=0.0, bias=True, pos_emb="rope"))
+    if quantized:
+        quantize(model, "int8")
+    tokens = torch.randint(0, 96, (20, rows), generator=torch.Generator().manual_seed(0))
+    given, seen = torch.get_num_threads(), {}
+    try:
+        with torch.inference_mode():
+            for threads in (1, 2):
+                torch.set_num_threads(threads)
+                step = FusedStep.build(model, {}, torch.float32, "native", "native")
+                assert step.layers is not None  # decode.c's whole step
+                cache = KVCache(model.config, rows, "cpu", torch.float32)
+                logits = torch.stack([step(t, cache)[:, 0] for t in tokens])
+                seen[threads] = logits, cache.k[..., :len(tokens), :].clone(), cache.v[..., :len(tokens), :].clone()
+    finally:
+        torch.set_num_threads(given)
+    for one, two in zip(seen[1], seen[2]):
+        assert torch.equal(one, two)

@@ -298,16 +298,55 @@ static int input_room(int B, int K, uint16_t **h, int16_t **i, float **xscale) {
     return *h && *i && *xscale ? 0 : -1;
 }
 
-/* the rows of y a thread of nt computes, [*n0, *n1): blocks of ROWS split evenly, or all to thread 0 where each
- * thread would have fewer than two */
-static void share_of(long N, int t, int nt, long *n0, long *n1) {
+/* the rows of y a thread of nt computes, [*n0, *n1): blocks of ROWS split at cut (nt + 1 fractions of 2^16 from 0
+ * to 2^16; NULL: even shares), or all to thread 0 where each thread would have fewer than two. Where a split falls
+ * changes no output: each block of ROWS rows is summed alike whichever thread sums it. */
+static void share_of(long N, int t, int nt, const unsigned *cut, long *n0, long *n1) {
     long blocks = (N + ROWS - 1) / ROWS;
     if (nt <= 1 || blocks < 2 * nt) {
         *n0 = 0, *n1 = t ? 0 : N;
         return;
     }
-    long b0 = blocks * t / nt, b1 = blocks * (t + 1) / nt;
+    long b0 = cut ? (long)((blocks * (unsigned long)cut[t]) >> 16) : blocks * t / nt;
+    long b1 = cut ? (long)((blocks * (unsigned long)cut[t + 1]) >> 16) : blocks * (t + 1) / nt;
     *n0 = b0 * ROWS, *n1 = b1 * ROWS < N ? b1 * ROWS : N;
+}
+
+/* Each thread's share of a step's products, in proportion to the rate it read its share of the last step's: the
+ * cores a decode runs on need not read at one rate (here one of two read 7-15% slower than the other, whichever
+ * thread runs on it; a laptop's efficiency cores; a core another process shares), and with even shares the faster
+ * waits for the slower at every product. Kept per process for the team size last seen, each thread's share in
+ * fractions of 2^16, read and written with relaxed atomics: a hint, any value of which splits correctly. */
+#define TEAM_MAX 64
+static unsigned balance_team, balance[TEAM_MAX];
+
+/* cut (nt + 1 entries) from the balance kept for a team of nt, else even */
+static void team_cuts(int nt, unsigned *cut) {
+    unsigned share[TEAM_MAX], total = 0;
+    int kept = nt <= TEAM_MAX && __atomic_load_n(&balance_team, __ATOMIC_RELAXED) == (unsigned)nt;
+    for (int t = 0; t < nt && t < TEAM_MAX; t++) total += share[t] = kept ? __atomic_load_n(&balance[t], __ATOMIC_RELAXED) : 1;
+    cut[0] = 0;
+    for (int t = 0, sum = 0; t < nt && t < TEAM_MAX; t++) {
+        sum += share[t];
+        cut[t + 1] = total ? (unsigned)(((unsigned long)sum << 16) / total) : (unsigned)(((t + 1UL) << 16) / nt);
+    }
+}
+
+/* the balance for the next step: each thread's share of this one's (cut) weighed by the rate it read it at (bytes
+ * over ticks), half the old and half the new */
+static void rebalance(int nt, const unsigned *cut, const double *bytes, const unsigned long long *ticks) {
+    double rate[TEAM_MAX], total = 0;
+    if (nt < 2 || nt > TEAM_MAX) return;
+    for (int t = 0; t < nt; t++) {
+        if (!ticks[t] || !(bytes[t] > 0)) return;  /* a thread with nothing measured: keep what was */
+        total += rate[t] = bytes[t] / (double)ticks[t];
+    }
+    for (int t = 0; t < nt; t++) {
+        double old = (cut[t + 1] - cut[t]) / 65536.0, now = rate[t] / total;
+        unsigned share = (unsigned)(65536.0 * (old + now) / 2);
+        __atomic_store_n(&balance[t], share < 1024 ? 1024 : share, __ATOMIC_RELAXED); /* none below 1/64 */
+    }
+    __atomic_store_n(&balance_team, (unsigned)nt, __ATOMIC_RELAXED);
 }
 
 #endif
@@ -342,7 +381,7 @@ int matvec(const float *x, int B, const void *w, int kind, const float *scale, c
             int t = 0, nt = 1;
 #endif
             long n0, n1;
-            share_of(N, t, nt, &n0, &n1);
+            share_of(N, t, nt, NULL, &n0, &n1);
             if (n1 > n0) status |= rows(&in, B, w, kind, scale, bias, residual, y, K, ldw, N, act, n0, n1);
         }
     }
@@ -399,11 +438,24 @@ static void attend_one(const float *q, const float *k, const float *v, long stri
         sum = _mm512_add_ps(sum, e);
     }
     total = _mm512_reduce_add_ps(sum);
-    for (int j = 0; j < hs; j++) out[j] = 0.0f;
-    for (int l = 0; l < L; l++) {
-        float weight = p[l] / total;
-        const float *row = v + l * stride;
-        for (int j = 0; j < hs; j++) out[j] += weight * row[j];
+    /* the weighted sum of the values, 64 columns at a time in registers, out written once: a neighbouring head's
+     * output, another thread's, may share out's first and last cache lines, and a sum kept in out moved them
+     * between the two cores at every position */
+    for (int j = 0; j < hs; j += 64) {
+        __mmask16 in[4];
+        __m512 acc[4];
+        for (int c = 0; c < 4; c++) {
+            int left = hs - j - 16 * c;
+            in[c] = left >= 16 ? 0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
+            acc[c] = _mm512_setzero_ps();
+        }
+        for (int l = 0; l < L; l++) {
+            __m512 weight = _mm512_set1_ps(p[l] / total);
+            const float *row = v + l * stride + j;
+            for (int c = 0; c < 4; c++)
+                acc[c] = _mm512_fmadd_ps(weight, _mm512_maskz_loadu_ps(in[c], row + 16 * c), acc[c]);
+        }
+        for (int c = 0; c < 4; c++) _mm512_mask_storeu_ps(out + j + 16 * c, in[c], acc[c]);
     }
 }
 #endif
@@ -425,23 +477,30 @@ typedef struct {
 
 #ifdef VECTOR
 /* what one thread of a step keeps for itself: a norm's output and each product's input as the kernel reads it
- * (each thread computes them, which costs less than the threads meeting once more to share them) */
+ * (each thread computes them, which costs less than the threads meeting once more to share them), and the bytes
+ * of weights it read and the ticks it took (rebalance) */
 typedef struct {
     float *h;
     uint16_t *xh;
     int16_t *xi;
     float *xscale;
+    double bytes;
+    unsigned long long ticks;
 } own;
 
-/* thread t's rows of y = act(x m^T * scale + bias) + residual; 0, or -1 where memory ran out */
+/* thread t's rows of y = act(x m^T * scale + bias) + residual, split at cut; 0, or -1 where memory ran out */
 static int share(const linear *m, const float *x, int B, const float *residual, float *y, int act, own *me, int t,
-                 int nt) {
+                 int nt, const unsigned *cut) {
     long n0, n1;
-    share_of(m->N, t, nt, &n0, &n1);
+    share_of(m->N, t, nt, cut, &n0, &n1);
     if (n1 <= n0) return 0;
+    unsigned long long start = __rdtsc();
     input in;
     round_input(&in, x, B, m->K, m->kind, me->xh, me->xi, me->xscale);
-    return rows(&in, B, m->w, m->kind, m->scale, m->bias, residual, y, m->K, m->ldw, m->N, act, n0, n1);
+    int status = rows(&in, B, m->w, m->kind, m->scale, m->bias, residual, y, m->K, m->ldw, m->N, act, n0, n1);
+    me->ticks += __rdtsc() - start;
+    me->bytes += (double)(n1 - n0) * m->ldw * (m->kind == F32 ? 4 : m->kind == BF16 ? 2 : 1);
+    return status;
 }
 
 /* head i of row b in the q/k/v product's output (q heads, then k heads, then v heads): q and k heads QK-normed and
@@ -529,7 +588,9 @@ int model_step(const model *M, const int64_t *tokens, int B, const int *pos, con
     /* One team of threads for the whole step, meeting where a product needs all of the one before: each product's
      * rows split between them, then the heads' RoPE and cache writes, then attention, a row's head at a time. Every
      * thread passes every barrier, whatever failed. */
-    int failed = 0;
+    int failed = 0, team = 1;
+    unsigned cuts[TEAM_MAX + 1];
+    if (threads <= TEAM_MAX) team_cuts(threads, cuts);
 #ifdef _OPENMP
 #pragma omp parallel num_threads(threads) if (threads > 1 && !status)
 #endif
@@ -539,41 +600,60 @@ int model_step(const model *M, const int64_t *tokens, int B, const int *pos, con
 #else
         int t = 0, nt = 1;
 #endif
+        if (t == 0) team = nt;
+        const unsigned *cut = nt == threads && nt <= TEAM_MAX ? cuts : NULL; /* a smaller team than asked: even */
         own *me = status ? NULL : owns + t;
         int bad = status;
         for (int l = 0; l < M->n_layer && !status; l++) {
             const layer *L = M->layers + l;
             float *kl = k + l * layer_stride, *vl = v + l * layer_stride;
-            int nh = L->nh, per_row = nh + 2 * L->nkv;
+            int nh = L->nh, nkv = L->nkv, per_row = nh + 2 * nkv;
             for (int b = 0; b < B; b++) norm(x + (long)b * C, me->h + (long)b * C, C, L->rms, L->ln1_w, L->ln1_b, L->eps);
-            bad |= share(&L->c_attn, me->h, B, NULL, qkv, ACT_NONE, me, t, nt);
+            bad |= share(&L->c_attn, me->h, B, NULL, qkv, ACT_NONE, me, t, nt, cut);
+            const float *rope = M->wpe ? NULL : M->rope;
 #ifdef _OPENMP
 #pragma omp barrier
-#pragma omp for schedule(static)
 #endif
-            for (int u = 0; u < B * per_row; u++)
-                place_head(L, qkv, u / per_row, u % per_row, pos, slot, M->wpe ? NULL : M->rope, kl, vl);
+            if (B * nkv >= nt) { /* a group's keys and values placed, then its queries' attention: no meeting between */
 #ifdef _OPENMP
 #pragma omp for schedule(static)
 #endif
-            for (int u = 0; u < B * nh; u++) bad |= attend(L, qkv, y, u / nh, u % nh, pos, slot, kl, vl);
-            bad |= share(&L->c_proj, y, B, x, x, ACT_NONE, me, t, nt); /* heads concatenated, added */
+                for (int u = 0; u < B * nkv; u++) {
+                    int b = u / nkv, g = u % nkv, per = nh / nkv;
+                    place_head(L, qkv, b, nh + g, pos, slot, rope, kl, vl);
+                    place_head(L, qkv, b, nh + nkv + g, pos, slot, rope, kl, vl);
+                    for (int i = g * per; i < (g + 1) * per; i++) {
+                        place_head(L, qkv, b, i, pos, slot, rope, kl, vl);
+                        bad |= attend(L, qkv, y, b, i, pos, slot, kl, vl);
+                    }
+                }
+            } else { /* fewer groups than threads: every head placed, then each query's attention */
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+                for (int u = 0; u < B * per_row; u++) place_head(L, qkv, u / per_row, u % per_row, pos, slot, rope, kl, vl);
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+                for (int u = 0; u < B * nh; u++) bad |= attend(L, qkv, y, u / nh, u % nh, pos, slot, kl, vl);
+            }
+            bad |= share(&L->c_proj, y, B, x, x, ACT_NONE, me, t, nt, cut); /* heads concatenated, added */
 #ifdef _OPENMP
 #pragma omp barrier
 #endif
             for (int b = 0; b < B; b++) norm(x + (long)b * C, me->h + (long)b * C, C, L->rms, L->ln2_w, L->ln2_b, L->eps);
-            bad |= share(&L->c_fc, me->h, B, NULL, a, L->act, me, t, nt);
+            bad |= share(&L->c_fc, me->h, B, NULL, a, L->act, me, t, nt, cut);
 #ifdef _OPENMP
 #pragma omp barrier
 #endif
-            bad |= share(&L->mlp_proj, a, B, x, x, ACT_NONE, me, t, nt);
+            bad |= share(&L->mlp_proj, a, B, x, x, ACT_NONE, me, t, nt, cut);
 #ifdef _OPENMP
 #pragma omp barrier
 #endif
         }
         if (!status) {
             for (int b = 0; b < B; b++) norm(x + (long)b * C, me->h + (long)b * C, C, M->rms, M->lnf_w, M->lnf_b, M->eps);
-            bad |= share(&M->head, me->h, B, NULL, logits, ACT_NONE, me, t, nt);
+            bad |= share(&M->head, me->h, B, NULL, logits, ACT_NONE, me, t, nt, cut);
         }
         if (bad) {
 #ifdef _OPENMP
@@ -583,6 +663,12 @@ int model_step(const model *M, const int64_t *tokens, int B, const int *pos, con
         }
     }
     if (failed) status = -1;
+    if (!status && team == threads && threads <= TEAM_MAX) {
+        double bytes[TEAM_MAX];
+        unsigned long long ticks[TEAM_MAX];
+        for (int t = 0; t < threads; t++) bytes[t] = owns[t].bytes, ticks[t] = owns[t].ticks;
+        rebalance(threads, cuts, bytes, ticks);
+    }
     for (int t = 0; owns && t < threads; t++) free(owns[t].h), free(owns[t].xh), free(owns[t].xi), free(owns[t].xscale);
     free(owns), free(x), free(qkv), free(y), free(a);
     return status;
