@@ -217,3 +217,34 @@ def test_bfloat16_generation_after_a_weight_changes_reads_the_new_weight(monkeyp
         after = generate(model, idx, 10, temperature=0)
         fresh = generate(copy.deepcopy(model), idx, 10, temperature=0)
     assert torch.equal(after, fresh) and not torch.equal(after, before)
+
+
+@pytest.mark.skipif(not native.available(), reason=f"no native products here: {native.why()}")
+def test_a_bfloat16_prompt_reads_the_kept_copies_and_gives_autocasts_numbers(monkeypatch, tiny_config):
+    """Under bfloat16 autocast on decode.c's products, the prompt's linear layers read the kept bfloat16 copies
+    (rounding each weight again at every call cost 6 ms of a one-token prompt on the 6 x 384 model) and give
+    autocast's own logits bit for bit; with autograd they read the weights themselves, and gradients flow."""
+    from nanogpt.cpu.kernels import bfloat16_products_supported
+    from test_fused_step import sharp32
+    if not bfloat16_products_supported():
+        pytest.skip("this CPU has no native bfloat16 products")
+    monkeypatch.setattr(nanogpt.cpu, "BFLOAT16_KERNEL", "native")
+    model = sharp32(tiny_config)  # biases too: autocast rounds them
+    linears = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
+    idx = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(5))
+    read, real = [], nanogpt.cpu.bfloat16_copy
+    monkeypatch.setattr(nanogpt.cpu, "bfloat16_copy", lambda w: read.append(w) or real(w))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.inference_mode():
+            plain, _ = model(idx)
+            with nanogpt.cpu.decoding(model, 2):
+                made = len(read)
+                copied, _ = model(idx)
+                assert len(read) - made == linears  # every product of the prompt read a kept copy
+        assert torch.equal(copied, plain)
+        with nanogpt.cpu.decoding(model, 2):
+            made = len(read)
+            logits, _ = model(idx)
+            assert len(read) == made
+            logits.float().sum().backward()
+    assert model.lm_head.weight.grad is not None

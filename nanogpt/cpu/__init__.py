@@ -18,7 +18,8 @@ import torch.nn.functional as F
 
 from nanogpt.cpu import native
 from nanogpt.cpu.fused_step import FusedStep
-from nanogpt.cpu.kernels import bfloat16_products_supported, pack, packable, packed_inference, packed_product
+from nanogpt.cpu.kernels import (bfloat16_products_supported, pack, packable, packed_inference, packed_product,
+                                 patched_forwards)
 from nanogpt.cpu.threads import Threads
 from nanogpt.quantize import Int8Linear
 
@@ -175,9 +176,23 @@ def copies(linears, rows, dtype, kernel):
         with packed_inference(linears, max(rows, PACK_MIN_ROWS), dtype) as packed:
             yield packed
     elif kernel == "native" and dtype == torch.bfloat16:
-        yield {m: bfloat16_copy(m.weight) for m in linears}
+        with patched_forwards({m: bfloat16_forward(m) for m in linears}):  # the prompt's products read them too
+            yield {m: bfloat16_copy(m.weight) for m in linears}
     else:
         yield {}
+
+
+def bfloat16_forward(linear):
+    """linear's forward in inference mode under bfloat16 autocast on its kept bfloat16 copy (bfloat16_copy): what
+    autocast computes (input, weight and bias rounded to bfloat16, a bfloat16 product), the same numbers, without
+    rounding the weight again at every call (6 ms of a one-token prompt's 8.8 ms on the 6 x 384 model); elsewhere
+    (autograd, torch.compile, no autocast) as before."""
+    def forward(x):
+        if (not torch.compiler.is_compiling() and torch.is_inference_mode_enabled() and x.device.type == "cpu"
+                and torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16):
+            return F.linear(x, bfloat16_copy(linear.weight), linear.bias)
+        return F.linear(x, linear.weight, linear.bias)
+    return forward
 
 
 _bfloat16_copies = {}  # id(weight): (a weak reference to it, its address and version when copied, the copy)
