@@ -1,5 +1,6 @@
 """generate()'s microseconds a token in two checkouts of this repository, alternated (docs/results.md): 250 greedy
-(or seeded sampled) tokens from one token on the GPU recipe's shape (6 x 384, block 256), random weights, each checkout in its own
+(or seeded sampled) tokens from one token (--tokens 1: what a call costs before its steps) on the GPU recipe's
+shape (6 x 384, block 256), random weights, each checkout in its own
 process so that each loads its own code and its own decode.c.
 
     git worktree add /tmp/before HEAD~1
@@ -28,14 +29,14 @@ if {precision!r} == "int8":
 ctx = torch.autocast("cpu", torch.bfloat16) if {precision!r} == "bfloat16" else contextlib.nullcontext()
 times = []
 with ctx:
-    generate(model, torch.zeros(1, 1, dtype=torch.long), 250, temperature={temperature},
+    generate(model, torch.zeros(1, 1, dtype=torch.long), {tokens}, temperature={temperature},
                    generator=torch.Generator().manual_seed(0))
     for _ in range({repeats}):
         t0 = time.perf_counter()
-        out = generate(model, torch.zeros(1, 1, dtype=torch.long), 250, temperature={temperature},
+        out = generate(model, torch.zeros(1, 1, dtype=torch.long), {tokens}, temperature={temperature},
                    generator=torch.Generator().manual_seed(0))
         times.append(time.perf_counter() - t0)
-print(statistics.median(times) / 250 * 1e6, out[0, -5:].tolist())
+print(statistics.median(times) / {tokens} * 1e6, out[0, -5:].tolist())
 """
 
 
@@ -48,6 +49,7 @@ def main():
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; else sampled, seeded")
     p.add_argument("--rounds", type=int, default=2, help="before then after, this many times")
     p.add_argument("--repeats", type=int, default=7, help="timed generations a process (its median)")
+    p.add_argument("--tokens", type=int, default=250, help="new tokens a generation")
     args = p.parse_args()
     for repo in (args.before, args.after):
         if not os.path.isfile(os.path.join(repo, "model.py")):
@@ -57,7 +59,7 @@ def main():
     for i in range(args.rounds):
         for name, repo in (("before", args.before), ("after", args.after)):
             code = ONE.format(repo=os.path.abspath(repo), threads=args.threads, precision=args.precision,
-                              repeats=args.repeats, temperature=args.temperature)
+                              repeats=args.repeats, temperature=args.temperature, tokens=args.tokens)
             line = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
             us, tokens = line.split(" ", 1)
             figures[name].append(float(us))

@@ -180,4 +180,7 @@ def test_bench_against_llama_cpp_times_both_on_the_same_weights(tmp_path, char_d
     assert {(f["precision"], f["streams"]) for f in figures} >= {("float32", 1), ("float32", 2), ("int8", 1)}
     assert all(f["ours_tok_s"] > 0 and f["llama_cpp_tok_s"] > 0 for f in figures)
     assert all(f["same_tokens"] == 20 for f in figures if f["precision"] == "float32")
+    for f in figures:  # one stream: a bound timed in the same rounds, at or above its median
+        if f["streams"] == 1:
+            assert f["bandwidth_bound_best_tok_s"] >= f["bandwidth_bound_tok_s"] > 0 and f["read_bytes"] > 0
     assert sum(line.startswith(("float32", "bfloat16", "int8")) for line in lines) == len(figures)
