@@ -183,4 +183,5 @@ def test_bench_against_llama_cpp_times_both_on_the_same_weights(tmp_path, char_d
     for f in figures:  # one stream: a bound timed in the same rounds, at or above its median
         if f["streams"] == 1:
             assert f["bandwidth_bound_best_tok_s"] >= f["bandwidth_bound_tok_s"] > 0 and f["read_bytes"] > 0
+            assert f["ours_best_tok_s"] >= f["ours_tok_s"]
     assert sum(line.startswith(("float32", "bfloat16", "int8")) for line in lines) == len(figures)
