@@ -298,6 +298,15 @@ static int input_room(int B, int K, uint16_t **h, int16_t **i, float **xscale) {
     return *h && *i && *xscale ? 0 : -1;
 }
 
+/* this thread's number in its team, and the team's size */
+static inline void member(int *t, int *nt) {
+#ifdef _OPENMP
+    *t = omp_get_thread_num(), *nt = omp_get_num_threads();
+#else
+    *t = 0, *nt = 1;
+#endif
+}
+
 /* the rows of y a thread of nt computes, [*n0, *n1): blocks of ROWS split at cut (nt + 1 fractions of 2^16 from 0
  * to 2^16; NULL: even shares), or all to thread 0 where each thread would have fewer than two. Where a split falls
  * changes no output: each block of ROWS rows is summed alike whichever thread sums it. */
@@ -375,11 +384,8 @@ int matvec(const float *x, int B, const void *w, int kind, const float *scale, c
 #pragma omp parallel num_threads(threads) reduction(| : status) if (threads > 1 && (N + ROWS - 1) / ROWS >= 2 * threads)
 #endif
         {
-#ifdef _OPENMP
-            int t = omp_get_thread_num(), nt = omp_get_num_threads();
-#else
-            int t = 0, nt = 1;
-#endif
+            int t, nt;
+            member(&t, &nt);
             long n0, n1;
             share_of(N, t, nt, NULL, &n0, &n1);
             if (n1 > n0) status |= rows(&in, B, w, kind, scale, bias, residual, y, K, ldw, N, act, n0, n1);
@@ -595,11 +601,8 @@ int model_step(const model *M, const int64_t *tokens, int B, const int *pos, con
 #pragma omp parallel num_threads(threads) if (threads > 1 && !status)
 #endif
     {
-#ifdef _OPENMP
-        int t = omp_get_thread_num(), nt = omp_get_num_threads();
-#else
-        int t = 0, nt = 1;
-#endif
+        int t, nt;
+        member(&t, &nt);
         if (t == 0) team = nt;
         const unsigned *cut = nt == threads && nt <= TEAM_MAX ? cuts : NULL; /* a smaller team than asked: even */
         own *me = status ? NULL : owns + t;
