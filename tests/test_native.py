@@ -104,6 +104,19 @@ def test_no_compiler_means_pytorchs_products_and_says_why(monkeypatch, tmp_path)
 
 
 @pytest.mark.skipif(native.compiler() is None, reason="no C compiler")
+def test_a_function_the_compiler_does_not_declare_fails_the_build_not_the_load(monkeypatch, tmp_path):
+    """A call the headers do not declare (GCC 10's immintrin.h has no __rdtsc) is only a warning by default: the
+    library would build with the name unresolved, fail as it loads, and leave decoding on PyTorch's products with
+    a misleading reason. Every set of flags makes it an error, so the build says so."""
+    source = tmp_path / "decode.c"
+    source.write_text("int matvec_vector(void) { return not_declared_anywhere(); }\n")
+    monkeypatch.setattr(native, "SOURCE", str(source))
+    with pytest.raises(OSError, match="not_declared_anywhere"):  # the compiler's error, not its summary line
+        native.build(native.compiler(), str(tmp_path))
+    assert not [f for f in os.listdir(tmp_path) if f.endswith(".so")]
+
+
+@pytest.mark.skipif(native.compiler() is None, reason="no C compiler")
 def test_the_library_is_built_once_and_only_loaded_from_a_directory_only_this_user_may_write(monkeypatch, tmp_path):
     """Built into the cache directory and reused from there; a directory others may write to (where another
     user's file would run as this one) is not read: the library is built in a private temporary one instead."""

@@ -36,6 +36,7 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__) && \
     defined(__AVX512BF16__)
 #include <immintrin.h>
+#include <x86intrin.h> /* __rdtsc: immintrin.h declares it only from GCC 11 */
 #define VECTOR 1
 #endif
 
@@ -342,16 +343,18 @@ static void team_cuts(int nt, unsigned *cut) {
 }
 
 /* the balance for the next step: each thread's share of this one's (cut) weighed by the rate it read it at (bytes
- * over ticks), half the old and half the new */
+ * over ticks), half the old and half the new. Where a thread read nothing (its share of every product under a block
+ * of ROWS rows: a small model), nothing measures it again, and every share moves halfway back to even instead. */
 static void rebalance(int nt, const unsigned *cut, const double *bytes, const unsigned long long *ticks) {
     double rate[TEAM_MAX], total = 0;
-    if (nt < 2 || nt > TEAM_MAX) return;
+    int measured = nt >= 2 && nt <= TEAM_MAX;
+    if (!measured) return;
     for (int t = 0; t < nt; t++) {
-        if (!ticks[t] || !(bytes[t] > 0)) return;  /* a thread with nothing measured: keep what was */
-        total += rate[t] = bytes[t] / (double)ticks[t];
+        measured &= ticks[t] > 0 && bytes[t] > 0;
+        total += rate[t] = measured ? bytes[t] / (double)ticks[t] : 0.0;
     }
     for (int t = 0; t < nt; t++) {
-        double old = (cut[t + 1] - cut[t]) / 65536.0, now = rate[t] / total;
+        double old = (cut[t + 1] - cut[t]) / 65536.0, now = measured ? rate[t] / total : 1.0 / nt;
         unsigned share = (unsigned)(65536.0 * (old + now) / 2);
         __atomic_store_n(&balance[t], share < 1024 ? 1024 : share, __ATOMIC_RELAXED); /* none below 1/64 */
     }
@@ -572,6 +575,7 @@ int model_step(const model *M, const int64_t *tokens, int B, const int *pos, con
     int C = M->C, K = M->head.K, width = 0, heads = 0, hidden = 0, status = 0;
     for (int b = 0; b < B; b++)
         if (tokens[b] < 0 || tokens[b] >= M->vocab) return -3;
+    threads = threads < 1 ? 1 : threads;
     for (int l = 0; l < M->n_layer; l++) {  /* each buffer as wide as the widest layer needs */
         const layer *L = M->layers + l;
         int ks[4] = {L->c_attn.K, L->c_proj.K, L->c_fc.K, L->mlp_proj.K};

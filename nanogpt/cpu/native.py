@@ -22,8 +22,11 @@ import threading
 import torch
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "decode.c")
-# tried in order: the first that compiles is used (no OpenMP: one thread; no -march=native: no AVX-512 build)
-FLAGS = (["-O3", "-march=native", "-fopenmp"], ["-O3", "-march=native"], ["-O3"])
+# tried in order: the first that compiles is used (no OpenMP: one thread; no -march=native: no AVX-512 build). A
+# function the compiler has no declaration for is an error, not a warning: else the library builds with the name
+# unresolved and fails only as it loads (__rdtsc, which GCC 10's immintrin.h does not declare)
+STRICT = "-Werror=implicit-function-declaration"
+FLAGS = (["-O3", "-march=native", "-fopenmp", STRICT], ["-O3", "-march=native", STRICT], ["-O3", STRICT])
 KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
 ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "relu2": 4}
 COMPILE_SECONDS = 300  # a compiler that hangs longer is given up on: decoding keeps PyTorch's products
@@ -90,7 +93,8 @@ def build(cc, directory):
         if run.returncode == 0:
             os.replace(tmp, path)  # whole or not at all: another process may be loading it
             return path
-        errors.append((run.stderr.strip().splitlines() or ["failed"])[-1])
+        lines = run.stderr.strip().splitlines() or ["failed"]
+        errors.append(next((line for line in lines if "error:" in line), lines[-1]))  # the first error, not a summary
     raise OSError(errors[-1])
 
 
