@@ -498,7 +498,7 @@ def llama_rows(cfg, model, meta, result):
 def compare(ours, ctx, theirs, n, streams, repeats, read=None):
     """Tokens/s (all streams together) of ours and llama.cpp, alternated, medians; and how many of the first
     stream's greedy tokens they share before they part. read: the bytes one token reads (decode_bytes_per_token),
-    where the bandwidth bound is wanted: n sums over as many bytes, with these threads, timed in the same rounds
+    where the bandwidth bound is wanted (one stream): n sums over as many bytes, with these threads, timed in the same rounds
     (the machine's speed moves between minutes: a bound measured apart from the tokens it bounds moved the ratio
     by 0.1x between runs), its median tokens/s and its fastest (against ours_best_tok_s). Where the weights fit in a cache, so does the
     buffer, and the bound is the cache's."""
@@ -515,15 +515,14 @@ def compare(ours, ctx, theirs, n, streams, repeats, read=None):
             for name, run in runs.items():
                 t0 = time.perf_counter()
                 tokens[name] = run()
-                rates[name].append((1 if name == "bound" else streams) * n / (time.perf_counter() - t0))
+                rates[name].append(streams * n / (time.perf_counter() - t0))  # the bound: one stream's
     a, b = tokens["ours"][0], tokens["llama_cpp"][0]
     same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), n)
     figure = {"ours_tok_s": statistics.median(rates["ours"]), "llama_cpp_tok_s": statistics.median(rates["llama_cpp"]),
               "ours_best_tok_s": max(rates["ours"]), "new_tokens": n, "same_tokens": same}
     if read is not None:
         figure.update(read_bytes=read, bandwidth_bound_tok_s=statistics.median(rates["bound"]),
-                      bandwidth_bound_best_tok_s=max(rates["bound"]),
-                      read_bandwidth=statistics.median(rates["bound"]) * read)
+                      bandwidth_bound_best_tok_s=max(rates["bound"]))
     return figure
 
 

@@ -74,7 +74,7 @@ def train(cfg, overrides=None, log=print, t_start=None, config_files=(), whole=N
         run = start_run(cfg, overrides or {}, rank, local_rank, world, log, lock, into=Run,
                         elapsed=lambda: time.time() - t_start)
         if run.plan is not None and run.plan.get("parts") and whole is None:  # the budget as three runs
-            plan, run = run.plan, None
+            plan, run = run.plan, None  # the one run's model and batches are not held while the parts train
             return train_parts(train, cfg, overrides or {}, plan, t_start, log, config_files)
         run.whole = whole
         run.begin(local_rank, t_start, stop, lock, config_files)

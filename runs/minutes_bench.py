@@ -98,7 +98,9 @@ def distilled(minutes, dataset, out, context):
     shares of `minutes` the plan's line offers; then the three runs in all."""
     from nanogpt.training.plan import DISTILL_SHARES  # the shares the plan's line offers
     rows, total = [], 0.0
-    extras = ([], ["--seed=2"], [f"--teacher={out}/A,{out}/B"])
+    # A and B one run each, as by hand (a budget of 34 minutes or more would split each share into three of its
+    # own); S learns from teachers, which a plan never splits
+    extras = (["--plan_teachers=False"], ["--seed=2", "--plan_teachers=False"], [f"--teacher={out}/A,{out}/B"])
     for name, share, extra in zip("ABS", DISTILL_SHARES, extras):
         run_dir = os.path.join(out, name)
         seconds = timed([f"--dataset={dataset}", f"--out_dir={run_dir}", f"--minutes={share * minutes:.4f}", *extra],

@@ -382,6 +382,7 @@ DISTILL_MINUTES = 10.0  # the shortest budget split: the one measured
 DISTILL_GAINS = (0.033, 0.034, 0.025)  # the two texts of 100 KB, then the 1 MB
 DISTILL_GAIN = f"{DISTILL_GAINS[0]:.1%} and {DISTILL_GAINS[1]:.1%}"
 DISTILL_GAIN_1MB = f"{DISTILL_GAINS[2]:.1%}"
+DISTILL_MEAN_GAIN = sum(DISTILL_GAINS) / len(DISTILL_GAINS)  # what a plan in parts predicts below one run
 HAND_GAIN = "0.7% and 2.1%"  # the same three by hand, 3, 3 and 4 minutes each from its own start (torchrun's line)
 USED_UP = 0.9  # of the epochs a model learns from (max_epochs): a budget that buys this many is split
 TEACHER_DIRS = ("teacher-a", "teacher-b")  # in out_dir: the two runs the third learns from
@@ -424,19 +425,19 @@ def parts_lines(parts, minutes, out_dir, seed, world):
     """The plan's line on a budget that buys more as three runs than as one (its text used up): where they go
     (parts), or under torchrun (world > 1), where the plan does not split, the three commands."""
     out_dir = os.path.normpath(out_dir)  # "out/" names out-a beside it, not a folder in it
+    first, second, third = plan_parts(seed)
+    a, b, c = (f"{part['share'] * minutes:.3g}" for part in (first, second, third))
     if parts:
         measured = f"{DISTILL_GAIN} below one run of 10 minutes on two texts of 100 KB, and {DISTILL_GAIN_1MB} on 1 MB"
-        a, b, c = (f"{share * minutes:.3g}" for share in DISTILL_SHARES)
         return [f"the {minutes_text(minutes)} go to three runs instead (a text used up gives more to three shorter "
-                f"runs than to one): plans of {a} and {b} minutes into {out_dir}/{TEACHER_DIRS[0]} and "
-                f"{out_dir}/{TEACHER_DIRS[1]} (seeds {seed} and {seed + 1}), then one of {c} into {out_dir} that "
-                f"learns from the text and from both (--teacher); the three ended {measured} (docs/minutes.md, "
-                f"\"More minutes than a text is worth\"); --plan_teachers=False keeps one run"]
+                f"runs than to one): plans of {a} and {b} minutes into {out_dir}/{first['dir']} and "
+                f"{out_dir}/{second['dir']} (seeds {first['seed']} and {second['seed']}), then one of {c} into "
+                f"{out_dir} that learns from the text and from both (--teacher); the three ended {measured} "
+                f"(docs/minutes.md, \"More minutes than a text is worth\"); --plan_teachers=False keeps one run"]
     if world > 1:
-        a, b, c = (f"--minutes={share * minutes:.3g}" for share in DISTILL_SHARES)
-        return [f"on a text used up three shorter runs do better than one: {a} --out_dir={out_dir}-a "
-                f"--plan_teachers=False, {b} --out_dir={out_dir}-b --seed={seed + 1} --plan_teachers=False, then {c} "
-                f"--teacher={out_dir}-a,{out_dir}-b, which "
+        return [f"on a text used up three shorter runs do better than one: --minutes={a} --out_dir={out_dir}-a "
+                f"--plan_teachers=False, --minutes={b} --out_dir={out_dir}-b --seed={second['seed']} "
+                f"--plan_teachers=False, then --minutes={c} --teacher={out_dir}-a,{out_dir}-b, which "
                 f"learns from both (so run by hand on two texts of 100 KB: {HAND_GAIN} below one run of 10 minutes; "
                 f"docs/minutes.md, \"More minutes than a text is worth\")"]
     return []
@@ -608,15 +609,14 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
            *early_end_lines(early, iters, epochs, dropout, finish, cfg.minutes,
                             given.get("max_iters") == iters and finish < 0.9 * budget, parts),
            *(parts_lines(parts, cfg.minutes, cfg.out_dir, cfg.seed, world) if used_up else [])]
-    if not parts:  # the parts' own plans say theirs
+    if parts:  # the parts' own plans say their schedules
+        why.append(f"predicted: one run's {predicted:.3f}, less the {DISTILL_MEAN_GAIN:.1%} three runs gained on the "
+                   f"texts measured")
+        predicted *= 1 - DISTILL_MEAN_GAIN
+    else:
         why.append(f"warm-up {final['warmup_iters']}, cosine decay to {final['min_lr']:.1e}; an evaluation every "
                    f"{final['eval_interval']} iterations over {final['eval_windows']} fixed val windows; best.pt and "
                    f"ckpt.pt keep the best val loss")
-    if parts:
-        one = predicted
-        predicted *= 1 - sum(DISTILL_GAINS) / len(DISTILL_GAINS)
-        why.append(f"predicted: one run's {one:.3f}, less the {sum(DISTILL_GAINS) / len(DISTILL_GAINS):.1%} three runs "
-                   f"gained on the texts measured")
     sigma = LAW["rel_sigma"]
     if corpus.train_bytes < HARDNESS_SAMPLE:  # its hardness read all of it, fewer bytes than the study's corpora
         sigma = SMALL_TEXT_SIGMA
