@@ -173,7 +173,7 @@ def test_bench_against_llama_cpp_times_both_on_the_same_weights(tmp_path, char_d
     """Every precision, 1 and gen_batch streams: both decode, and in float32 llama.cpp writes our greedy tokens
     (the export is exact)."""
     cfg = BenchConfig(dataset=str(char_dataset), n_layer=2, n_head=2, n_embd=32, block_size=32, device="cpu",
-                      only="llama", new_tokens=20, gen_batch=2, llama_threads="1", llama_repeats=1)
+                      only="llama", new_tokens=20, gen_batch=2, llama_threads="1", llama_repeats=2)
     lines = []
     result = bench(cfg, log=lines.append)
     figures = result["llama_cpp"]
