@@ -1,7 +1,10 @@
 """nanogpt/cpu/native.py and decode.c: the few-row products against float64, and how the library is built and
 found. (The whole block step is held to the model's uncached forward for every option in test_fused_step.py.)"""
 import os
+import re
 import stat
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -114,6 +117,33 @@ def test_a_function_the_compiler_does_not_declare_fails_the_build_not_the_load(m
     with pytest.raises(OSError, match="not_declared_anywhere"):  # the compiler's error, not its summary line
         native.build(native.compiler(), str(tmp_path))
     assert not [f for f in os.listdir(tmp_path) if f.endswith(".so")]
+
+
+@NATIVE
+def test_nanogpt_native_avx2_builds_the_avx2_loops(monkeypatch, tmp_path):
+    """NANOGPT_NATIVE=avx2 builds decode.c without AVX-512, so that a CPU which has it runs (and tests) the loops
+    most laptops run; the library it builds is its own, beside the other."""
+    monkeypatch.setenv("NANOGPT_CACHE", str(tmp_path))
+    monkeypatch.setattr(native, "_library", {})
+    monkeypatch.setenv("NANOGPT_NATIVE", "avx2")
+    assert native.vector_loops() == "AVX2"
+    monkeypatch.setattr(native, "_library", {})
+    monkeypatch.delenv("NANOGPT_NATIVE")
+    assert native.vector_loops() in ("AVX2", "AVX-512") and len(os.listdir(tmp_path)) == 2
+
+
+@pytest.mark.skipif(native.vector_loops() != "AVX-512", reason="this CPU runs the AVX2 loops: the file tests them")
+def test_the_avx2_loops_pass_this_files_tests_and_the_fused_steps_on_a_cpu_with_avx512(tmp_path):
+    """On a CPU with AVX-512 the rest of this suite tests decode.c's AVX-512 loops only. The AVX2 ones (a CPU
+    without AVX-512) are held to the same references here: these tests again, in a process built with
+    NANOGPT_NATIVE=avx2."""
+    env = {**os.environ, "NANOGPT_NATIVE": "avx2", "NANOGPT_CACHE": str(tmp_path)}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-x", "tests/test_native.py",
+                          "tests/test_fused_step.py", "-k", "not avx2_loops and not built_once"],
+                         cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    passed = re.search(r"(\d+) passed", run.stdout)
+    assert run.returncode == 0 and passed and int(passed.group(1)) >= 200, run.stdout[-3000:] + run.stderr[-2000:]
 
 
 @pytest.mark.skipif(native.compiler() is None, reason="no C compiler")

@@ -1,4 +1,5 @@
-/* Decoding on CPUs with AVX-512 (F, BW, VL, VNNI, BF16): few-row products, and a transformer block's whole step.
+/* Decoding on CPUs with AVX-512 (F, BW, VL, VNNI, BF16), or else AVX2 and FMA: few-row products, and a transformer
+ * block's whole step.
  *
  * matvec: y = act(x W^T * scale + bias) + residual, for x float32 (B, K) with B small (one row per sequence
  * decoded) and W (N, K) float32, bfloat16 or int8 rows, a float32 scale each. A decode step multiplies a row or a
@@ -7,9 +8,12 @@
  * weight is read once and multiplied where it lies in registers:
  *   - float32: float32 products and sums;
  *   - bfloat16: x rounded to bfloat16 (as autocast's and oneDNN's bfloat16 products round it), pairs multiplied
- *     and summed in float32 by AVX-512 BF16's dot product;
+ *     and summed in float32 (AVX-512 BF16's dot product; with AVX2, each widened to float32 and multiplied there);
  *   - int8: x rounded to 16-bit integers on its row's scale (max |x| / 32767: finer than bfloat16 for every value
  *     above 1/128 of the largest), products of integers summed exactly in 32 bits, then times both scales.
+ * The AVX-512 loops read 16 floats at a time; the AVX2 ones (VECTOR 256) are the same loops on 8, where a CPU has
+ * no AVX-512 (Intel's laptops and desktops since Alder Lake, AMD's before Zen 4): the same math, summed in another
+ * order.
  * Rows of W are split over OpenMP threads (the runtime PyTorch loaded: its threads, not a second pool).
  *
  * model_step: GPT.forward for one new token per row, the whole step in one call: each Block of model.py for one
@@ -37,13 +41,22 @@
     defined(__AVX512BF16__)
 #include <immintrin.h>
 #include <x86intrin.h> /* __rdtsc: immintrin.h declares it only from GCC 11 */
-#define VECTOR 1
+#define VECTOR 512
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#include <x86intrin.h>
+#define VECTOR 256
 #endif
 
 enum { F32 = 0, BF16 = 1, INT8 = 2 };
 enum { ACT_NONE = 0, ACT_RELU = 1, ACT_GELU = 2, ACT_GELU_TANH = 3, ACT_RELU2 = 4 };
 #define ROWS 4              /* rows of W summed together: each chunk of x is loaded once for ROWS rows */
-#define XROWS 4             /* rows of x summed together: each chunk of W is converted once for XROWS rows */
+#if VECTOR == 256
+#define XROWS 2             /* rows of x summed together: each chunk of W is converted once for XROWS rows (AVX2's
+                               16 registers hold 2 x ROWS sums, ROWS chunks of W and one of x) */
+#else
+#define XROWS 4
+#endif
 #define INT_BLOCK 512       /* int8 products summed exactly in 32 bits over at most this many columns, then in
                                float32: a lane adds |2 * 32767 * 128| at most per 32 columns, and a row's 16 lanes
                                are summed in 32 bits (four rows in one set of shuffles): 16 * 16 * 2 * 32767 * 128
@@ -59,7 +72,7 @@ typedef struct {
     long ld; /* elements between rows of h and i: K rounded up to 32, the tail zero */
 } input;
 
-#ifdef VECTOR
+#if VECTOR == 512
 /* e^x for 16 floats, x <= 88: 2^n e^r, r = x - n ln 2 in [-ln2/2, ln2/2], e^r by its Taylor polynomial to r^7
  * (relative error below 2e-7); below -104 (and -inf) it gives 0 */
 static inline __m512 exp16(__m512 x) {
@@ -292,6 +305,286 @@ static void round_input(input *x, const float *f, int B, int K, int kind, uint16
     }
 }
 
+#elif VECTOR == 256
+/* The same loops on 8 lanes (AVX2 and FMA: Intel since Haswell, AMD since Zen; most laptops), where AVX-512 is
+ * missing. A tail shorter than a vector is read through a mask (maskload: lanes outside it read as 0, never
+ * touched). int8: pairs of 16-bit products summed into 32 bits (madd); bfloat16: widened to float32 (a bfloat16 is
+ * a float32's upper half), multiplied and summed in float32. */
+
+/* lanes [0, n) of 8 on, the rest off (n >= 8: all) */
+static inline __m256i mask8(int n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+static inline int hsum8i(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1)));
+}
+
+static inline float hmax8(__m256 v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
+
+/* e^x for 8 floats: as exp16, but 2^n is built in the exponent's bits, so below -87.3 (where e^x is under the
+ * smallest normal float, 1.2e-38) it gives 0; NaN stays NaN */
+static inline __m256 exp8(__m256 x) {
+    __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_LT_OQ);
+    x = _mm256_max_ps(_mm256_set1_ps(-87.3f), x); /* NaN second: max keeps it */
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 5040);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    /* 2^n in two factors: n up to 128 (x <= 88.7) is past one factor's exponent */
+    __m256i e = _mm256_cvtps_epi32(n), half = _mm256_srai_epi32(e, 1);
+    __m256 a = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, _mm256_set1_epi32(127)), 23));
+    __m256 b = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(e, half),
+                                                                      _mm256_set1_epi32(127)), 23));
+    return _mm256_andnot_ps(under, _mm256_mul_ps(_mm256_mul_ps(p, a), b));
+}
+
+/* erf for 8 floats: as erf16 */
+static inline __m256 erf8(__m256 x) {
+    __m256 sign = _mm256_set1_ps(-0.0f), a = _mm256_andnot_ps(sign, x);
+    __m256 t = _mm256_div_ps(_mm256_set1_ps(1.0f), _mm256_fmadd_ps(a, _mm256_set1_ps(0.3275911f), _mm256_set1_ps(1.0f)));
+    __m256 p = _mm256_set1_ps(1.061405429f);
+    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(-1.453152027f));
+    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(1.421413741f));
+    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(-0.284496736f));
+    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(0.254829592f));
+    p = _mm256_mul_ps(p, t);
+    __m256 e = _mm256_fnmadd_ps(p, exp8(_mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(a, a))), _mm256_set1_ps(1.0f));
+    return _mm256_or_ps(e, _mm256_and_ps(x, sign)); /* erf(-x) = -erf(x) */
+}
+
+/* act (ACT_*, as torch.nn.functional computes it) of 8 floats */
+static inline __m256 activate8(__m256 v, int act) {
+    __m256 zero = _mm256_setzero_ps(), half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
+    switch (act) {
+    case ACT_RELU: return _mm256_max_ps(zero, v); /* NaN second: kept, as torch's relu keeps it */
+    case ACT_RELU2: v = _mm256_max_ps(zero, v); return _mm256_mul_ps(v, v);
+    case ACT_GELU:
+        return _mm256_mul_ps(_mm256_mul_ps(half, v), _mm256_add_ps(one, erf8(_mm256_mul_ps(v, _mm256_set1_ps(0.70710678118654752f)))));
+    case ACT_GELU_TANH: { /* tanh(u) = 1 - 2 / (e^(2u) + 1) */
+        __m256 u = _mm256_mul_ps(_mm256_set1_ps(0.79788456080286536f),
+                                 _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(0.044715f), v), _mm256_mul_ps(v, v), v));
+        __m256 e = exp8(_mm256_min_ps(_mm256_set1_ps(88.0f), _mm256_add_ps(u, u)));
+        __m256 th = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, one)));
+        return _mm256_mul_ps(_mm256_mul_ps(half, v), _mm256_add_ps(one, th));
+    }
+    default: return v;
+    }
+}
+
+/* 8 bfloat16 from p as float32 (each the upper half of its float) */
+static inline __m256 widen8(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+
+/* sums[b][r] = x[b] . W[n + r] for b < nb, r < nr, as the AVX-512 dots: W's chunks loaded once for every row of x.
+ * W's rows need not be padded: its last chunk of a row shorter than a vector is read through a mask (float32) or
+ * copied into zeros (bfloat16, int8); x's rounded rows are padded with zeros to x->ld. */
+static inline __attribute__((always_inline)) void dots(const input *x, int nb, const void *w, int kind, long n,
+                                                       int nr, int K, long ldw, float sums[XROWS][ROWS]) {
+    if (kind == F32) {
+        __m256 acc[XROWS][ROWS];
+        for (int b = 0; b < nb; b++)
+            for (int r = 0; r < nr; r++) acc[b][r] = _mm256_setzero_ps();
+        const float *wf = (const float *)w;
+        int k = 0;
+        for (; k + 8 <= K; k += 8) {
+            __m256 wk[ROWS];
+            for (int r = 0; r < nr; r++) wk[r] = _mm256_loadu_ps(wf + (n + r) * ldw + k);
+            for (int b = 0; b < nb; b++) {
+                __m256 xk = _mm256_loadu_ps(x->f + (long)b * K + k);
+                for (int r = 0; r < nr; r++) acc[b][r] = _mm256_fmadd_ps(wk[r], xk, acc[b][r]);
+            }
+        }
+        if (k < K) {
+            __m256i in = mask8(K - k);
+            __m256 wk[ROWS];
+            for (int r = 0; r < nr; r++) wk[r] = _mm256_maskload_ps(wf + (n + r) * ldw + k, in);
+            for (int b = 0; b < nb; b++) {
+                __m256 xk = _mm256_maskload_ps(x->f + (long)b * K + k, in);
+                for (int r = 0; r < nr; r++) acc[b][r] = _mm256_fmadd_ps(wk[r], xk, acc[b][r]);
+            }
+        }
+        for (int b = 0; b < nb; b++)
+            for (int r = 0; r < nr; r++) sums[b][r] = hsum8(acc[b][r]);
+    } else if (kind == BF16) {
+        __m256 acc[XROWS][ROWS];
+        for (int b = 0; b < nb; b++)
+            for (int r = 0; r < nr; r++) acc[b][r] = _mm256_setzero_ps();
+        const uint16_t *wh = (const uint16_t *)w;
+        for (int k = 0; k < K; k += 8) {
+            __m256 wk[ROWS];
+            for (int r = 0; r < nr; r++) {
+                const uint16_t *row = wh + (n + r) * ldw + k;
+                if (K - k >= 8) wk[r] = widen8(row);
+                else {
+                    uint16_t tail[8] = {0};
+                    memcpy(tail, row, (size_t)(K - k) * sizeof *tail);
+                    wk[r] = widen8(tail);
+                }
+            }
+            for (int b = 0; b < nb; b++) {
+                __m256 xk = widen8(x->h + b * x->ld + k);
+                for (int r = 0; r < nr; r++) acc[b][r] = _mm256_fmadd_ps(wk[r], xk, acc[b][r]);
+            }
+        }
+        for (int b = 0; b < nb; b++)
+            for (int r = 0; r < nr; r++) sums[b][r] = hsum8(acc[b][r]);
+    } else {
+        float total[XROWS][ROWS] = {{0}};
+        const int8_t *wi = (const int8_t *)w;
+        for (int k0 = 0; k0 < K; k0 += INT_BLOCK) {
+            int k1 = K - k0 < INT_BLOCK ? K : k0 + INT_BLOCK;
+            __m256i acc[XROWS][ROWS];
+            for (int b = 0; b < nb; b++)
+                for (int r = 0; r < nr; r++) acc[b][r] = _mm256_setzero_si256();
+            for (int k = k0; k < k1; k += 16) {
+                __m256i wk[ROWS];
+                for (int r = 0; r < nr; r++) {
+                    const int8_t *row = wi + (n + r) * ldw + k;
+                    if (k1 - k >= 16) wk[r] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)row));
+                    else {
+                        int8_t tail[16] = {0};
+                        memcpy(tail, row, (size_t)(k1 - k));
+                        wk[r] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)tail));
+                    }
+                }
+                for (int b = 0; b < nb; b++) {
+                    __m256i xk = _mm256_loadu_si256((const __m256i *)(x->i + b * x->ld + k));
+                    for (int r = 0; r < nr; r++) acc[b][r] = _mm256_add_epi32(acc[b][r], _mm256_madd_epi16(wk[r], xk));
+                }
+            }
+            for (int b = 0; b < nb; b++)
+                for (int r = 0; r < nr; r++) total[b][r] += (float)hsum8i(acc[b][r]);
+        }
+        for (int b = 0; b < nb; b++)
+            for (int r = 0; r < nr; r++) sums[b][r] = total[b][r] * x->xscale[b];
+    }
+}
+
+/* the rows [n0, n1) of y, as the AVX-512 rows */
+static int rows(const input *x, int B, const void *w, int kind, const float *scale, const float *bias,
+                 const float *residual, float *y, int K, long ldw, int N, int act, long n0, long n1) {
+    float sums[XROWS][ROWS], room[2048];
+    long width = n1 - n0;
+    float *t = (long)B * width <= 2048 ? room : malloc((size_t)B * width * sizeof *t); /* the raw sums (B, width) */
+    if (!t) return -1;
+    for (long n = n0; n < n1; n += ROWS) {
+        int nr = n1 - n < ROWS ? (int)(n1 - n) : ROWS;
+        for (int b0 = 0; b0 < B; b0 += XROWS) {
+            int nb = B - b0 < XROWS ? B - b0 : XROWS;
+            input xb = *x;
+            xb.f += (long)b0 * K;
+            if (xb.h) xb.h += b0 * x->ld;
+            if (xb.i) xb.i += b0 * x->ld, xb.xscale += b0;
+            if (nr == ROWS && nb == 1) dots(&xb, 1, w, kind, n, ROWS, K, ldw, sums);
+            else if (nr == ROWS) dots(&xb, XROWS, w, kind, n, ROWS, K, ldw, sums);
+            else
+                for (int r = 0; r < nr; r++) {
+                    float one[XROWS][ROWS];
+                    dots(&xb, nb, w, kind, n + r, 1, K, ldw, one);
+                    for (int b = 0; b < nb; b++) sums[b][r] = one[b][0];
+                }
+            for (int b = 0; b < nb; b++)
+                for (int r = 0; r < nr; r++) t[(b0 + b) * width + (n - n0) + r] = sums[b][r];
+        }
+    }
+    /* y = act(t * scale + bias) + residual, 8 at a time: residual is read before y is written (they may alias) */
+    for (int b = 0; b < B; b++)
+        for (long j = 0; j < width; j += 8) {
+            __m256i in = mask8(width - j >= 8 ? 8 : (int)(width - j));
+            long i = (long)b * N + n0 + j;
+            __m256 v = _mm256_maskload_ps(t + b * width + j, in);
+            if (scale) v = _mm256_mul_ps(v, _mm256_maskload_ps(scale + n0 + j, in));
+            if (bias) v = _mm256_add_ps(v, _mm256_maskload_ps(bias + n0 + j, in));
+            v = activate8(v, act);
+            if (residual) v = _mm256_add_ps(v, _mm256_maskload_ps(residual + i, in));
+            _mm256_maskstore_ps(y + i, in, v);
+        }
+    if (t != room) free(t);
+    return 0;
+}
+
+/* 8 int32 (each within 16 bits) as 8 int16, in order, saturated */
+static inline __m128i narrow8(__m256i q) {
+    return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packs_epi32(q, q), 0x08));
+}
+
+/* x's rows as kind reads them, as the AVX-512 round_input */
+static void round_input(input *x, const float *f, int B, int K, int kind, uint16_t *h, int16_t *i, float *xscale) {
+    memset(x, 0, sizeof *x);
+    x->f = f;
+    x->ld = (K + 31) / 32 * 32;
+    if (kind == BF16) {
+        x->h = h;
+        for (int b = 0; b < B; b++) {
+            memset(h + b * x->ld, 0, x->ld * sizeof *h);
+            for (int j = 0; j < K; j += 8) {  /* rounded to nearest even, as PyTorch's .bfloat16(); NaN a quiet NaN */
+                __m256i in = mask8(K - j);
+                __m256 v = _mm256_maskload_ps(f + (long)b * K + j, in);
+                __m256i u = _mm256_castps_si256(v);
+                __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+                __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
+                __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+                r = _mm256_blendv_epi8(r, quiet, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+                __m128i packed = _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08));
+                if (K - j >= 8) _mm_storeu_si128((__m128i *)(h + b * x->ld + j), packed);
+                else {
+                    uint16_t tail[8];
+                    _mm_storeu_si128((__m128i *)tail, packed);
+                    memcpy(h + b * x->ld + j, tail, (size_t)(K - j) * sizeof *tail);
+                }
+            }
+        }
+    } else if (kind == INT8) {
+        x->i = i, x->xscale = xscale;
+        for (int b = 0; b < B; b++) {
+            const float *row = f + (long)b * K;
+            __m256 top = _mm256_setzero_ps(), nan = _mm256_setzero_ps(), sign = _mm256_set1_ps(-0.0f);
+            for (int j = 0; j < K; j += 8) {
+                __m256 a = _mm256_andnot_ps(sign, _mm256_maskload_ps(row + j, mask8(K - j)));
+                nan = _mm256_or_ps(nan, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+                top = _mm256_max_ps(top, a);
+            }
+            float amax = hmax8(top), s = amax > 0.0f ? amax / INT16_MAX_X : 1.0f;
+            if (_mm256_movemask_ps(nan)) s = NAN; /* a NaN input gives NaN outputs, as a float product would */
+            xscale[b] = s;
+            memset(i + b * x->ld, 0, x->ld * sizeof *i);
+            for (int j = 0; j < K; j += 8) {  /* row / s rounded to nearest even: within [-32767, 32767] */
+                __m256i q = _mm256_cvtps_epi32(_mm256_div_ps(_mm256_maskload_ps(row + j, mask8(K - j)), _mm256_set1_ps(s)));
+                if (K - j >= 8) _mm_storeu_si128((__m128i *)(i + b * x->ld + j), narrow8(q));
+                else {
+                    int16_t tail[8];
+                    _mm_storeu_si128((__m128i *)tail, narrow8(q));
+                    memcpy(i + b * x->ld + j, tail, (size_t)(K - j) * sizeof *tail);
+                }
+            }
+        }
+    }
+}
+#endif
+
+#ifdef VECTOR
 /* the room round_input needs for B rows of K (malloc'd: the caller frees *h, *i and *xscale); 0, or -1 */
 static int input_room(int B, int K, uint16_t **h, int16_t **i, float **xscale) {
     size_t n = (size_t)B * ((K + 31) / 32 * 32);
@@ -365,7 +658,7 @@ static void rebalance(int nt, const unsigned *cut, const double *bytes, const un
 
 /* y (B, N) = act(x (B, K) W[:, :K]^T * scale + bias) + residual, W's rows ldw >= K elements apart, over `threads`
  * threads (rows of W split between them). Returns 0, -1 where memory ran out, -2 in a build
- * without the AVX-512 loops (matvec_vector() is 0: native.py does not call it there). */
+ * without the vector loops (matvec_vector() is 0: native.py does not call it there). */
 int matvec(const float *x, int B, const void *w, int kind, const float *scale, const float *bias,
            const float *residual, float *y, int K, int ldw, int N, int act, int threads) {
 #ifndef VECTOR
@@ -399,7 +692,7 @@ int matvec(const float *x, int B, const void *w, int kind, const float *scale, c
 #endif
 }
 
-#ifdef VECTOR
+#if VECTOR == 512
 static inline float dot(const float *a, const float *b, int n) {
     __m512 acc = _mm512_setzero_ps();
     for (int j = 0; j < n; j += 16) {
@@ -465,6 +758,66 @@ static void attend_one(const float *q, const float *k, const float *v, long stri
                 acc[c] = _mm512_fmadd_ps(weight, _mm512_maskz_loadu_ps(in[c], row + 16 * c), acc[c]);
         }
         for (int c = 0; c < 4; c++) _mm512_mask_storeu_ps(out + j + 16 * c, in[c], acc[c]);
+    }
+}
+#elif VECTOR == 256
+static inline float dot(const float *a, const float *b, int n) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int j = 0; j < n; j += 8) {
+        __m256i in = mask8(n - j);
+        acc = _mm256_fmadd_ps(_mm256_maskload_ps(a + j, in), _mm256_maskload_ps(b + j, in), acc);
+    }
+    return hsum8(acc);
+}
+
+/* as the AVX-512 norm, 8 lanes */
+static void norm(const float *x, float *y, int n, int rms, const float *w, const float *b, float eps) {
+    __m256 sum = _mm256_setzero_ps(), squares = _mm256_setzero_ps();
+    for (int j = 0; j < n && !rms; j += 8) sum = _mm256_add_ps(sum, _mm256_maskload_ps(x + j, mask8(n - j)));
+    __m256 mean = _mm256_set1_ps(hsum8(sum) / n);
+    for (int j = 0; j < n; j += 8) {
+        __m256 in = _mm256_castsi256_ps(mask8(n - j));
+        __m256 d = _mm256_and_ps(in, _mm256_sub_ps(_mm256_maskload_ps(x + j, mask8(n - j)), mean));
+        squares = _mm256_fmadd_ps(d, d, squares);
+    }
+    __m256 inv = _mm256_set1_ps(1.0f / sqrtf(hsum8(squares) / n + eps));
+    for (int j = 0; j < n; j += 8) {
+        __m256i in = mask8(n - j);
+        __m256 v = _mm256_mul_ps(_mm256_sub_ps(_mm256_maskload_ps(x + j, in), mean), inv);
+        if (w) v = _mm256_mul_ps(v, _mm256_maskload_ps(w + j, in));
+        if (b) v = _mm256_add_ps(v, _mm256_maskload_ps(b + j, in));
+        _mm256_maskstore_ps(y + j, in, v);
+    }
+}
+
+/* as the AVX-512 attend_one: the values' weighted sum 64 columns at a time in registers, out written once */
+static void attend_one(const float *q, const float *k, const float *v, long stride, float *out, int L, int hs,
+                       float *p) {
+    float scale = 1.0f / sqrtf((float)hs), top = -INFINITY, total = 0.0f;
+    for (int l = 0; l < L; l++) top = fmaxf(top, p[l] = dot(q, k + l * stride, hs) * scale);
+    __m256 sum = _mm256_setzero_ps();
+    for (int l = 0; l < L; l += 8) {
+        __m256i in = mask8(L - l);
+        __m256 e = _mm256_and_ps(_mm256_castsi256_ps(in),
+                                 exp8(_mm256_sub_ps(_mm256_maskload_ps(p + l, in), _mm256_set1_ps(top))));
+        _mm256_maskstore_ps(p + l, in, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    total = hsum8(sum);
+    for (int j = 0; j < hs; j += 64) {
+        __m256i in[8];
+        __m256 acc[8];
+        for (int c = 0; c < 8; c++) {
+            in[c] = mask8(hs - j - 8 * c); /* none where hs - j - 8c <= 0 */
+            acc[c] = _mm256_setzero_ps();
+        }
+        for (int l = 0; l < L; l++) {
+            __m256 weight = _mm256_set1_ps(p[l] / total);
+            const float *row = v + l * stride + j;
+            for (int c = 0; c < 8; c++)
+                acc[c] = _mm256_fmadd_ps(weight, _mm256_maskload_ps(row + 8 * c, in[c]), acc[c]);
+        }
+        for (int c = 0; c < 8; c++) _mm256_maskstore_ps(out + j + 8 * c, in[c], acc[c]);
     }
 }
 #endif
@@ -563,7 +916,7 @@ typedef struct {
  * per row, its blocks' keys and values written into k and v (n_layer, slots, nkv, block, hs), layer_stride
  * floats a layer; the logit softcap is left to the caller. The whole step in one call: between Python's
  * operations the products evict Python's own code and data from the caches, and each then costs several times
- * what it costs alone. Returns 0, -1 where memory ran out, -2 without AVX-512, -3 where a token is not in
+ * what it costs alone. Returns 0, -1 where memory ran out, -2 without the vector loops, -3 where a token is not in
  * [0, vocab) (nothing read). */
 int model_step(const model *M, const int64_t *tokens, int B, const int *pos, const int *slot, float *k, float *v,
                long layer_stride, float *logits, int threads) {
@@ -766,10 +1119,11 @@ int model_run(const model *M, const int64_t *tokens, int B, int *pos, const int 
     return status;
 }
 
-/* 1 where this build has the AVX-512 loops (F, BW, VNNI, BF16), 0 where it sums one value at a time */
+/* the vector loops this build has: 512 (AVX-512 F, BW, VL, VNNI, BF16), 256 (AVX2 and FMA), 0 (none: native.py
+ * does not call it) */
 int matvec_vector(void) {
 #ifdef VECTOR
-    return 1;
+    return VECTOR;
 #else
     return 0;
 #endif

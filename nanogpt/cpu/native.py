@@ -5,6 +5,8 @@ bfloat16 and int8 weights at about half the rate they read float32 ones (docs/ge
 three at close to the rate this CPU streams memory. It is compiled once per machine (the source, the compiler,
 its flags and this CPU's features name the library) into the user's cache directory and loaded from there;
 where no C compiler works, or NANOGPT_NATIVE=0, available() is False and decoding keeps PyTorch's products.
+It has two sets of loops, AVX-512's and AVX2's (vector_loops() says which this CPU runs); NANOGPT_NATIVE=avx2 builds
+the AVX2 ones on a CPU that has AVX-512 too.
 
 The cache directory is NANOGPT_CACHE, else $XDG_CACHE_HOME/nanogpt, else ~/.cache/nanogpt. A library is loaded
 only from a directory this user owns and no one else may write to: another user's file there would be code run
@@ -22,7 +24,7 @@ import threading
 import torch
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "decode.c")
-# tried in order: the first that compiles is used (no OpenMP: one thread; no -march=native: no AVX-512 build). A
+# tried in order: the first that compiles is used (no OpenMP: one thread; no -march=native: no vector loops). A
 # function the compiler has no declaration for is an error, not a warning: else the library builds with the name
 # unresolved and fails only as it loads (__rdtsc, which GCC 10's immintrin.h does not declare)
 STRICT = "-Werror=implicit-function-declaration"
@@ -83,6 +85,8 @@ def build(cc, directory):
         source = f.read()
     errors = []
     for flags in FLAGS:
+        if os.environ.get("NANOGPT_NATIVE") == "avx2" and "-march=native" in flags:
+            flags = [*flags, "-mno-avx512f"]  # the AVX2 loops on a CPU that has AVX-512 too: to compare, or test them
         key = hashlib.sha256(b"\0".join([source, cc.encode(), " ".join(flags).encode(), cpu_features().encode()]))
         path = os.path.join(directory, f"decode-{key.hexdigest()[:16]}.so")
         if os.path.exists(path):
@@ -140,17 +144,22 @@ def load():
 
 
 def available():
-    """True where the library compiled and loaded, with AVX-512 (a build without it sums one value at a time,
-    slower than PyTorch's)."""
+    """True where the library compiled and loaded with its vector loops, AVX-512 or AVX2 (a build without them
+    would sum one value at a time, slower than PyTorch's)."""
     lib = library()
-    return lib is not None and lib.matvec_vector() == 1
+    return lib is not None and lib.matvec_vector() in (256, 512)
+
+
+def vector_loops():
+    """The loops decode.c runs on this CPU: "AVX-512", "AVX2", or None where available() is False."""
+    return {512: "AVX-512", 256: "AVX2"}.get(library().matvec_vector()) if available() else None
 
 
 def why():
     """Why available() is False ("" where it is True)."""
     lib = library()
     if lib is not None and not lib.matvec_vector():
-        return "this CPU or compiler has no AVX-512"
+        return "this CPU or compiler has neither AVX-512 nor AVX2 with FMA"
     return _library["why"]
 
 
