@@ -34,6 +34,7 @@ from configurator import parse_args
 from model import GPT
 from nanogpt import cpu
 from nanogpt.checkpoint import model_args, save_checkpoint
+from nanogpt.cpu import native
 from nanogpt.cpu.kernels import bfloat16_products_supported, onednn_available, pack, packed_product
 from nanogpt.dataset import dataset_dir
 from nanogpt.device import autocast, resolve_device, resolve_dtype, should_compile, sync, training_kernels
@@ -582,6 +583,9 @@ def bench(cfg, log=print):
         if device.type != "cpu":
             raise UserError("--only=llama compares with llama.cpp on the CPU; add --device=cpu")
         cpu.FLOAT32_KERNEL = None  # measured, as sample.py and serve.py measure it
+        result["decode_c"] = native.vector_loops()
+        rows.append(("decode.c", f"its {result['decode_c']} loops" if result["decode_c"] else
+                     f"not used: {native.why()}"))
         rows += llama_rows(cfg, model.eval(), meta, result)
     width = max(len(k) for k, _ in rows)
     for key, value in rows:

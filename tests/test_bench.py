@@ -166,6 +166,9 @@ def test_bench_against_llama_cpp_says_plainly_when_it_is_missing(tmp_path, char_
     result = bench(cfg, log=lines.append)
     assert result["llama_cpp"] is None
     assert any(line.startswith("llama.cpp") and "not installed, nothing compared" in line for line in lines)
+    from nanogpt.cpu import native  # which of decode.c's loops ours ran, or why none
+    assert result["decode_c"] == native.vector_loops()
+    assert any(line.startswith("decode.c") and (native.vector_loops() or native.why()) in line for line in lines)
 
 
 @pytest.mark.skipif(not __import__("importlib").util.find_spec("llama_cpp"), reason="needs llama-cpp-python")

@@ -397,6 +397,25 @@ static inline __m256 widen8(const uint16_t *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
 }
 
+/* The next block of W's rows, asked for a few cache lines at a time while this block is summed: one core streams
+ * memory faster with its next reads already asked for (float32 from memory on the EPYC here: 10-15%). Reading
+ * past W's end is harmless: a prefetch never faults. Float32 only: int8 weights a quarter the size sit in the
+ * cache more often, and there the prefetches cost int8's products a fifth more time. */
+typedef struct {
+    const char *p;
+    long left, per;
+} ahead;
+
+static inline ahead ahead_of(const void *w, long n, int nr, long ldw, int size, int steps) {
+    long lines = ((long)nr * ldw * size + 63) / 64;
+    ahead a = {(const char *)w + (n + nr) * ldw * size, lines, (lines + steps - 1) / steps};
+    return a;
+}
+
+static inline void fetch(ahead *a) {
+    for (long j = 0; j < a->per && a->left > 0; j++, a->left--, a->p += 64) _mm_prefetch(a->p, _MM_HINT_T0);
+}
+
 /* sums[b][r] = x[b] . W[n + r] for b < nb, r < nr, as the AVX-512 dots: W's chunks loaded once for every row of x.
  * W's rows need not be padded: its last chunk of a row shorter than a vector is read through a mask (float32) or
  * copied into zeros (bfloat16, int8); x's rounded rows are padded with zeros to x->ld. */
@@ -407,8 +426,10 @@ static inline __attribute__((always_inline)) void dots(const input *x, int nb, c
         for (int b = 0; b < nb; b++)
             for (int r = 0; r < nr; r++) acc[b][r] = _mm256_setzero_ps();
         const float *wf = (const float *)w;
+        ahead next = ahead_of(w, n, nr, ldw, 4, K / 8 + 1);
         int k = 0;
         for (; k + 8 <= K; k += 8) {
+            fetch(&next);
             __m256 wk[ROWS];
             for (int r = 0; r < nr; r++) wk[r] = _mm256_loadu_ps(wf + (n + r) * ldw + k);
             for (int b = 0; b < nb; b++) {
@@ -761,13 +782,20 @@ static void attend_one(const float *q, const float *k, const float *v, long stri
     }
 }
 #elif VECTOR == 256
+/* Whole vectors read as they are, a tail through a mask: a masked load costs several plain ones on AMD's cores, and
+ * attention makes these calls once a position a head */
 static inline float dot(const float *a, const float *b, int n) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int j = 0; j < n; j += 8) {
-        __m256i in = mask8(n - j);
-        acc = _mm256_fmadd_ps(_mm256_maskload_ps(a + j, in), _mm256_maskload_ps(b + j, in), acc);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(); /* two chains: each add waits on the one before */
+    int j = 0;
+    for (; j + 16 <= n; j += 16) {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + j), _mm256_loadu_ps(b + j), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + j + 8), _mm256_loadu_ps(b + j + 8), acc1);
     }
-    return hsum8(acc);
+    for (; j < n; j += 8) {
+        __m256i in = mask8(n - j);
+        acc0 = _mm256_fmadd_ps(_mm256_maskload_ps(a + j, in), _mm256_maskload_ps(b + j, in), acc0);
+    }
+    return hsum8(_mm256_add_ps(acc0, acc1));
 }
 
 /* as the AVX-512 norm, 8 lanes */
@@ -811,12 +839,19 @@ static void attend_one(const float *q, const float *k, const float *v, long stri
             in[c] = mask8(hs - j - 8 * c); /* none where hs - j - 8c <= 0 */
             acc[c] = _mm256_setzero_ps();
         }
-        for (int l = 0; l < L; l++) {
-            __m256 weight = _mm256_set1_ps(p[l] / total);
-            const float *row = v + l * stride + j;
-            for (int c = 0; c < 8; c++)
-                acc[c] = _mm256_fmadd_ps(weight, _mm256_maskload_ps(row + 8 * c, in[c]), acc[c]);
-        }
+        if (hs - j >= 64) /* every lane: plain loads */
+            for (int l = 0; l < L; l++) {
+                __m256 weight = _mm256_set1_ps(p[l] / total);
+                const float *row = v + l * stride + j;
+                for (int c = 0; c < 8; c++) acc[c] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(row + 8 * c), acc[c]);
+            }
+        else
+            for (int l = 0; l < L; l++) {
+                __m256 weight = _mm256_set1_ps(p[l] / total);
+                const float *row = v + l * stride + j;
+                for (int c = 0; c < 8; c++)
+                    acc[c] = _mm256_fmadd_ps(weight, _mm256_maskload_ps(row + 8 * c, in[c]), acc[c]);
+            }
         for (int c = 0; c < 8; c++) _mm256_maskstore_ps(out + j + 8 * c, in[c], acc[c]);
     }
 }
