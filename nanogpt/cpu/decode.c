@@ -218,37 +218,11 @@ static inline __attribute__((always_inline)) void dots(const input *x, int nb, c
     }
 }
 
-/* the rows [n0, n1) of y: dots called with constant counts where it can, so that each call is compiled for
- * them and its accumulators stay in registers */
-static int rows(const input *x, int B, const void *w, int kind, const float *scale, const float *bias,
-                 const float *residual, float *y, int K, long ldw, int N, int act, long n0, long n1) {
-    float sums[XROWS][ROWS], room[2048];
+/* y's rows [n0, n1) = act(t * scale + bias) + residual, t the raw sums (B, n1 - n0), 16 at a time: residual is read
+ * before y is written (they may alias) */
+static void finish(const float *t, int B, const float *scale, const float *bias, const float *residual, float *y,
+                   int N, int act, long n0, long n1) {
     long width = n1 - n0;
-    float *t = (long)B * width <= 2048 ? room : malloc((size_t)B * width * sizeof *t); /* the raw sums (B, width) */
-    if (!t) return -1;
-    for (long n = n0; n < n1; n += ROWS) {
-        int nr = n1 - n < ROWS ? (int)(n1 - n) : ROWS;
-        for (int b0 = 0; b0 < B; b0 += XROWS) {
-            int nb = B - b0 < XROWS ? B - b0 : XROWS;
-            input xb = *x;
-            xb.f += (long)b0 * K;
-            if (xb.h) xb.h += b0 * x->ld;
-            if (xb.i) xb.i += b0 * x->ld, xb.xscale += b0;
-            if (nr == ROWS && nb == 1) dots(&xb, 1, w, kind, n, ROWS, K, ldw, sums);
-            else if (nr == ROWS && nb == 2) dots(&xb, 2, w, kind, n, ROWS, K, ldw, sums);
-            else if (nr == ROWS && nb == 3) dots(&xb, 3, w, kind, n, ROWS, K, ldw, sums);
-            else if (nr == ROWS) dots(&xb, XROWS, w, kind, n, ROWS, K, ldw, sums);
-            else
-                for (int r = 0; r < nr; r++) {
-                    float one[XROWS][ROWS];
-                    dots(&xb, nb, w, kind, n + r, 1, K, ldw, one);
-                    for (int b = 0; b < nb; b++) sums[b][r] = one[b][0];
-                }
-            for (int b = 0; b < nb; b++)
-                for (int r = 0; r < nr; r++) t[(b0 + b) * width + (n - n0) + r] = sums[b][r];
-        }
-    }
-    /* y = act(t * scale + bias) + residual, 16 at a time: residual is read before y is written (they may alias) */
     for (int b = 0; b < B; b++)
         for (long j = 0; j < width; j += 16) {
             __mmask16 in = width - j >= 16 ? 0xffff : (__mmask16)((1u << (width - j)) - 1);
@@ -260,8 +234,6 @@ static int rows(const input *x, int B, const void *w, int kind, const float *sca
             if (residual) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(in, residual + i));
             _mm512_mask_storeu_ps(y + i, in, v);
         }
-    if (t != room) free(t);
-    return 0;
 }
 
 /* x's rows as kind reads them, into h (bfloat16) or i and xscale (int8), each row x->ld elements (K rounded up to
@@ -503,34 +475,10 @@ static inline __attribute__((always_inline)) void dots(const input *x, int nb, c
     }
 }
 
-/* the rows [n0, n1) of y, as the AVX-512 rows */
-static int rows(const input *x, int B, const void *w, int kind, const float *scale, const float *bias,
-                 const float *residual, float *y, int K, long ldw, int N, int act, long n0, long n1) {
-    float sums[XROWS][ROWS], room[2048];
+/* as the AVX-512 finish, 8 at a time */
+static void finish(const float *t, int B, const float *scale, const float *bias, const float *residual, float *y,
+                   int N, int act, long n0, long n1) {
     long width = n1 - n0;
-    float *t = (long)B * width <= 2048 ? room : malloc((size_t)B * width * sizeof *t); /* the raw sums (B, width) */
-    if (!t) return -1;
-    for (long n = n0; n < n1; n += ROWS) {
-        int nr = n1 - n < ROWS ? (int)(n1 - n) : ROWS;
-        for (int b0 = 0; b0 < B; b0 += XROWS) {
-            int nb = B - b0 < XROWS ? B - b0 : XROWS;
-            input xb = *x;
-            xb.f += (long)b0 * K;
-            if (xb.h) xb.h += b0 * x->ld;
-            if (xb.i) xb.i += b0 * x->ld, xb.xscale += b0;
-            if (nr == ROWS && nb == 1) dots(&xb, 1, w, kind, n, ROWS, K, ldw, sums);
-            else if (nr == ROWS) dots(&xb, XROWS, w, kind, n, ROWS, K, ldw, sums);
-            else
-                for (int r = 0; r < nr; r++) {
-                    float one[XROWS][ROWS];
-                    dots(&xb, nb, w, kind, n + r, 1, K, ldw, one);
-                    for (int b = 0; b < nb; b++) sums[b][r] = one[b][0];
-                }
-            for (int b = 0; b < nb; b++)
-                for (int r = 0; r < nr; r++) t[(b0 + b) * width + (n - n0) + r] = sums[b][r];
-        }
-    }
-    /* y = act(t * scale + bias) + residual, 8 at a time: residual is read before y is written (they may alias) */
     for (int b = 0; b < B; b++)
         for (long j = 0; j < width; j += 8) {
             __m256i in = mask8(width - j >= 8 ? 8 : (int)(width - j));
@@ -542,8 +490,6 @@ static int rows(const input *x, int B, const void *w, int kind, const float *sca
             if (residual) v = _mm256_add_ps(v, _mm256_maskload_ps(residual + i, in));
             _mm256_maskstore_ps(y + i, in, v);
         }
-    if (t != room) free(t);
-    return 0;
 }
 
 /* 8 int32 (each within 16 bits) as 8 int16, in order, saturated */
@@ -606,6 +552,41 @@ static void round_input(input *x, const float *f, int B, int K, int kind, uint16
 #endif
 
 #ifdef VECTOR
+/* the rows [n0, n1) of y: dots called with constant counts where it can, so that each call is compiled for
+ * them and its accumulators stay in registers; then finish (this instruction set's) */
+static int rows(const input *x, int B, const void *w, int kind, const float *scale, const float *bias,
+                 const float *residual, float *y, int K, long ldw, int N, int act, long n0, long n1) {
+    float sums[XROWS][ROWS], room[2048];
+    long width = n1 - n0;
+    float *t = (long)B * width <= 2048 ? room : malloc((size_t)B * width * sizeof *t); /* the raw sums (B, width) */
+    if (!t) return -1;
+    for (long n = n0; n < n1; n += ROWS) {
+        int nr = n1 - n < ROWS ? (int)(n1 - n) : ROWS;
+        for (int b0 = 0; b0 < B; b0 += XROWS) {
+            int nb = B - b0 < XROWS ? B - b0 : XROWS;
+            input xb = *x;
+            xb.f += (long)b0 * K;
+            if (xb.h) xb.h += b0 * x->ld;
+            if (xb.i) xb.i += b0 * x->ld, xb.xscale += b0;
+            if (nr == ROWS && nb == 1) dots(&xb, 1, w, kind, n, ROWS, K, ldw, sums);
+            else if (nr == ROWS && nb == 2 && XROWS > 2) dots(&xb, 2, w, kind, n, ROWS, K, ldw, sums);
+            else if (nr == ROWS && nb == 3 && XROWS > 3) dots(&xb, 3, w, kind, n, ROWS, K, ldw, sums);
+            else if (nr == ROWS) dots(&xb, XROWS, w, kind, n, ROWS, K, ldw, sums); /* nb == XROWS */
+            else
+                for (int r = 0; r < nr; r++) {
+                    float one[XROWS][ROWS];
+                    dots(&xb, nb, w, kind, n + r, 1, K, ldw, one);
+                    for (int b = 0; b < nb; b++) sums[b][r] = one[b][0];
+                }
+            for (int b = 0; b < nb; b++)
+                for (int r = 0; r < nr; r++) t[(b0 + b) * width + (n - n0) + r] = sums[b][r];
+        }
+    }
+    finish(t, B, scale, bias, residual, y, N, act, n0, n1);
+    if (t != room) free(t);
+    return 0;
+}
+
 /* the room round_input needs for B rows of K (malloc'd: the caller frees *h, *i and *xscale); 0, or -1 */
 static int input_room(int B, int K, uint16_t **h, int16_t **i, float **xscale) {
     size_t n = (size_t)B * ((K + 31) / 32 * 32);
