@@ -229,6 +229,11 @@ def test_a_nan_input_gives_nan_outputs(kind):
     for act in ACTIVATIONS:
         y = native.Weight(w.to(kind) if kind != torch.int8 else w, scale)(x, act)
         assert y[0].isnan().all() and not y[1].isnan().any(), act
+    x[0, 5] = float("inf")  # no finite number either: int8's scale had made it -32768, outputs of the wrong sign
+    y = native.Weight(w.to(kind) if kind != torch.int8 else w, scale)(x)
+    assert not y[0].isfinite().any() and y[1].isfinite().all()
+    if kind == torch.int8:  # its weights all 1: a float product is +inf
+        assert not (y[0] == -torch.inf).any()
 
 
 @NATIVE

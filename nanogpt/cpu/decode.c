@@ -265,7 +265,9 @@ static void round_input(input *x, const float *f, int B, int K, int kind, uint16
                 top = _mm512_max_ps(top, a);
             }
             float amax = _mm512_reduce_max_ps(top), s = amax > 0.0f ? amax / INT16_MAX_X : 1.0f;
-            if (nan) s = NAN; /* a NaN input gives NaN outputs, as a float product would */
+            if (nan || isinf(amax)) s = NAN; /* a NaN input gives NaN outputs, as a float product would; so does an
+                                                infinite one, which no finite scale holds (inf / inf rounds to
+                                                -32768: outputs of the wrong sign) */
             xscale[b] = s;
             for (int j = 0; j < K; j += 16) {  /* row / s rounded to nearest even: within [-32767, 32767] */
                 __mmask16 in = K - j >= 16 ? 0xffff : (__mmask16)((1u << (K - j)) - 1);
@@ -534,7 +536,7 @@ static void round_input(input *x, const float *f, int B, int K, int kind, uint16
                 top = _mm256_max_ps(top, a);
             }
             float amax = hmax8(top), s = amax > 0.0f ? amax / INT16_MAX_X : 1.0f;
-            if (_mm256_movemask_ps(nan)) s = NAN; /* a NaN input gives NaN outputs, as a float product would */
+            if (_mm256_movemask_ps(nan) || isinf(amax)) s = NAN; /* as the AVX-512 round_input */
             xscale[b] = s;
             memset(i + b * x->ld, 0, x->ld * sizeof *i);
             for (int j = 0; j < K; j += 8) {  /* row / s rounded to nearest even: within [-32767, 32767] */
