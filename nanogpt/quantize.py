@@ -7,7 +7,7 @@ layers' own forward (the prompt, and decoding where nothing faster applies) runs
 (torch.ops.aten._weight_int8pack_mm: the input rounded to bfloat16, the int8 weight converted as it is read, the
 sum in float32, the output rounded to bfloat16); torchao 0.18's Int8WeightOnlyConfig instead converts the whole
 weight to the input's dtype at every call, three times slower than float32 for one row (runs/int8_kernels.py). On
-CPUs with AVX-512, decoding runs decode.c's int8 product on the same rows where it measures faster
+CPUs with AVX-512 or AVX2, decoding runs decode.c's int8 product on the same rows where it measures faster
 (nanogpt/cpu/native.py: the input rounded to 16-bit integers on its row's scale, integer products summed
 exactly). Biases, norms, embeddings and attention stay as they were.
 
