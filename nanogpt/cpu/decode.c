@@ -380,9 +380,9 @@ typedef struct {
     long left, per;
 } ahead;
 
-static inline ahead ahead_of(const void *w, long n, int nr, long ldw, int size, int steps) {
-    long lines = ((long)nr * ldw * size + 63) / 64;
-    ahead a = {(const char *)w + (n + nr) * ldw * size, lines, (lines + steps - 1) / steps};
+static inline ahead ahead_of(const float *w, long n, int nr, long ldw, int steps) {
+    long lines = ((long)nr * ldw * (long)sizeof *w + 63) / 64;
+    ahead a = {(const char *)(w + (n + nr) * ldw), lines, (lines + steps - 1) / steps};
     return a;
 }
 
@@ -400,7 +400,7 @@ static inline __attribute__((always_inline)) void dots(const input *x, int nb, c
         for (int b = 0; b < nb; b++)
             for (int r = 0; r < nr; r++) acc[b][r] = _mm256_setzero_ps();
         const float *wf = (const float *)w;
-        ahead next = ahead_of(w, n, nr, ldw, 4, K / 8 + 1);
+        ahead next = ahead_of(wf, n, nr, ldw, K / 8 + 1);
         int k = 0;
         for (; k + 8 <= K; k += 8) {
             fetch(&next);
