@@ -69,6 +69,12 @@ GRID = (
     # Peace's was 0.6% below its 0.2 for 10 epochs; if these were too, 10 minutes on 100 KB would have a use. They
     # were not (1.2% and 2.2% above it): the plan does not weigh 0.3
     + [("quijote100k", "13ep", "S5", 0.3), ("frankenstein100k", "13ep", "S4", 0.3)]
+    # the fifth (an AMD EPYC without bfloat16: --matmul_dtype=float32): vernacular Chinese, where the law's repeats
+    # were worth more than a Chinese text's fourth epoch gave (西游记's first 300 KB, held out: 7% low); one shape at
+    # 1 to 4 epochs of two other novels' first 300 KB, and a minute of each whole novel for its floor (西游记 and
+    # 红楼梦 stay held out)
+    + [(d, e, "S3", 0.0) for d in ("shuihu300k", "sanguo300k") for e in ("1ep", "2ep", "3ep", "4ep")]
+    + [(d, 1, "S2", 0.0) for d in ("sanguo", "shuihu")]
 )
 
 
@@ -85,13 +91,13 @@ def point_tokens(point, tok_s, unique):
     return int(budget * 60 * TRAIN_SHARE * tok_s)
 
 
-def bench(dataset_dir, shape):
+def bench(dataset_dir, shape, matmul):
     """Training tokens/s of shape on dataset_dir at 2 threads (bench.py's training-loop figure)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "b.json")
         keys = [f"--{k}={v}" for k, v in LADDER[shape].items()]
         subprocess.run([sys.executable, "bench.py", "--only=train", f"--dataset={dataset_dir}", *keys,
-                        "--gradient_accumulation_steps=1", "--matmul_dtype=bfloat16", "--device=cpu", "--compile=False",
+                        "--gradient_accumulation_steps=1", f"--matmul_dtype={matmul}", "--device=cpu", "--compile=False",
                         "--bench_iters=10", "--bench_warmup=3", f"--json={out}"],
                        cwd=ROOT, check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "2"})
         with open(out) as f:
@@ -123,7 +129,7 @@ def run_point(args, clock, point):
     out_dir = os.path.join(args.out, "runs", name)
     shutil.rmtree(out_dir, ignore_errors=True)  # a point stopped before: its log would mix with this one's
     cmd = [sys.executable, "train.py", f"--dataset={os.path.join(args.datasets, dataset)}", f"--out_dir={out_dir}",
-           "--device=cpu", "--compile=False", "--matmul_dtype=bfloat16", "--always_save_checkpoint=False",
+           "--device=cpu", "--compile=False", f"--matmul_dtype={args.matmul_dtype}", "--always_save_checkpoint=False",
            "--eval_windows=400", "--eval_iters=10", "--log_interval=50", "--gradient_accumulation_steps=1",
            *[f"--{k}={v}" for k, v in keys.items()]]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
@@ -135,7 +141,7 @@ def run_point(args, clock, point):
     best = min(evals, key=lambda e: e["val_loss"])
     meta = json.load(open(os.path.join(args.datasets, dataset, "meta.json")))
     return {"name": name, "dataset": dataset, "minutes": minutes, "shape": shape, "dropout": dropout,
-            "tok_s_2threads": tok_s, "vocab_size": meta.get("vocab_size"), **keys,
+            "tok_s_2threads": tok_s, "vocab_size": meta.get("vocab_size"), "matmul_dtype": args.matmul_dtype, **keys,
             "best_val_bpb": best["val_bpb"], "best_iter": best["iter"], "final_val_bpb": evals[-1]["val_bpb"],
             "final_train_loss": evals[-1]["train_loss"], "final_val_loss": evals[-1]["val_loss"],
             "corpus": corpus_record(os.path.join(args.datasets, dataset))}
@@ -148,14 +154,20 @@ def main():
     p.add_argument("--jobs", type=int, default=1, help="points run at once")
     p.add_argument("--threads", type=int, default=2, help="threads of each point")
     p.add_argument("--only", choices=["clock", "grid"], default=None)
+    p.add_argument("--matmul_dtype", default="bfloat16", help="the products: the study's bfloat16 (a CPU with AVX-512 "
+                   "BF16 or AMX), or float32 where a CPU has no native bfloat16 (each point records it)")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     clock_path = os.path.join(args.out, "clock.json")
     clock = json.load(open(clock_path)) if os.path.exists(clock_path) else {}
+    grid = [pt for pt in GRID if os.path.isdir(os.path.join(args.datasets, pt[0]))]
+    missing = sorted({pt[0] for pt in GRID} - {pt[0] for pt in grid})
+    if missing:
+        print(f"not in {args.datasets}, so skipped: {', '.join(missing)}", flush=True)
     if args.only != "grid":
-        for dataset, _, shape, _ in GRID:
+        for dataset, _, shape, _ in grid:
             if shape not in clock.get(dataset, {}):
-                clock.setdefault(dataset, {})[shape] = bench(os.path.join(args.datasets, dataset), shape)
+                clock.setdefault(dataset, {})[shape] = bench(os.path.join(args.datasets, dataset), shape, args.matmul_dtype)
                 print(f"clock {dataset} {shape}: {clock[dataset][shape]:,.0f} tok/s", flush=True)
                 with open(clock_path, "w") as f:
                     json.dump(clock, f, indent=1)
@@ -165,7 +177,7 @@ def main():
     done = set()
     if os.path.exists(points_path):
         done = {json.loads(line)["name"] for line in open(points_path)}
-    todo = [pt for pt in GRID if point_name(pt) not in done]
+    todo = [pt for pt in grid if point_name(pt) not in done]
     # shortest first: the law can be fitted while the longest run
     todo.sort(key=lambda pt: point_tokens(pt, clock[pt[0]][pt[2]], train_tokens(args, pt[0])) / clock[pt[0]][pt[2]])
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool, open(points_path, "a") as f:

@@ -10,6 +10,10 @@
     python data/prepare.py --input corpora/warpeace.txt --out ds/warpeace_char
     python data/prepare.py --input corpora/warpeace.txt --tokenizer bpe --out ds/warpeace_bpe
 
+--books FOLDER adds the second round's books and classical Chinese; --novels CHECKOUT (git clone --depth 1
+https://github.com/tennessine/corpus) adds four vernacular Chinese novels and the first 300 KB of three of them
+(sanguo300k, shuihu300k, xiyou300k), prepared the same way.
+
 Writes shijing.txt (詩經, 115 KB), songshi.txt (the first 30 MB of the Song poems in 全唐诗/poet.song.*.json) and
 songshi1m.txt (its first 1 MB), songci.txt (宋詞, 5.7 MB), warpeace.txt (3.3 MB), pride.txt (690 KB), and the first
 100,000 bytes of three of them: pride100k.txt, warpeace100k.txt and shakespeare100k.txt (tiny Shakespeare), and
@@ -82,6 +86,18 @@ BOOKS = {"moby": ("2701-0.txt", "utf-8-sig"), "alice": ("11-0.txt", "utf-8-sig")
          "twocities": ("98-0.txt", "utf-8-sig"), "quijote": ("2000-8.txt", "latin-1")}
 
 
+# The vernacular novels (白話, simplified characters), from github.com/tennessine/corpus: the fifth round's Chinese
+NOVELS = {"sanguo": "三国演义.txt", "shuihu": "水浒传.txt", "xiyou": "西游记.txt", "hongloumeng": "红楼梦.txt"}
+
+
+def novel(path, out):
+    """A novel of tennessine/corpus as it is, its CRLF line ends made LF."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read().replace("\r\n", "\n")
+    with open(out, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
 def numbered(folder, pattern):
     """folder's files matching pattern (one group: their number), in numeric order."""
     names = [n for n in os.listdir(folder) if re.fullmatch(pattern, n)]
@@ -96,6 +112,8 @@ def main():
     p.add_argument("--shakespeare", required=True, help="tiny Shakespeare (data/shakespeare_char/input.txt)")
     p.add_argument("--books", help="a folder of Project Gutenberg's files for the later fit corpora: " +
                    ", ".join(f"{f} ({n})" for n, (f, _) in BOOKS.items()))
+    p.add_argument("--novels", help="a checkout of github.com/tennessine/corpus, for the vernacular novels: " +
+                   ", ".join(f"{f} ({n})" for n, f in NOVELS.items()))
     p.add_argument("--out", required=True)
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -122,6 +140,11 @@ def main():
         prose(os.path.join(args.poetry, "四书五经", "mengzi.json"), out("mengzi.txt"))
         guwen(os.path.join(args.poetry, "蒙学", "guwenguanzhi.json"), out("guwen.txt"))
         poems([os.path.join(args.poetry, "元曲", "yuanqu.json")], out("yuanqu1m.txt"), limit=1_000_000)
+    if args.novels:  # the fifth round: vernacular Chinese, whole and its first 300 KB (a text a few minutes use up)
+        for name, file in NOVELS.items():
+            novel(os.path.join(args.novels, file), out(f"{name}.txt"))
+        for name in ("sanguo", "shuihu", "xiyou"):
+            head(out(f"{name}.txt"), 300_000, out(f"{name}300k.txt"))
     for name in sorted(os.listdir(args.out)):
         print(f"{name}: {os.path.getsize(out(name)):,} bytes")
 
