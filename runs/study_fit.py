@@ -91,7 +91,7 @@ def fit(points, start=START):
         return {**start, **dict(zip(SHARED, v[:len(SHARED)]))}, dict(zip(names, v[len(SHARED):]))
     best = None
     for b in (0.3, 0.8, 2.0):  # a few starts: the surface has shallow valleys
-        x0 = [*np.clip([start["A"], b, start["R"], start["R_dropout"], start["dropout_cost"]], LOW, HIGH),
+        x0 = [*np.clip([b if k == "B" else start[k] for k in SHARED], LOW, HIGH),
               *([1.0] * len(names))]
         def residuals(v):
             law, floors = unpack(v)
@@ -111,6 +111,8 @@ def fitted(runs):
     the epochs a plan schedules at its dropout (those runs peaked there, with their rate still high), none at a
     dropout it does not weigh for that text and shape (0.3; any on Chinese text; any on a shape below plan.DROPOUT_FILL
     of what the text fills without it, 0.1 above plan.LIGHT_DROPOUT_FILL of it); the rest are shown after the fit."""
+    # (max_epochs without the corpus: 4 epochs of Chinese text too, where a plan schedules 3; the classical Chinese
+    # corpora have points at 4 epochs only, and their floors are the law's)
     points = [p for p in runs if epochs_of(p) <= 1.1 * max_epochs(p["dropout"])
               and p["dropout"] in planned_dropouts(corpus_of(p), p)]
     return points, [p for p in runs if p not in points]

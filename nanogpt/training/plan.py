@@ -368,6 +368,10 @@ MIN_WINDOWS = 24  # val windows an evaluation reads at the least (two batches), 
 # to 4.3 epochs, and a schedule that ran on past that was worse at its best than one that ended there (its rate was
 # still high at the best point). So a plan ends there, and ends early if the budget buys more; the plan says so.
 MAX_EPOCHS = 4.0
+# Chinese text is used up sooner: on the first 300 KB of two vernacular novels (水浒传, 三国演义; 4 x 192 without
+# dropout), schedules of 3 epochs ended 0.4% and 0.6% below schedules of 4, 水浒传's 4 peaking at 3.1; 宋詩's first
+# 1 MB peaked at 2.4 of 4 and 西游记's first 300 KB at about 3. A text of Chinese characters plans at most 3.
+CHINESE_EPOCHS = 3.0
 DROPOUT_EPOCHS = 30.0  # more a unit of dropout: 10 at 0.2, where War and Peace's first 100 KB peaked with it; 7 at
 # 0.1 lies between, not measured as a peak: the study's two runs at 0.1 the law holds still improved at 5.4 and 7
 EXIT_SECONDS = 2.0  # the final save, the summary and the interpreter's exit
@@ -389,9 +393,10 @@ TEACHER_DIRS = ("teacher-a", "teacher-b")  # in out_dir: the two runs the third 
 EVAL_SHARE = 0.04  # of the training time, for evaluations (and the saves beside them)
 
 
-def max_epochs(dropout):
-    """The most epochs a plan schedules at this dropout."""
-    return MAX_EPOCHS + DROPOUT_EPOCHS * dropout
+def max_epochs(dropout, corpus=None):
+    """The most epochs a plan schedules at this dropout, of corpus where given (fewer of Chinese text)."""
+    chinese = corpus is not None and corpus.ideographs >= IDEOGRAPHS
+    return (CHINESE_EPOCHS if chinese else MAX_EPOCHS) + DROPOUT_EPOCHS * dropout
 
 
 def minutes_text(minutes):
@@ -403,7 +408,7 @@ def largest_block(corpus, wanted=128):
     return context_that_fits(corpus.path, corpus.train_tokens, corpus.val_tokens, wanted)
 
 
-def early_end_lines(ends_early, iters, epochs, dropout, finish, minutes, capped, parts=False):
+def early_end_lines(ends_early, iters, epochs, dropout, finish, minutes, capped, corpus, parts=False):
     """The plan's line on a run that ends well before its budget: the epochs a corpus is worth, the fewest
     iterations a plan runs on a text too small for them, or the user's max_iters (parts: the one run that three
     replace)."""
@@ -412,11 +417,15 @@ def early_end_lines(ends_early, iters, epochs, dropout, finish, minutes, capped,
         return [f"your max_iters={iters:,} is the run's length: {end}"]
     if not ends_early:
         return []
-    if epochs > 1.05 * max_epochs(dropout):  # MIN_ITERS, not the epoch limit, set the length
+    most = max_epochs(dropout, corpus)
+    if epochs > 1.05 * most:  # MIN_ITERS, not the epoch limit, set the length
         return [f"{iters} iterations, the fewest a plan runs, are already {epochs:.0f} epochs of a text this small "
                 f"(the study's smallest corpus had 35,000 tokens): {end}, and the model will largely memorize it; "
                 f"give more text for a model that writes its own"]
-    return [f"{max_epochs(dropout):g} epochs is as many as a model learns from at this dropout (the study's runs "
+    if most < max_epochs(dropout):
+        return [f"{most:g} epochs is as many as a model learns from of Chinese text (on two novels' first 300 KB, 3 "
+                f"epochs ended below 4), so {end}: more would only memorize this text"]
+    return [f"{most:g} epochs is as many as a model learns from at this dropout (the study's runs "
             f"had their best at 2.4 to 4.3 without it and at 10 with 0.2; 7 at 0.1 lies between), so {end}: "
             f"more would only memorize this text"]
 
@@ -523,7 +532,7 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
                 per_iter = speed.seconds(flops_per_iter(keys, corpus.vocab_size), p, name)  # yours was probed
                 per_iter += speed.b * teacher_flops(c)
                 fits = int(train_seconds() / per_iter)  # the iterations the budget has time for
-                useful = max(MIN_ITERS, math.ceil(max_epochs(p) * corpus.train_tokens / per_iter_tokens))
+                useful = max(MIN_ITERS, math.ceil(max_epochs(p, corpus) * corpus.train_tokens / per_iter_tokens))
                 iters = min(fits, useful, given.get("max_iters", math.inf))  # a max_iters of yours is a ceiling
                 # far below the study's sizes the law runs past what a uniform guess over the vocabulary scores
                 prediction = min(predict_bpb({**keys, "dropout": p}, iters * per_iter_tokens, corpus), uniform)
@@ -589,7 +598,7 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
     # refuse less, after the parts before had trained)
     quickest = min(speed.seconds(flops_per_iter(vars(c), corpus.vocab_size), 0.0, n) for n, c in candidates.items())
     share_fits = (min(DISTILL_SHARES) * budget - EXIT_SECONDS) * (1 - EVAL_SHARE) >= 2 * MIN_ITERS * quickest
-    used_up = (epochs >= USED_UP * max_epochs(dropout) and cfg.minutes >= DISTILL_MINUTES and not cfg.teacher
+    used_up = (epochs >= USED_UP * max_epochs(dropout, corpus) and cfg.minutes >= DISTILL_MINUTES and not cfg.teacher
                and "max_iters" not in given and cfg.plan_teachers and share_fits)
     parts = used_up and world == 1
     why = [f"{corpus.train_tokens:,} train tokens ({corpus.train_bytes / 1e6:.2f} MB), vocabulary {corpus.vocab_size:,}"
@@ -607,7 +616,7 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
            + ("" if "dropout" in given and not dropout else dropout_reason(dropout, corpus, vars(chosen), epochs))
            + ("; the best checkpoint is kept (a small corpus peaks within a few epochs)" if epochs > 4.5 else ""),
            *early_end_lines(early, iters, epochs, dropout, finish, cfg.minutes,
-                            given.get("max_iters") == iters and finish < 0.9 * budget, parts),
+                            given.get("max_iters") == iters and finish < 0.9 * budget, corpus, parts),
            *(parts_lines(parts, cfg.minutes, cfg.out_dir, cfg.seed, world) if used_up else [])]
     if parts:  # the parts' own plans say their schedules
         why.append(f"predicted: one run's {predicted:.3f}, less the {DISTILL_MEAN_GAIN:.1%} three runs gained on the "
