@@ -8,7 +8,7 @@ wall time, and a plan at several budgets, each best checkpoint scored the same w
 --distil M: M minutes as three runs by hand (docs/minutes.md, "More minutes than a text is worth"): a plan of 0.3 M,
 the same with --seed=2, and a plan of 0.4 M that distils both (--teacher); each scored, the first two's ensemble too
 (the mean of their probabilities), with the three runs' time in all. A plan splits its budget so by itself where its
-text is used up well before it (from 10 minutes); --distil splits any budget, for a text where the plan does not, and
+text is used up well before it (from 4.5 minutes); --distil splits any budget, for a text where the plan does not, and
 --budgets scores a plan's teachers and their ensemble where it did.
 
 --against: the recipe retargeted to DIR (--dataset, its own out_dir) runs to completion, timed from process start to
