@@ -388,6 +388,28 @@ def test_a_chosen_shape_the_probe_did_not_time_is_timed_and_chosen_again(monkeyp
     assert believed["shape"] in plan["timed"] and believed["shape"] != plan["shape"]
 
 
+def test_a_shape_timed_off_the_line_reshapes_it_for_the_shapes_not_timed(monkeypatch):
+    """1.5 minutes of 300 KB of Chinese text: the probe could afford 2 x 64 and 3 x 96 only, and the line through them
+    was nearly flat; 6 x 256 was chosen and timed at 970 ms, then 6 x 384 was chosen at the line's 474 ms and ran 33
+    of its 150 iterations. With a shape timed, the others take the line between the measured shapes around them,
+    and one past the largest is no faster a FLOP than it: here, where the time is a line in FLOPs, exactly."""
+    def true(cfg, vocab_size, *a, **k):
+        return 0.05 + 1e-12 * flops_per_iter(vars(cfg), vocab_size)
+    shape = {n: TrainConfig(**{**LADDER[n], "device": "cpu"}) for n in ("S0", "S1")}
+    flops = {n: flops_per_iter(vars(c), 3000) for n, c in shape.items()}
+    flat = Speed(true(shape["S0"], 3000), 1e-15, {n: true(c, 3000) for n, c in shape.items()}, flops=flops)
+    monkeypatch.setattr(planning, "probe", lambda *a, **k: flat)
+    monkeypatch.setattr(planning, "iteration_seconds", true)
+    text = Corpus("data/x", 90_000, 10_000, 3000, 2.9, 2.7, ideographs=0.9)
+    _, plan = make_plan(TrainConfig(minutes=1.5, device="cpu"), {}, text, torch.device("cpu"), torch.float32,
+                        elapsed=3.0, log=lambda *a: None)
+    chosen = TrainConfig(**{**LADDER[plan["shape"]], "device": "cpu"})
+    assert plan["timed"] and plan["seconds_per_iter"] == pytest.approx(true(chosen, 3000), rel=0.01)
+    # past the largest measured: no faster a FLOP than it, however flat the line
+    timed = Speed(0.05, 1e-15, {}, timed={"S4": 1.0}, flops={"S4": 1e11})
+    assert timed.seconds(2e11) == pytest.approx(2.0) and Speed(0.05, 1e-15, {}).seconds(2e11) < 0.06
+
+
 def test_keys_that_set_the_whole_shape_plan_that_shape_once_with_its_own_rate(monkeypatch):
     """--n_layer, --n_embd and --n_head together make every rung the same model: it is timed once (two timings of
     one model differ by noise, and a line through them divided by zero FLOPs apart), and its AdamW rate and value
