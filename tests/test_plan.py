@@ -546,8 +546,10 @@ def test_planned_run_holds_its_budget_logs_its_plan_and_keeps_the_best_checkpoin
     [plan] = records(out, "plan")
     assert plan["predicted_val_bpb"] > 0 and plan["iters"] >= planning.MIN_ITERS and plan["why"]
     assert any("epochs of the corpus" in line for line in plan["why"])
-    # a few KB of text is worth a few epochs, far less than 18 s buys: the run ends early, and says so
-    assert plan["ends_early"] and (plan["epochs"] <= planning.MAX_EPOCHS or plan["iters"] == planning.MIN_ITERS)
+    # a few KB of text is worth a few epochs, far less than 18 s buys: the run ends early, and says so; on a machine
+    # loaded enough (the whole suite on 2 cores: 2 x 64 at a quarter of a second an iteration) the fewest iterations
+    # a plan runs fill the 18 s, and the plan is those 50 (the plan's tests with a fixed speed hold the rule itself)
+    assert plan["iters"] == planning.MIN_ITERS or plan["ends_early"] and plan["epochs"] <= planning.MAX_EPOCHS
     # said where the run ends well before the budget: on a loaded machine the probe alone can take it past 0.9
     finish = plan["planned_at"] + planning.EXIT_SECONDS + plan["iters"] * plan["seconds_per_iter"] / (
         1 - planning.EVAL_SHARE)
