@@ -43,7 +43,7 @@ from nanogpt.training.metrics import Clock, Metrics
 from nanogpt.training.notes import cpu_time_of, startup_notes
 from nanogpt.training.parts import plan_in_parts, train_parts
 from nanogpt.training.optim import OptimizerSettings, configure_optimizers, lr_scale
-from nanogpt.training.plan import Deadline, minutes_text, plan_summary
+from nanogpt.training.plan import Deadline, deadline_ceiling, minutes_text, plan_summary
 from nanogpt.training.resume import resume_command
 from nanogpt.training.sharding import first_non_finite, held_bytes
 from nanogpt.training.startup import Start, start_run
@@ -147,10 +147,7 @@ class Run(Start):
         self.metrics = Metrics(os.path.join(cfg.out_dir, "log.jsonl"), cfg, log, record=writer, iter=self.iter_num)
         # --minutes: the budget runs from process start to exit; a resumed run's from its own start, less the
         # training time before it
-        # a max_iters the user set, or a plan that ends before its budget (the corpus is worth fewer epochs), is a
-        # ceiling: the budget may end the run sooner, never make it longer
-        plan = self.plan or {}
-        ceiling = cfg.max_iters if "max_iters" in plan.get("kept", []) or plan.get("ends_early") else None
+        ceiling = deadline_ceiling(self.plan or {}, cfg.max_iters)
         self.deadline = None if cfg.minutes is None else Deadline(t_start + cfg.minutes * 60 - trained, ceiling)
         self.best_bpb = None
         if self.plan is not None and self.iter_num == 0 and writer:

@@ -603,6 +603,30 @@ def test_a_max_iters_the_user_set_is_a_ceiling_the_budget_never_raises():
     assert d.update(200, 20.0, Cfg, now=998.0) == 200  # and out of time it still stops sooner
 
 
+def test_a_plan_that_fills_its_budget_never_runs_past_the_epochs_its_text_is_worth(fixed_speed):
+    """A plan below the epoch limit fills its budget, and a machine faster than its probe lets the deadline lengthen
+    it: never past the limit (3 epochs of Chinese text: a walk on 300 KB grew 162 planned iterations to 176)."""
+    text = Corpus("data/x", 90_000, 10_000, 300, 2.9, 2.7, ideographs=0.9)
+    shape = {k: LADDER["S3"][k] for k in ("n_layer", "n_embd", "n_head")}  # 1.7 s an iteration at this fixed speed
+    _, plan = make_plan(TrainConfig(minutes=5, device="cpu", plan_teachers=False, **shape), shape, text,
+                        torch.device("cpu"), torch.float32, elapsed=3.0, log=lambda *a: None)
+    most = math.ceil(planning.CHINESE_EPOCHS * 90_000 / 1536)
+    assert not plan["ends_early"] and plan["iters"] < most and plan["most_iters"] == most
+    ceiling = planning.deadline_ceiling(plan, plan["iters"])
+    assert ceiling == most
+
+    class Cfg:
+        max_iters, eval_interval = plan["iters"], 40
+    d = Deadline(end=1000.0, ceiling=ceiling)
+    d.update(0, 0.0, Cfg, now=0.0)
+    d.evaluated(0.1)
+    assert d.update(20, 2.0, Cfg, now=2.0) == most  # time for thousands more: the text's epochs, no more
+    # a plan that ends early, or a max_iters of yours, is its own ceiling; a plan recorded before most_iters has none
+    assert planning.deadline_ceiling({**plan, "ends_early": True}, 120) == 120
+    assert planning.deadline_ceiling({**plan, "kept": ["max_iters"]}, 130) == 130
+    assert planning.deadline_ceiling({"ends_early": False}, 140) is None
+
+
 def test_a_device_that_fails_is_one_line_and_a_bug_is_still_a_traceback(capsys):
     from nanogpt.program import run_main
 

@@ -671,6 +671,8 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
             "predicted_sigma": predicted * sigma, "seconds_per_iter": per_iter,
             "probe": speed.probed, "timed": speed.timed, "corpus": {k: v for k, v in vars(corpus).items()},
             "kept": sorted(given), "parts": plan_parts(cfg.seed) if parts else None,
+            # the epochs a model learns from, in iterations: a deadline that finds more time never runs past them
+            "most_iters": max(MIN_ITERS, math.ceil(max_epochs(dropout, corpus) * corpus.train_tokens / tokens_per_iter)),
             "why": why, "planned_at": elapsed}
     return keys, plan
 
@@ -678,6 +680,16 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
 # ---------------------------------------------------------------------------------------------------------------
 # Keeping the budget: as the run measures its own speed, the iterations left are fitted to the time left.
 # ---------------------------------------------------------------------------------------------------------------
+def deadline_ceiling(plan, max_iters):
+    """The most iterations a run of `plan` may reach however much time it finds: a max_iters the user set, or a plan
+    that ends before its budget (the corpus is worth fewer epochs), is the ceiling; any other plan's is the epochs its
+    text is worth (a machine faster than its probe finds more time than the text can use). None: no ceiling (a plan
+    recorded before most_iters was)."""
+    if "max_iters" in plan.get("kept", []) or plan.get("ends_early"):
+        return max_iters
+    return plan.get("most_iters")
+
+
 class Deadline:
     """The iterations a run of cfg can still complete before `end` (a time.time()), its evaluations and final
     save included. update() returns a new max_iters, or None to keep the current one; never more than ceiling
