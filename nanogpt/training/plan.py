@@ -425,6 +425,11 @@ def max_epochs(dropout, corpus=None):
     return (CHINESE_EPOCHS if chinese else MAX_EPOCHS) + DROPOUT_EPOCHS * dropout
 
 
+def useful_iters(dropout, corpus, tokens_per_iter):
+    """The iterations a run learns from: the epochs of corpus it is worth at this dropout, at least MIN_ITERS."""
+    return max(MIN_ITERS, math.ceil(max_epochs(dropout, corpus) * corpus.train_tokens / tokens_per_iter))
+
+
 def minutes_text(minutes):
     return f"{minutes:g} minute{'' if minutes == 1 else 's'}"
 
@@ -559,7 +564,7 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
                 per_iter = speed.seconds(flops_per_iter(keys, corpus.vocab_size), p, name)  # yours was probed
                 per_iter += speed.b * teacher_flops(c)
                 fits = int(train_seconds() / per_iter)  # the iterations the budget has time for
-                useful = max(MIN_ITERS, math.ceil(max_epochs(p, corpus) * corpus.train_tokens / per_iter_tokens))
+                useful = useful_iters(p, corpus, per_iter_tokens)
                 iters = min(fits, useful, given.get("max_iters", math.inf))  # a max_iters of yours is a ceiling
                 # far below the study's sizes the law runs past what a uniform guess over the vocabulary scores
                 prediction = min(predict_bpb({**keys, "dropout": p}, iters * per_iter_tokens, corpus), uniform)
@@ -672,7 +677,7 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
             "probe": speed.probed, "timed": speed.timed, "corpus": {k: v for k, v in vars(corpus).items()},
             "kept": sorted(given), "parts": plan_parts(cfg.seed) if parts else None,
             # the epochs a model learns from, in iterations: a deadline that finds more time never runs past them
-            "most_iters": max(MIN_ITERS, math.ceil(max_epochs(dropout, corpus) * corpus.train_tokens / tokens_per_iter)),
+            "most_iters": useful_iters(dropout, corpus, tokens_per_iter),
             "why": why, "planned_at": elapsed}
     return keys, plan
 
