@@ -58,7 +58,7 @@ def test_a_text_used_up_early_trains_two_teachers_then_a_model_from_both_within_
     assert log[-1]["measured_val_bpb"] == pytest.approx(summary["best_val_bpb"])
     assert summary["parts"][:2] == [records(d, "plan_result")[-1]["measured_val_bpb"] for d in (a, b)]
     assert any("three parts: teachers" in line for line in lines)
-    assert any("the 2 teachers' forward passes are in the time" in line for line in records(out, "plan")[-1]["why"])
+    assert any("the 2 teachers' forward passes and the loss against them are in the time" in line for line in records(out, "plan")[-1]["why"])
     assert not any(str(line).startswith("override: seed") for line in lines)  # a part's keys are its line's
 
 

@@ -708,17 +708,38 @@ def test_a_planned_run_that_ends_worse_than_its_best_leaves_ckpt_at_the_best(tmp
     assert ckpt["iter_num"] == best["iter"]
 
 
-def test_a_distilled_run_plans_the_time_its_teachers_forward_passes_take(fixed_speed):
-    """Each iteration of a --teacher run also runs the teachers forward over its tokens (a third of a training
-    step's FLOPs each): the plan counts them in the time an iteration takes, so it plans the iterations it can run."""
+def test_a_distilled_run_plans_the_time_its_teachers_take(fixed_speed, monkeypatch):
+    """Each iteration of a --teacher run also runs the teachers forward over its tokens and the loss against them:
+    the plan adds the time the probe measured for them to every shape's iteration, so it plans the iterations it
+    can run."""
     c = corpus(train_tokens=3_000_000)
     cfg = TrainConfig(minutes=60, device="cpu", teacher="t", n_layer=4, n_embd=192, n_head=6)
     given = {"n_layer": 4, "n_embd": 192, "n_head": 6}
     teacher = {"n_layer": 6, "n_embd": 256, "n_head": 4, "block_size": 128, "vocab_size": 65}
+    timed = []
+    monkeypatch.setattr(planning, "teaching_seconds", lambda cfg, teachers, *a: timed.append(teachers) or 0.2)
     args = (c, torch.device("cpu"), torch.float32)
     _, alone = make_plan(cfg, given, *args, elapsed=3.0, log=lambda *a: None)
+    assert not timed  # a run without teachers times none
     _, taught = make_plan(cfg, given, *args, elapsed=3.0, log=lambda *a: None, teachers=[teacher, teacher])
-    forward = 2 * flops_per_iter({**teacher, "batch_size": 12, "gradient_accumulation_steps": 1}, 65) / 3
-    assert taught["seconds_per_iter"] == pytest.approx(alone["seconds_per_iter"] + 1e-10 * forward)
+    assert timed == [[teacher, teacher]]
+    assert taught["seconds_per_iter"] == pytest.approx(alone["seconds_per_iter"] + 0.2)
     assert taught["iters"] < alone["iters"]
-    assert any("the 2 teachers' forward passes are in the time an iteration takes" in line for line in taught["why"])
+    assert any("the 2 teachers' forward passes and the loss against them are in the time an iteration takes above "
+               "(200.0 ms of it, timed)" in line for line in taught["why"])
+
+
+def test_the_teachers_time_is_measured_from_their_real_loss(monkeypatch):
+    """teaching_seconds times iterations with the teachers' loss against iterations without: a loss that takes
+    50 ms more shows as at least 50 ms (timing a run without them, or the teachers' forward alone, would not)."""
+    from nanogpt.training import distill
+    real = distill.Teachers.loss
+
+    def slow(self, x, y, logits, ce):
+        time.sleep(0.05)
+        return real(self, x, y, logits, ce)
+    monkeypatch.setattr(distill.Teachers, "loss", slow)
+    cfg = TrainConfig(**{**LADDER["S0"], "device": "cpu", "block_size": 16, "batch_size": 2})
+    teacher = {"n_layer": 1, "n_embd": 32, "n_head": 2, "block_size": 16, "vocab_size": 65, "dropout": 0.1}  # as saved
+    seconds = planning.teaching_seconds(cfg, [teacher], 65, torch.device("cpu"), torch.float32, rounds=3)
+    assert 0.05 <= seconds < 1.0

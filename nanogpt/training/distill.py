@@ -49,10 +49,19 @@ def read_teachers(paths):
     return [(path, load_checkpoint(path)) for path in paths]
 
 
+def mean_probs(logits):
+    """The mean of the models' next-token probabilities (an ensemble's prediction), from each model's logits
+    (..., V), in float32, added one model at a time (one buffer of their shape, not a stack)."""
+    total = None
+    for t in logits:
+        p = F.softmax(t.float(), -1)
+        total = p if total is None else total.add_(p)
+    return total.div_(len(logits))
+
+
 def log_mean_probs(logits):
-    """The log of the mean of the models' next-token probabilities (an ensemble's prediction), from each model's
-    logits (..., V), in float32, added one model at a time (one buffer of their shape, not a stack). As logits, its
-    softmax is that mean itself."""
+    """The log of mean_probs(logits), summed in logs (a probability that underflows to 0 stays finite): as logits,
+    its softmax is that mean itself."""
     total = None
     for t in logits:
         logp = F.log_softmax(t.float(), -1)
@@ -64,14 +73,26 @@ def distill_loss(logits, ce, teacher_logits, weight, targets=None):
     """(1 - weight) * ce + weight * the mean over positions of KL(mean of the teachers' distributions || the
     student's), from logits (B, T, V) and each teacher's (B, T, V); ce: the student's cross-entropy. targets (B, T):
     the positions whose target is -1 (a chat dataset's prompts, which the text's loss skips) are skipped here too."""
-    keep = None if targets is None else targets.reshape(-1) != -1
-    student = F.log_softmax(logits.float(), -1).flatten(0, -2)
-    mean = log_mean_probs(teacher_logits).flatten(0, -2)
-    if keep is not None:
+    with torch.no_grad():
+        mean = mean_probs(teacher_logits).flatten(0, -2)
+    student = logits.flatten(0, -2)
+    if targets is not None and (targets == -1).any():
+        keep = targets.reshape(-1) != -1
         student, mean = student[keep], mean[keep]
+    # KL(p || q) = sum p log p - sum p log q: the teachers' entropy (no gradient) less a cross-entropy to soft
+    # targets, which one fused kernel computes from the student's logits (its gradient: softmax(logits) - p);
     # summed over the vocabulary, averaged over the positions kept (none kept: nothing to learn from them)
-    kl = F.kl_div(student, mean, log_target=True, reduction="sum") / max(1, student.size(0))
-    return (1 - weight) * ce + weight * kl
+    n = max(1, student.size(0))
+    with torch.no_grad():
+        entropy = torch.special.entr(mean).sum() / n
+    soft = F.cross_entropy(student.float(), mean, reduction="sum") / n if student.size(0) else student.sum() * 0
+    return (1 - weight) * ce + weight * (soft - entropy)
+
+
+def teacher_context(device, dtype, kernels):
+    """The autocast the teachers' forward passes run in: on a CPU whose training products are bfloat16, theirs are
+    too (a forward pass without gradients does not go through the training kernels)."""
+    return autocast(device, kernels.dtype) if kernels.dtype == torch.bfloat16 else autocast(device, dtype)
 
 
 SAME_DATASET = "a teacher must be trained on this dataset (or one of its tokenizer)"
@@ -102,9 +123,7 @@ class Teachers:
             model.to(device).eval().requires_grad_(False)
             models.append(model)
             log(f"teacher: {path} ({model.get_num_params() / 1e6:.2f}M parameters)")
-        # on a CPU whose training products are bfloat16, the teachers' are too (a forward pass without gradients
-        # does not go through the training kernels)
-        ctx = autocast(device, kernels.dtype) if kernels.dtype == torch.bfloat16 else autocast(device, dtype)
+        ctx = teacher_context(device, dtype, kernels)
         log(f"distilling: {1 - weight:g} of the loss from the text, {weight:g} from the mean of {len(models)} "
             f"teacher(s)' predictions")
         return cls(models, weight, ctx)

@@ -272,9 +272,11 @@ def predict_bpb(keys, tokens, corpus, law=LAW):
 # Probing this machine: seconds per iteration of two shapes, measured; the others follow their FLOPs.
 # ---------------------------------------------------------------------------------------------------------------
 
-def step_times(model, step_model, optimizer, batch_size, block_size, accum, grad_clip, device, ctx, warmup, iters):
+def step_times(model, step_model, optimizer, batch_size, block_size, accum, grad_clip, device, ctx, warmup, iters,
+               teachers=None):
     """Seconds of each of `iters` training iterations (forward, backward, clip, optimizer step on a random
-    batch) after `warmup` more: train.py's iteration without its data and logging."""
+    batch) after `warmup` more: train.py's iteration without its data and logging. teachers: a distill.Teachers
+    whose loss the iteration learns from, as a --teacher run's does."""
     x = torch.randint(0, model.config.vocab_size, (batch_size, block_size), device=device)
     times = []
     for i in range(warmup + iters):
@@ -282,7 +284,9 @@ def step_times(model, step_model, optimizer, batch_size, block_size, accum, grad
         t0 = time.perf_counter()
         for _ in range(accum):
             with ctx:
-                _, loss = step_model(x, x)
+                logits, loss = step_model(x, x)
+                if teachers is not None:
+                    loss = teachers.loss(x, x, logits, loss)
             (loss / accum).backward()
         if grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
@@ -315,6 +319,33 @@ def iteration_seconds(cfg, vocab_size, device, dtype, warmup=1, iters=PROBE_ITER
     return min(times)
 
 
+def teaching_seconds(cfg, teachers, vocab_size, device, dtype, rounds=PROBE_ITERS):
+    """The seconds the teachers (their model_args) add to an iteration of cfg on this machine: their forward
+    passes over its tokens and the loss against their predictions, timed as the difference between the quickest
+    of `rounds` iterations with them and without, taken in turn (a drift of the machine falls on both). Planned from
+    FLOPs instead, as a third of their training step's, 2 x 128 teachers took 102 ms of a 4 x 192 iteration on 300
+    KB of Chinese text and the run measured 300-500 ms: it ran 144 of the 181 iterations it planned."""
+    from model import GPT
+    from nanogpt.checkpoint import config_from_model_args
+    from nanogpt.device import autocast, training_kernels
+    from nanogpt.training.distill import Teachers, teacher_context
+    from nanogpt.training.optim import OptimizerSettings, configure_optimizers
+    model = GPT(cfg.model_config(vocab_size)).to(device)
+    kernels = training_kernels(cfg, device, dtype, log=lambda *a, **k: None)
+    optimizer = configure_optimizers(model, OptimizerSettings.of(cfg, kernels.ns_dtype))
+    models = [GPT(config_from_model_args(args, "--teacher", {"dropout": 0.0})).to(device).eval().requires_grad_(False)
+              for args in teachers]
+    ctx = autocast(device, dtype)
+    taught = Teachers(models, cfg.distill, teacher_context(device, dtype, kernels))
+    alone, both = [], []
+    with kernels.applied(model):
+        for i in range(rounds):  # the first of each warms up
+            for times, with_them in ((alone, None), (both, taught)):
+                times += step_times(model, model, optimizer, cfg.batch_size, cfg.block_size,
+                                    cfg.gradient_accumulation_steps, cfg.grad_clip, device, ctx, 0, 1, with_them)
+    return max(0.0, min(both[1:]) - min(alone[1:]))
+
+
 @dataclass
 class Speed:
     """Seconds per iteration as a + b * FLOPs per iteration, from two probed shapes, times dropout_factor for a
@@ -323,6 +354,7 @@ class Speed:
     b: float
     probed: dict  # shape name -> measured seconds per iteration
     dropout_factor: float = 1.0
+    teaching: float = 0.0  # seconds a --teacher run's teachers add to each iteration (teaching_seconds)
     timed: dict = field(default_factory=dict)  # shapes timed after a plan chose them: their seconds, not the line's
     flops: dict = field(default_factory=dict)  # shape name -> FLOPs an iteration, of the shapes measured
 
@@ -546,14 +578,11 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
         return (budget - elapsed - EXIT_SECONDS) * (1 - EVAL_SHARE)
     speed = probe(candidates, corpus.vocab_size, device, dtype, budget, 0.0 if "dropout" in given else max(dropouts),
                   left=train_seconds())
+    if teachers:  # every candidate runs the same batches, so the teachers add the same time to each
+        speed.teaching = teaching_seconds(next(iter(candidates.values())), teachers, corpus.vocab_size, device, dtype)
     elapsed += time.time() - t0
 
     uniform = math.log2(max(2, corpus.vocab_size)) / corpus.bytes_per_token  # bits per byte of no training at all
-
-    def teacher_flops(c):  # the teachers' forward passes over an iteration's tokens: a third of training each
-        return sum(flops_per_iter({**t, "batch_size": c.batch_size, "block_size": c.block_size,
-                                   "gradient_accumulation_steps": c.gradient_accumulation_steps}, corpus.vocab_size)
-                   for t in teachers) / 3
 
     def choose():
         choices = []
@@ -562,7 +591,7 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
             per_iter_tokens = c.batch_size * c.block_size * c.gradient_accumulation_steps
             for p in dropouts if "dropout" in given else planned_dropouts(corpus, keys):
                 per_iter = speed.seconds(flops_per_iter(keys, corpus.vocab_size), p, name)  # yours was probed
-                per_iter += speed.b * teacher_flops(c)
+                per_iter += speed.teaching
                 fits = int(train_seconds() / per_iter)  # the iterations the budget has time for
                 useful = useful_iters(p, corpus, per_iter_tokens)
                 iters = min(fits, useful, given.get("max_iters", math.inf))  # a max_iters of yours is a ceiling
@@ -603,15 +632,18 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
     tokens_per_iter = chosen.batch_size * chosen.block_size * chosen.gradient_accumulation_steps
     keys.update(schedule_keys({**vars(chosen), **keys}, iters * tokens_per_iter))
     # evaluations: fixed windows over val and eval_iters batches of train each, within EVAL_SHARE of the training
-    # time all together; a batch forward costs up to half an iteration (GPT-2's vocabulary: 0.64 of one measured)
+    # time all together; a batch forward costs up to half an iteration (GPT-2's vocabulary: 0.64 of one measured),
+    # without the teachers' passes (evaluations score the model alone)
+    batch_forward = (per_iter - speed.teaching) / 2
+
     def eval_seconds(windows, train_batches):
-        return (windows * chosen.block_size / tokens_per_iter + train_batches) * per_iter / 2
+        return (windows * chosen.block_size / tokens_per_iter + train_batches) * batch_forward
     share = EVAL_SHARE * train_seconds()
     windows = given.get("eval_windows") or max(1, min(400, corpus.val_tokens // chosen.block_size))
     eval_iters = given.get("eval_iters", 5)
     if "eval_windows" not in given and 4 * eval_seconds(windows, eval_iters) > share:  # 3, and iteration 0's
         eval_iters = given.get("eval_iters", world)  # fewer windows, and train's loss from a batch a process
-        fit = (share / 4 / (per_iter / 2) - eval_iters) * tokens_per_iter / chosen.block_size
+        fit = (share / 4 / batch_forward - eval_iters) * tokens_per_iter / chosen.block_size
         windows = max(min(windows, MIN_WINDOWS), min(windows, int(fit)))
     # about 10 evaluations, or one an epoch where the corpus is seen more often than that (a small corpus peaks
     # within a few epochs: the best checkpoint must not fall between two evaluations), as many as the share allows
@@ -667,14 +699,14 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
     if given:
         why.append("kept as you set them: " + ", ".join(f"{k}={v}" for k, v in given.items()))
     if cfg.teacher:
-        why.append(f"distilled (--teacher): the {len(teachers)} teachers' forward passes are in the time an iteration "
-                   f"takes above ({speed.b * teacher_flops(chosen) * 1000:.1f} ms of it, at a third of their "
-                   f"training FLOPs), and the prediction is a run's on the text alone")
+        why.append(f"distilled (--teacher): the {len(teachers)} teachers' forward passes and the loss against them are "
+                   f"in the time an iteration takes above ({speed.teaching * 1000:.1f} ms of it, timed), and the "
+                   f"prediction is a run's on the text alone")
     plan = {"minutes": cfg.minutes, "shape": name, "params": params, "tokens": iters * tokens_per_iter,
             "epochs": epochs, "iters": iters, "dropout": dropout, "ends_early": ends_early,
             "predicted_val_bpb": predicted,
             "predicted_sigma": predicted * sigma, "seconds_per_iter": per_iter,
-            "probe": speed.probed, "timed": speed.timed, "corpus": {k: v for k, v in vars(corpus).items()},
+            "probe": speed.probed, "timed": speed.timed, "teaching": speed.teaching, "corpus": {k: v for k, v in vars(corpus).items()},
             "kept": sorted(given), "parts": plan_parts(cfg.seed) if parts else None,
             # the epochs a model learns from, in iterations: a deadline that finds more time never runs past them
             "most_iters": useful_iters(dropout, corpus, tokens_per_iter),
