@@ -383,34 +383,47 @@ class Speed:
         return s0 + (s1 - s0) * (flops - f0) / (f1 - f0)
 
 
-def probe(candidates, vocab_size, device, dtype, budget, dropout=0.0, left=math.inf):
+def probe(candidates, vocab_size, device, dtype, budget, dropout=0.0, left=math.inf, known=None):
     """Speed of this machine: the smallest candidate timed, then the largest whose timing costs at most
     PROBE_SHARE of the budget (by the first one's speed), and a line through the two in FLOPs. With a dropout,
     the largest timed is timed again with it, for the factor a run with dropout takes. left: the seconds the
-    budget has for training; when the smallest cannot run MIN_ITERS in them, nothing more is timed."""
+    budget has for training; when the smallest cannot run MIN_ITERS in them, nothing more is timed. known: timings
+    this process made a moment ago of the same candidates (a plan in parts' own, for its parts: known_timings),
+    which are not timed again: the largest known is the line's second shape if it is larger than the one the
+    budget affords, and every one known counts as timed."""
+    known = known or {}
     names = list(candidates)
     small = names[0]
-    probed = {small: iteration_seconds(candidates[small], vocab_size, device, dtype)}
+
+    def seconds(name):
+        return known["seconds"][name] if name in known.get("seconds", {}) else iteration_seconds(
+            candidates[name], vocab_size, device, dtype)
+    probed = {small: seconds(small)}
     f_small = flops_per_iter(vars(candidates[small]), vocab_size)
     if MIN_ITERS * probed[small] > left - PROBE_ITERS * probed[small]:  # too short for anything: said now
         return Speed(0.0, probed[small] / f_small, probed, flops={small: f_small})
     affordable = [n for n in names[1:] if PROBE_ITERS * probed[small] * flops_per_iter(vars(candidates[n]), vocab_size)
                   / f_small <= PROBE_SHARE * budget]
-    large = affordable[-1] if affordable else small
+    large = max([small, *affordable[-1:], *(n for n in known.get("seconds", {}) if n in candidates)],
+                key=names.index)
     if large != small:
-        probed[large] = iteration_seconds(candidates[large], vocab_size, device, dtype)
+        probed[large] = seconds(large)
     factor = 1.0
-    if dropout and PROBE_ITERS * probed[large] > PROBE_SHARE * budget:
+    if dropout and "dropout_factor" in known:
+        factor = known["dropout_factor"]
+    elif dropout and PROBE_ITERS * probed[large] > PROBE_SHARE * budget:
         factor = DROPOUT_FACTOR  # timing it would cost more than its share: the slowest factor measured
     elif dropout:
         factor = max(1.0, iteration_seconds(replace(candidates[large], dropout=dropout), vocab_size, device, dtype)
                      / probed[large])
     f_large = flops_per_iter(vars(candidates[large]), vocab_size)
     flops = {small: f_small, large: f_large}
+    timed = {n: s for n, s in known.get("seconds", {}).items() if n in candidates and n not in probed}
+    flops.update({n: flops_per_iter(vars(candidates[n]), vocab_size) for n in timed})
     if large == small or f_large <= f_small or probed[large] <= probed[small]:
-        return Speed(0.0, probed[large] / f_large, probed, factor, flops=flops)  # proportional to FLOPs
+        return Speed(0.0, probed[large] / f_large, probed, factor, timed=timed, flops=flops)  # proportional to FLOPs
     b = (probed[large] - probed[small]) / (f_large - f_small)
-    return Speed(max(0.0, probed[small] - b * f_small), b, probed, factor, flops=flops)
+    return Speed(max(0.0, probed[small] - b * f_small), b, probed, factor, timed=timed, flops=flops)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -549,12 +562,13 @@ def why_slow(cfg, seconds, vocab_size, device):
     return text
 
 
-def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, teachers=()):
+def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, teachers=(), known=None):
     """(keys, plan): the config keys of the best run of cfg.minutes for corpus on this machine, and the plan's
     record (what it chose, why, and its prediction). given: the keys the user set, which stay as they are;
     elapsed: the seconds already spent since the process started (they count in the budget); world: the processes
     under torchrun, each taking a share of every iteration's micro-batches; teachers: the model_args of the
-    checkpoints a --teacher run learns from, whose forward passes each iteration also runs."""
+    checkpoints a --teacher run learns from, whose forward passes each iteration also runs; known: timings of the same
+    candidates made a moment ago in this process (a plan in parts' own, for its parts: known_timings)."""
     budget = cfg.minutes * 60
     block = given.get("block_size") or largest_block(corpus)
     split = {"gradient_accumulation_steps": world, "batch_size": -(-RECIPE["batch_size"] // world)} if world > 1 else {}
@@ -576,8 +590,9 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
 
     def train_seconds():  # what the budget leaves for training, less what probing has spent
         return (budget - elapsed - EXIT_SECONDS) * (1 - EVAL_SHARE)
-    speed = probe(candidates, corpus.vocab_size, device, dtype, budget, 0.0 if "dropout" in given else max(dropouts),
-                  left=train_seconds())
+    probe_dropout = 0.0 if "dropout" in given else max(dropouts)
+    speed = probe(candidates, corpus.vocab_size, device, dtype, budget, probe_dropout, left=train_seconds(),
+                  known=known)
     if teachers:  # every candidate runs the same batches, so the teachers add the same time to each
         speed.teaching = teaching_seconds(next(iter(candidates.values())), teachers, corpus.vocab_size, device, dtype)
     elapsed += time.time() - t0
@@ -613,12 +628,27 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
         # 4 x 192 with 0.1 for 7 (1.988, a minute's run) 2.090
         return min(able, key=lambda c: (c[0], c[1]))
 
+    # the budget sees the text as often as a model learns from it: three runs (parts.py) where the parts can run, in
+    # one process, of a plan's own text (not one that learns from teachers already, nor one whose length you set)
+    # (and each part's share buys twice the fewest iterations a plan runs of the quickest shape: its own plan would
+    # refuse less, after the parts before had trained)
+    def used_up(name, dropout, iters):
+        run = candidates[name]
+        epochs = iters * run.batch_size * run.block_size * run.gradient_accumulation_steps / corpus.train_tokens
+        quickest = min(speed.seconds(flops_per_iter(vars(c), corpus.vocab_size), 0.0, n) for n, c in candidates.items())
+        share_fits = (min(DISTILL_SHARES) * budget - EXIT_SECONDS) * (1 - EVAL_SHARE) >= 2 * MIN_ITERS * quickest
+        return (epochs >= USED_UP * max_epochs(dropout, corpus) and cfg.minutes >= DISTILL_MINUTES and not cfg.teacher
+                and "max_iters" not in given and cfg.plan_teachers and share_fits)
+
     # the line through the probed shapes is optimistic between them (a shape in the middle ran 10-25% slower here),
     # so a chosen shape not probed is timed itself and the choice made again with its time, TIMED_CHOICES at most,
-    # each where its timing costs at most PROBE_SHARE of the budget (past that the line is all there is)
+    # each where its timing costs at most PROBE_SHARE of the budget (past that the line is all there is), and not
+    # where the budget goes to three parts, which plan their own shapes (timing one of the whole's spends their time:
+    # 6 x 256, 4.4 s of 273 on 300 KB of Chinese text)
     for _ in range(TIMED_CHOICES):
-        _, _, pick, _, _, per_iter, _ = choose()
-        if pick in speed.probed or pick in speed.timed or PROBE_ITERS * per_iter > PROBE_SHARE * budget:
+        _, _, pick, pick_dropout, iters, per_iter, _ = choose()
+        if (pick in speed.probed or pick in speed.timed or PROBE_ITERS * per_iter > PROBE_SHARE * budget
+                or (used_up(pick, pick_dropout, iters) and world == 1)):
             break
         t0 = time.time()
         speed.timed[pick] = iteration_seconds(candidates[pick], corpus.vocab_size, device, dtype)
@@ -657,15 +687,8 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
     params = blocks_params(final)
     finish = elapsed + EXIT_SECONDS + iters * per_iter / (1 - EVAL_SHARE)  # seconds from start to exit, about
     early = ends_early and finish < 0.9 * budget
-    # the budget sees the text as often as a model learns from it: three runs (parts.py) where the parts can run, in
-    # one process, of a plan's own text (not one that learns from teachers already, nor one whose length you set)
-    # (and each part's share buys twice the fewest iterations a plan runs of the quickest shape: its own plan would
-    # refuse less, after the parts before had trained)
-    quickest = min(speed.seconds(flops_per_iter(vars(c), corpus.vocab_size), 0.0, n) for n, c in candidates.items())
-    share_fits = (min(DISTILL_SHARES) * budget - EXIT_SECONDS) * (1 - EVAL_SHARE) >= 2 * MIN_ITERS * quickest
-    used_up = (epochs >= USED_UP * max_epochs(dropout, corpus) and cfg.minutes >= DISTILL_MINUTES and not cfg.teacher
-               and "max_iters" not in given and cfg.plan_teachers and share_fits)
-    parts = used_up and world == 1
+    split_up = used_up(name, dropout, iters)
+    parts = split_up and world == 1
     why = [f"{corpus.train_tokens:,} train tokens ({corpus.train_bytes / 1e6:.2f} MB), vocabulary {corpus.vocab_size:,}"
            f", {corpus.bytes_per_token:.2f} bytes a token; character n-grams of its train text predict its val text at "
            f"{corpus.hardness:.2f} bits a byte",
@@ -673,7 +696,8 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
            + (f" on {torch.get_num_threads()} thread(s)" if device.type == "cpu" else "") + " "
            f"({', '.join(f'{n} {s * 1000:.1f} ms' for n, s in speed.probed.items())} probed"
            + "".join(f", {n} {s * 1000:.1f} ms timed once chosen" for n, s in speed.timed.items())
-           + (f"; dropout takes {speed.dropout_factor:.2f}x as long" if speed.dropout_factor != 1.0 else "") + ")",
+           + (f"; dropout takes {speed.dropout_factor:.2f}x as long" if speed.dropout_factor != 1.0 else "")
+           + ("; the shapes the plan in parts timed a moment before are not timed again" if known else "") + ")",
            f"{final['n_layer']} layers x {final['n_embd']} ({params / 1e6:.2f}M in the blocks): "
            + (f"the lowest predicted val bpb of {len(candidates)} shapes at this budget" if len(candidates) > 1
               else "the shape you set"),
@@ -682,7 +706,7 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
            + ("; the best checkpoint is kept (a small corpus peaks within a few epochs)" if epochs > 4.5 else ""),
            *early_end_lines(early, iters, epochs, dropout, finish, cfg.minutes,
                             given.get("max_iters") == iters and finish < 0.9 * budget, corpus, parts),
-           *(parts_lines(parts, cfg.minutes, cfg.out_dir, cfg.seed, world) if used_up else [])]
+           *(parts_lines(parts, cfg.minutes, cfg.out_dir, cfg.seed, world) if split_up else [])]
     if parts:  # the parts' own plans say their schedules
         why.append(f"predicted: one run's {predicted:.3f}, less the {DISTILL_MEAN_GAIN:.1%} three runs gained on the "
                    f"texts measured")
@@ -706,7 +730,8 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
             "epochs": epochs, "iters": iters, "dropout": dropout, "ends_early": ends_early,
             "predicted_val_bpb": predicted,
             "predicted_sigma": predicted * sigma, "seconds_per_iter": per_iter,
-            "probe": speed.probed, "timed": speed.timed, "teaching": speed.teaching, "corpus": {k: v for k, v in vars(corpus).items()},
+            "probe": speed.probed, "timed": speed.timed, "teaching": speed.teaching,
+            "dropout_factor": speed.dropout_factor if probe_dropout else None, "corpus": {k: v for k, v in vars(corpus).items()},
             "kept": sorted(given), "parts": plan_parts(cfg.seed) if parts else None,
             # the epochs a model learns from, in iterations: a deadline that finds more time never runs past them
             "most_iters": useful_iters(dropout, corpus, tokens_per_iter),
@@ -717,6 +742,13 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
 # ---------------------------------------------------------------------------------------------------------------
 # Keeping the budget: as the run measures its own speed, the iterations left are fitted to the time left.
 # ---------------------------------------------------------------------------------------------------------------
+def known_timings(plan):
+    """The timings a plan in parts made (its record), which its parts' plans take instead of timing the same shapes
+    again (make_plan's known): each part's probe was 3-4 s of a 1.4-minute part on 300 KB of Chinese text."""
+    factor = plan.get("dropout_factor")
+    return {"seconds": {**plan["probe"], **plan["timed"]}, **({"dropout_factor": factor} if factor else {})}
+
+
 def deadline_ceiling(plan, max_iters):
     """The most iterations a run of `plan` may reach however much time it finds: a max_iters the user set, or a plan
     that ends before its budget (the corpus is worth fewer epochs), is the ceiling; any other plan's is the epochs its
@@ -764,10 +796,10 @@ PLANNED = (set(LADDER["S0"]) | {"max_iters", "lr_decay_iters", "warmup_iters", "
                                 "matmul_dtype"})
 
 
-def plan_run(cfg, given, meta, data_dir, device, dtype, rank, world, elapsed, log=print, teachers=()):
+def plan_run(cfg, given, meta, data_dir, device, dtype, rank, world, elapsed, log=print, teachers=(), known=None):
     """(cfg, plan): cfg with the keys the plan chose for cfg.minutes, and the plan's record (rank 0 probes and
     chooses; every rank takes its plan). given: the keys the user set; teachers: the model_args of --teacher's
-    checkpoints."""
+    checkpoints; known: make_plan's (a part of a plan in parts)."""
     if init_from_kind(cfg.init_from) != "scratch":
         raise UserError(f"--minutes plans a new model from scratch; with --init_from={cfg.init_from} the model is "
                         f"the checkpoint's: drop --minutes and set max_iters, or train anew")
@@ -786,7 +818,7 @@ def plan_run(cfg, given, meta, data_dir, device, dtype, rank, world, elapsed, lo
                 strings = [bytes([i % 256]) for i in range(vocab)]
             corpus = read_corpus(data_dir, meta, strings)
             keys, plan = make_plan(cfg, {k: v for k, v in given.items() if k in PLANNED}, corpus, device, dtype,
-                                   elapsed(), log, world, teachers)
+                                   elapsed(), log, world, teachers, known)
         except UserError as e:
             error = str(e)
         except RuntimeError as e:  # the device failed while probing (a GPU that went away, out of memory)
