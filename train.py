@@ -51,13 +51,12 @@ from nanogpt.training.stopping import Interrupted, StopFlag
 from nanogpt.training.train_config import TrainConfig
 
 
-def train(cfg, overrides=None, log=print, t_start=None, config_files=(), whole=None, known=None):
+def train(cfg, overrides=None, log=print, t_start=None, config_files=(), whole=None):
     """Run training as cfg says; returns a summary dict (iters, losses, time).
 
     t_start: when the clock for "training time" started (the process start for the script).
     config_files: the config files cfg was read from (a note on a slow CPU never suggests one of them).
-    whole: for one of a plan's three runs (parts.py), the config that resumes them all: its Ctrl-C names that;
-    known: for one of them begun with the whole, the timings the whole's plan made (plan.known_timings).
+    whole: for one of a plan's three runs (parts.py), the config that resumes them all: its Ctrl-C names that.
     """
     t_start = t_start or time.time()
     if whole is None and cfg.init_from == "resume" and not cfg.eval_only:
@@ -73,7 +72,7 @@ def train(cfg, overrides=None, log=print, t_start=None, config_files=(), whole=N
         stop.abandon = world == 1  # DDP ranks stop together, at a log iteration
         log = log if rank == 0 else (lambda *a, **k: None)
         run = start_run(cfg, overrides or {}, rank, local_rank, world, log, lock, into=Run,
-                        elapsed=lambda: time.time() - t_start, known=known)
+                        elapsed=lambda: time.time() - t_start)
         if run.plan is not None and run.plan.get("parts") and whole is None:  # the budget as three runs
             plan, run = run.plan, None  # the one run's model and batches are not held while the parts train
             return train_parts(train, cfg, overrides or {}, plan, t_start, log, config_files)

@@ -208,7 +208,7 @@ def fixed_speed(monkeypatch):
     """A machine of 1e-10 s per FLOP and 5 ms an iteration, without timing anything."""
     probed = []
 
-    def probe(candidates, vocab_size, device, dtype, budget, dropout=0.0, left=math.inf, known=None):
+    def probe(candidates, vocab_size, device, dtype, budget, dropout=0.0, left=math.inf):
         probed.append(list(candidates))
         return Speed(0.005, 1e-10, {"S0": 0.01})
     monkeypatch.setattr(planning, "probe", probe)
@@ -388,10 +388,10 @@ def test_a_chosen_shape_the_probe_did_not_time_is_timed_and_chosen_again(monkeyp
     assert believed["shape"] in plan["timed"] and believed["shape"] != plan["shape"]
 
 
-def test_a_plan_in_parts_times_nothing_for_its_parts_and_they_time_nothing_it_timed(monkeypatch):
-    """The budget that goes to three parts is theirs to plan: the whole times no shape of its own choosing (on 300 KB of
-    Chinese text, 6 x 256 took 4.4 s of 273), and each part takes the whole's timings instead of timing the same
-    shapes again (3-4 s of a 1.4-minute part there)."""
+def test_a_plan_in_parts_leaves_the_timing_of_a_shape_to_its_parts(monkeypatch):
+    """The budget that goes to three parts is theirs to plan, each timing its own shapes: the whole times no shape of
+    its own choosing (on 300 KB of Chinese text, 6 x 256 took 4.4 s of 273, and no part ran it). A plan of one run
+    still times its choice."""
     line = lambda cfg, vocab_size: 0.005 + 1e-10 * flops_per_iter(vars(cfg), vocab_size)  # noqa: E731
     timed = []
 
@@ -399,25 +399,14 @@ def test_a_plan_in_parts_times_nothing_for_its_parts_and_they_time_nothing_it_ti
         timed.append(cfg.n_embd)
         return line(cfg, vocab_size) * 3.0
     monkeypatch.setattr(planning, "iteration_seconds", iteration_seconds)
-    real_probe = planning.probe  # first a line through 2 x 64 and 8 x 512 that is optimistic in between
+    # a line through 2 x 64 and 8 x 512 that is optimistic in between
     monkeypatch.setattr(planning, "probe", lambda *a, **k: Speed(0.005, 1e-10, {"S0": 0.01, "S6": 1.0}))
     args = ({}, replace(corpus(train_tokens=100_000), ideographs=1.0), torch.device("cpu"), torch.float32)
     _, whole = make_plan(TrainConfig(minutes=10, device="cpu"), *args, elapsed=3.0, log=lambda *a: None)
     assert whole["parts"] and whole["shape"] not in whole["probe"] and whole["timed"] == {} and timed == []
-    # with one run kept, the same choice is timed (the rule the whole is excepted from)
-    make_plan(TrainConfig(minutes=10, device="cpu", plan_teachers=False), *args, elapsed=3.0, log=lambda *a: None)
-    assert timed and timed[0] == LADDER[whole["shape"]]["n_embd"]
-    monkeypatch.setattr(planning, "probe", real_probe)
-    timed.clear()
-    known = planning.known_timings(whole)
-    _, part = make_plan(TrainConfig(minutes=3, device="cpu", plan_teachers=False), *args, elapsed=3.0,
-                        log=lambda *a: None, known=known)
-    assert not any(LADDER[n]["n_embd"] in timed for n in whole["probe"])  # none of the whole's timed again
-    assert {**part["probe"], **part["timed"]}.items() >= whole["probe"].items()
-    assert any("the shapes the plan in parts timed a moment before are not timed again" in line for line in part["why"])
-    # a dropout factor the whole measured is the parts' too; none measured (no dropout probed): none passed on
-    assert planning.known_timings({**whole, "dropout_factor": 1.3})["dropout_factor"] == 1.3
-    assert "dropout_factor" not in planning.known_timings({**whole, "dropout_factor": None})
+    _, one = make_plan(TrainConfig(minutes=10, device="cpu", plan_teachers=False), *args, elapsed=3.0,
+                       log=lambda *a: None)
+    assert one["parts"] is None and timed and timed[0] == LADDER[whole["shape"]]["n_embd"]
 
 
 def test_a_shape_timed_off_the_line_reshapes_it_for_the_shapes_not_timed(monkeypatch):
@@ -763,15 +752,16 @@ def test_a_distilled_run_plans_the_time_its_teachers_take(fixed_speed, monkeypat
 
 def test_the_teachers_time_is_measured_from_their_real_loss(monkeypatch):
     """teaching_seconds times iterations with the teachers' loss against iterations without: a loss that takes
-    50 ms more shows as at least 50 ms (timing a run without them, or the teachers' forward alone, would not)."""
+    half a second more shows as most of it (timing a run without them, or the teachers' forward alone, would not),
+    whatever a loaded machine adds to the tiny model's own iterations."""
     from nanogpt.training import distill
     real = distill.Teachers.loss
 
     def slow(self, x, y, logits, ce):
-        time.sleep(0.05)
+        time.sleep(0.5)
         return real(self, x, y, logits, ce)
     monkeypatch.setattr(distill.Teachers, "loss", slow)
     cfg = TrainConfig(**{**LADDER["S0"], "device": "cpu", "block_size": 16, "batch_size": 2})
     teacher = {"n_layer": 1, "n_embd": 32, "n_head": 2, "block_size": 16, "vocab_size": 65, "dropout": 0.1}  # as saved
     seconds = planning.teaching_seconds(cfg, [teacher], 65, torch.device("cpu"), torch.float32, rounds=3)
-    assert 0.05 <= seconds < 1.0
+    assert 0.35 <= seconds < 1.5

@@ -17,7 +17,7 @@ from dataclasses import asdict, replace
 from nanogpt.errors import UserError
 from nanogpt.out_dir import OutDirLock, latest_form
 from nanogpt.training.metrics import Metrics, read_log
-from nanogpt.training.plan import TEACHER_DIRS, known_timings, minutes_text, plan_parts
+from nanogpt.training.plan import TEACHER_DIRS, minutes_text, plan_parts
 from nanogpt.training.resume import resume_command, saved_settings
 from nanogpt.training.startup import LOCAL_FIELDS
 from nanogpt.training.stopping import Interrupted, StopFlag
@@ -180,9 +180,8 @@ def run_parts(train, cfg, user, given, overrides, plan, t_start, log, config_fil
             part_cfg, part_overrides = replace(user, **keys), {**given, **keys}
             log(f"part {number} of 3 ({what}): a plan of {minutes_text(minutes)} into {out_dir}, seed "
                 f"{part['seed']}" + (f", teachers {teachers}" if part["distils"] else ""))
-        # a part begun with the whole takes the shapes its plan timed a moment ago (after a resume, a machine later)
         summary = train(part_cfg, part_overrides, quiet, t_start=t_start if number == 1 and not resuming else begin,
-                        config_files=config_files, whole=whole, known=None if resuming else known_timings(plan))
+                        config_files=config_files, whole=whole)
         if summary.get("interrupted"):
             return summary
     seconds = time.time() - t_start

@@ -383,47 +383,34 @@ class Speed:
         return s0 + (s1 - s0) * (flops - f0) / (f1 - f0)
 
 
-def probe(candidates, vocab_size, device, dtype, budget, dropout=0.0, left=math.inf, known=None):
+def probe(candidates, vocab_size, device, dtype, budget, dropout=0.0, left=math.inf):
     """Speed of this machine: the smallest candidate timed, then the largest whose timing costs at most
     PROBE_SHARE of the budget (by the first one's speed), and a line through the two in FLOPs. With a dropout,
     the largest timed is timed again with it, for the factor a run with dropout takes. left: the seconds the
-    budget has for training; when the smallest cannot run MIN_ITERS in them, nothing more is timed. known: timings
-    this process made a moment ago of the same candidates (a plan in parts' own, for its parts: known_timings),
-    which are not timed again: the largest known is the line's second shape if it is larger than the one the
-    budget affords, and every one known counts as timed."""
-    known = known or {}
+    budget has for training; when the smallest cannot run MIN_ITERS in them, nothing more is timed."""
     names = list(candidates)
     small = names[0]
-
-    def seconds(name):
-        return known["seconds"][name] if name in known.get("seconds", {}) else iteration_seconds(
-            candidates[name], vocab_size, device, dtype)
-    probed = {small: seconds(small)}
+    probed = {small: iteration_seconds(candidates[small], vocab_size, device, dtype)}
     f_small = flops_per_iter(vars(candidates[small]), vocab_size)
     if MIN_ITERS * probed[small] > left - PROBE_ITERS * probed[small]:  # too short for anything: said now
         return Speed(0.0, probed[small] / f_small, probed, flops={small: f_small})
     affordable = [n for n in names[1:] if PROBE_ITERS * probed[small] * flops_per_iter(vars(candidates[n]), vocab_size)
                   / f_small <= PROBE_SHARE * budget]
-    large = max([small, *affordable[-1:], *(n for n in known.get("seconds", {}) if n in candidates)],
-                key=names.index)
+    large = affordable[-1] if affordable else small
     if large != small:
-        probed[large] = seconds(large)
+        probed[large] = iteration_seconds(candidates[large], vocab_size, device, dtype)
     factor = 1.0
-    if dropout and "dropout_factor" in known:
-        factor = known["dropout_factor"]
-    elif dropout and PROBE_ITERS * probed[large] > PROBE_SHARE * budget:
+    if dropout and PROBE_ITERS * probed[large] > PROBE_SHARE * budget:
         factor = DROPOUT_FACTOR  # timing it would cost more than its share: the slowest factor measured
     elif dropout:
         factor = max(1.0, iteration_seconds(replace(candidates[large], dropout=dropout), vocab_size, device, dtype)
                      / probed[large])
     f_large = flops_per_iter(vars(candidates[large]), vocab_size)
     flops = {small: f_small, large: f_large}
-    timed = {n: s for n, s in known.get("seconds", {}).items() if n in candidates and n not in probed}
-    flops.update({n: flops_per_iter(vars(candidates[n]), vocab_size) for n in timed})
     if large == small or f_large <= f_small or probed[large] <= probed[small]:
-        return Speed(0.0, probed[large] / f_large, probed, factor, timed=timed, flops=flops)  # proportional to FLOPs
+        return Speed(0.0, probed[large] / f_large, probed, factor, flops=flops)  # proportional to FLOPs
     b = (probed[large] - probed[small]) / (f_large - f_small)
-    return Speed(max(0.0, probed[small] - b * f_small), b, probed, factor, timed=timed, flops=flops)
+    return Speed(max(0.0, probed[small] - b * f_small), b, probed, factor, flops=flops)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -562,13 +549,12 @@ def why_slow(cfg, seconds, vocab_size, device):
     return text
 
 
-def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, teachers=(), known=None):
+def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, teachers=()):
     """(keys, plan): the config keys of the best run of cfg.minutes for corpus on this machine, and the plan's
     record (what it chose, why, and its prediction). given: the keys the user set, which stay as they are;
     elapsed: the seconds already spent since the process started (they count in the budget); world: the processes
     under torchrun, each taking a share of every iteration's micro-batches; teachers: the model_args of the
-    checkpoints a --teacher run learns from, whose forward passes each iteration also runs; known: timings of the same
-    candidates made a moment ago in this process (a plan in parts' own, for its parts: known_timings)."""
+    checkpoints a --teacher run learns from, whose forward passes each iteration also runs."""
     budget = cfg.minutes * 60
     block = given.get("block_size") or largest_block(corpus)
     split = {"gradient_accumulation_steps": world, "batch_size": -(-RECIPE["batch_size"] // world)} if world > 1 else {}
@@ -590,9 +576,8 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
 
     def train_seconds():  # what the budget leaves for training, less what probing has spent
         return (budget - elapsed - EXIT_SECONDS) * (1 - EVAL_SHARE)
-    probe_dropout = 0.0 if "dropout" in given else max(dropouts)
-    speed = probe(candidates, corpus.vocab_size, device, dtype, budget, probe_dropout, left=train_seconds(),
-                  known=known)
+    speed = probe(candidates, corpus.vocab_size, device, dtype, budget, 0.0 if "dropout" in given else max(dropouts),
+                  left=train_seconds())
     if teachers:  # every candidate runs the same batches, so the teachers add the same time to each
         speed.teaching = teaching_seconds(next(iter(candidates.values())), teachers, corpus.vocab_size, device, dtype)
     elapsed += time.time() - t0
@@ -696,8 +681,7 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
            + (f" on {torch.get_num_threads()} thread(s)" if device.type == "cpu" else "") + " "
            f"({', '.join(f'{n} {s * 1000:.1f} ms' for n, s in speed.probed.items())} probed"
            + "".join(f", {n} {s * 1000:.1f} ms timed once chosen" for n, s in speed.timed.items())
-           + (f"; dropout takes {speed.dropout_factor:.2f}x as long" if speed.dropout_factor != 1.0 else "")
-           + ("; the shapes the plan in parts timed a moment before are not timed again" if known else "") + ")",
+           + (f"; dropout takes {speed.dropout_factor:.2f}x as long" if speed.dropout_factor != 1.0 else "") + ")",
            f"{final['n_layer']} layers x {final['n_embd']} ({params / 1e6:.2f}M in the blocks): "
            + (f"the lowest predicted val bpb of {len(candidates)} shapes at this budget" if len(candidates) > 1
               else "the shape you set"),
@@ -730,8 +714,7 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
             "epochs": epochs, "iters": iters, "dropout": dropout, "ends_early": ends_early,
             "predicted_val_bpb": predicted,
             "predicted_sigma": predicted * sigma, "seconds_per_iter": per_iter,
-            "probe": speed.probed, "timed": speed.timed, "teaching": speed.teaching,
-            "dropout_factor": speed.dropout_factor if probe_dropout else None, "corpus": {k: v for k, v in vars(corpus).items()},
+            "probe": speed.probed, "timed": speed.timed, "teaching": speed.teaching, "corpus": {k: v for k, v in vars(corpus).items()},
             "kept": sorted(given), "parts": plan_parts(cfg.seed) if parts else None,
             # the epochs a model learns from, in iterations: a deadline that finds more time never runs past them
             "most_iters": useful_iters(dropout, corpus, tokens_per_iter),
@@ -742,13 +725,6 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
 # ---------------------------------------------------------------------------------------------------------------
 # Keeping the budget: as the run measures its own speed, the iterations left are fitted to the time left.
 # ---------------------------------------------------------------------------------------------------------------
-def known_timings(plan):
-    """The timings a plan in parts made (its record), which its parts' plans take instead of timing the same shapes
-    again (make_plan's known): each part's probe was 3-4 s of a 1.4-minute part on 300 KB of Chinese text."""
-    factor = plan.get("dropout_factor")
-    return {"seconds": {**plan["probe"], **plan["timed"]}, **({"dropout_factor": factor} if factor else {})}
-
-
 def deadline_ceiling(plan, max_iters):
     """The most iterations a run of `plan` may reach however much time it finds: a max_iters the user set, or a plan
     that ends before its budget (the corpus is worth fewer epochs), is the ceiling; any other plan's is the epochs its
@@ -796,10 +772,10 @@ PLANNED = (set(LADDER["S0"]) | {"max_iters", "lr_decay_iters", "warmup_iters", "
                                 "matmul_dtype"})
 
 
-def plan_run(cfg, given, meta, data_dir, device, dtype, rank, world, elapsed, log=print, teachers=(), known=None):
+def plan_run(cfg, given, meta, data_dir, device, dtype, rank, world, elapsed, log=print, teachers=()):
     """(cfg, plan): cfg with the keys the plan chose for cfg.minutes, and the plan's record (rank 0 probes and
     chooses; every rank takes its plan). given: the keys the user set; teachers: the model_args of --teacher's
-    checkpoints; known: make_plan's (a part of a plan in parts)."""
+    checkpoints."""
     if init_from_kind(cfg.init_from) != "scratch":
         raise UserError(f"--minutes plans a new model from scratch; with --init_from={cfg.init_from} the model is "
                         f"the checkpoint's: drop --minutes and set max_iters, or train anew")
@@ -818,7 +794,7 @@ def plan_run(cfg, given, meta, data_dir, device, dtype, rank, world, elapsed, lo
                 strings = [bytes([i % 256]) for i in range(vocab)]
             corpus = read_corpus(data_dir, meta, strings)
             keys, plan = make_plan(cfg, {k: v for k, v in given.items() if k in PLANNED}, corpus, device, dtype,
-                                   elapsed(), log, world, teachers, known)
+                                   elapsed(), log, world, teachers)
         except UserError as e:
             error = str(e)
         except RuntimeError as e:  # the device failed while probing (a GPU that went away, out of memory)

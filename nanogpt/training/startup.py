@@ -111,13 +111,12 @@ class Start:
         return iter_num, best_val_loss, trained_before(ckpt, path)
 
 
-def start_run(cfg, overrides, rank, local_rank, world, log, lock, into=Start, elapsed=lambda: 0.0, known=None):
+def start_run(cfg, overrides, rank, local_rank, world, log, lock, into=Start, elapsed=lambda: 0.0):
     """The Start of a run of cfg (overrides: the keys the user set, for a resume), as rank of world
     processes: from scratch, a resume of out_dir's checkpoint, a fine-tune or GPT-2's weights, as
     cfg.init_from says; with cfg.minutes, a new run's keys are first planned (plan.py). lock: out_dir's, which a
     resume takes at once where a save was interrupted. into: Start, or a class that extends it (train.py's Run).
-    elapsed: the seconds since the process started (a plan's budget counts them); known: timings the plan takes
-    instead of making them (plan.make_plan's)."""
+    elapsed: the seconds since the process started (a plan's budget counts them)."""
     ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
     if cfg.init_from == "resume":
         if rank == 0 and not cfg.eval_only and interrupted_save(ckpt_path):
@@ -147,8 +146,7 @@ def start_run(cfg, overrides, rank, local_rank, world, log, lock, into=Start, el
     if cfg.minutes is not None:
         if ckpt is None:
             shapes = [ckpt["model_args"] for _, ckpt in teacher_ckpts]  # their forward passes, planned
-            cfg, plan = plan_run(cfg, overrides, meta, data_dir, device, dtype, rank, world, elapsed, log, shapes,
-                                 known)
+            cfg, plan = plan_run(cfg, overrides, meta, data_dir, device, dtype, rank, world, elapsed, log, shapes)
         else:
             plan = last_plan(cfg.out_dir)
     batches = make_batches(data_dir, cfg.block_size, cfg.batch_size, device, cfg.seed, meta, log)
