@@ -304,15 +304,21 @@ TIMED_CHOICES = 2  # shapes timed after being chosen, at most (each a probe of o
 DROPOUT_FACTOR = 1.8  # dropout's time where the probe cannot afford to time it: the most measured (1.13-1.82)
 
 
-def iteration_seconds(cfg, vocab_size, device, dtype, warmup=1, iters=PROBE_ITERS - 1):
-    """This machine's seconds per training iteration of cfg (a TrainConfig): the fastest of `iters`, as the run
-    will compute it (its matmul kernels and optimizer)."""
+def trainable(cfg, vocab_size, device, dtype):
+    """(model, kernels, optimizer) of cfg, new, as the run will build them (its matmul kernels and optimizer)."""
     from model import GPT
-    from nanogpt.device import autocast, training_kernels
+    from nanogpt.device import training_kernels
     from nanogpt.training.optim import OptimizerSettings, configure_optimizers
     model = GPT(cfg.model_config(vocab_size)).to(device)
     kernels = training_kernels(cfg, device, dtype, log=lambda *a, **k: None)
-    optimizer = configure_optimizers(model, OptimizerSettings.of(cfg, kernels.ns_dtype))
+    return model, kernels, configure_optimizers(model, OptimizerSettings.of(cfg, kernels.ns_dtype))
+
+
+def iteration_seconds(cfg, vocab_size, device, dtype, warmup=1, iters=PROBE_ITERS - 1):
+    """This machine's seconds per training iteration of cfg (a TrainConfig): the fastest of `iters`, as the run
+    will compute it (its matmul kernels and optimizer)."""
+    from nanogpt.device import autocast
+    model, kernels, optimizer = trainable(cfg, vocab_size, device, dtype)
     with kernels.applied(model):
         times = step_times(model, model, optimizer, cfg.batch_size, cfg.block_size, cfg.gradient_accumulation_steps,
                            cfg.grad_clip, device, autocast(device, dtype), warmup, iters)
@@ -327,12 +333,9 @@ def teaching_seconds(cfg, teachers, vocab_size, device, dtype, rounds=PROBE_ITER
     KB of Chinese text and the run measured 300-500 ms: it ran 144 of the 181 iterations it planned."""
     from model import GPT
     from nanogpt.checkpoint import config_from_model_args
-    from nanogpt.device import autocast, training_kernels
+    from nanogpt.device import autocast
     from nanogpt.training.distill import Teachers, teacher_context
-    from nanogpt.training.optim import OptimizerSettings, configure_optimizers
-    model = GPT(cfg.model_config(vocab_size)).to(device)
-    kernels = training_kernels(cfg, device, dtype, log=lambda *a, **k: None)
-    optimizer = configure_optimizers(model, OptimizerSettings.of(cfg, kernels.ns_dtype))
+    model, kernels, optimizer = trainable(cfg, vocab_size, device, dtype)
     models = [GPT(config_from_model_args(args, "--teacher", {"dropout": 0.0})).to(device).eval().requires_grad_(False)
               for args in teachers]
     ctx = autocast(device, dtype)
@@ -714,7 +717,8 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
             "epochs": epochs, "iters": iters, "dropout": dropout, "ends_early": ends_early,
             "predicted_val_bpb": predicted,
             "predicted_sigma": predicted * sigma, "seconds_per_iter": per_iter,
-            "probe": speed.probed, "timed": speed.timed, "teaching": speed.teaching, "corpus": {k: v for k, v in vars(corpus).items()},
+            "probe": speed.probed, "timed": speed.timed, "teaching": speed.teaching,
+            "corpus": {k: v for k, v in vars(corpus).items()},
             "kept": sorted(given), "parts": plan_parts(cfg.seed) if parts else None,
             # the epochs a model learns from, in iterations: a deadline that finds more time never runs past them
             "most_iters": useful_iters(dropout, corpus, tokens_per_iter),
