@@ -95,6 +95,13 @@ LIGHT_DROPOUT_FILL = 2.0
 # where 4 epochs without it peaked at 1.867.
 DROPOUT_FILLS = {0.1: (DROPOUT_FILL, LIGHT_DROPOUT_FILL), 0.2: (DROPOUT_FILL, math.inf)}
 DROPOUTS = (0.0, *DROPOUT_FILLS)
+# Dropout pays only past the epochs where it stops slowing a run down, and the law, which puts 0.1 level with none at
+# 4 epochs and ahead from there on, has no term for that. 4 x 192 at 0.1 for 4.3 epochs of 100 KB measured 0.8% to
+# 1.8% above 4 epochs without it (Pride and Prejudice, War and Peace, Shakespeare; an AMD EPYC), where the law said
+# 0.8% below; for 5 epochs 0.9% and 1.0% below and 0.3% above (the law: 1.9% to 2.2% below); for 7, 3.3% below; 6 x
+# 256 on 700 KB for 5.4 epochs, 2.8% below (the law: 1.8%). So a plan weighs a dropout only for this many epochs or
+# more.
+DROPOUT_FROM_EPOCHS = 5.0
 
 
 def planned_dropouts(corpus, keys=None):
@@ -454,15 +461,18 @@ TEACHER_DIRS = ("teacher-a", "teacher-b")  # in out_dir: the two runs the third 
 EVAL_SHARE = 0.04  # of the training time, for evaluations (and the saves beside them)
 
 
-def max_epochs(dropout, corpus=None):
-    """The most epochs a plan schedules at this dropout, of corpus where given (fewer of Chinese text)."""
+def max_epochs(dropout, corpus=None, taught=False):
+    """The most epochs a plan schedules at this dropout, of corpus where given (fewer of Chinese text); taught: for a
+    run that learns from teachers (more, of a text other than Chinese)."""
     chinese = corpus is not None and corpus.ideographs >= IDEOGRAPHS
+    if taught and not chinese:
+        return TAUGHT_EPOCHS
     return (CHINESE_EPOCHS if chinese else MAX_EPOCHS) + DROPOUT_EPOCHS * dropout
 
 
-def useful_iters(dropout, corpus, tokens_per_iter):
+def useful_iters(dropout, corpus, tokens_per_iter, taught=False):
     """The iterations a run learns from: the epochs of corpus it is worth at this dropout, at least MIN_ITERS."""
-    return max(MIN_ITERS, math.ceil(max_epochs(dropout, corpus) * corpus.train_tokens / tokens_per_iter))
+    return max(MIN_ITERS, math.ceil(max_epochs(dropout, corpus, taught) * corpus.train_tokens / tokens_per_iter))
 
 
 def minutes_text(minutes):
@@ -474,7 +484,7 @@ def largest_block(corpus, wanted=128):
     return context_that_fits(corpus.path, corpus.train_tokens, corpus.val_tokens, wanted)
 
 
-def early_end_lines(ends_early, iters, epochs, dropout, finish, minutes, capped, corpus, parts=False):
+def early_end_lines(ends_early, iters, epochs, dropout, finish, minutes, capped, corpus, parts=False, taught=False):
     """The plan's line on a run that ends well before its budget: the epochs a corpus is worth, the fewest
     iterations a plan runs on a text too small for them, or the user's max_iters (parts: the one run that three
     replace)."""
@@ -483,11 +493,14 @@ def early_end_lines(ends_early, iters, epochs, dropout, finish, minutes, capped,
         return [f"your max_iters={iters:,} is the run's length: {end}"]
     if not ends_early:
         return []
-    most = max_epochs(dropout, corpus)
+    most = max_epochs(dropout, corpus, taught)
     if epochs > 1.05 * most:  # MIN_ITERS, not the epoch limit, set the length
         return [f"{iters} iterations, the fewest a plan runs, are already {epochs:.0f} epochs of a text this small "
                 f"(the study's smallest corpus had 35,000 tokens): {end}, and the model will largely memorize it; "
                 f"give more text for a model that writes its own"]
+    if taught and most == TAUGHT_EPOCHS:
+        return [f"{most:g} epochs is as many as a run that learns from teachers was measured over (4 x 192 on 100 KB "
+                f"of English: 9 epochs 3.1% below 4, still falling), so {end}"]
     if most < max_epochs(dropout):
         return [f"{most:g} epochs is as many as a model learns from of Chinese text (on two novels' first 300 KB, 3 "
                 f"epochs ended below 4), so {end}: more would only memorize this text"]
@@ -526,6 +539,16 @@ def plan_parts(seed):
     return [dict(dir=TEACHER_DIRS[0], share=DISTILL_SHARES[0], seed=seed, distils=False),
             dict(dir=TEACHER_DIRS[1], share=DISTILL_SHARES[1], seed=seed + 1, distils=False),
             dict(dir="", share=DISTILL_SHARES[2], seed=seed, distils=True)]
+
+
+# A run that learns from teachers is planned without dropout: their probabilities hold it back from memorizing the
+# text already. On Pride and Prejudice's first 100 KB, 4 x 192 learning from two teachers (the plan's 7 minutes) for
+# 5.1 epochs at 0.1 ended 1.8% above 4 epochs without it, over the same 400 windows.
+DISTILLED_DROPOUT = ": no dropout (it learns from teachers, whose probabilities keep it from memorizing the text)"
+# and for more epochs than a run alone: the same run without dropout for 4, 6 and 9 epochs reached 1.9771, 1.9360
+# and 1.9167, each at its last evaluation (7 at 0.1: 1.9696); on War and Peace's first 100 KB, 4 and 9 epochs 2.2126
+# and 2.1432. Past 9 it is unmeasured; Chinese text keeps its 3 (a taught run of it is unmeasured past them).
+TAUGHT_EPOCHS = 9.0
 
 
 def dropout_reason(dropout, corpus, keys, epochs):
@@ -574,8 +597,9 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
         raise UserError("--minutes: the keys you set fit none of the planned shapes; set n_layer, n_embd and n_head "
                         "together, or leave them to the plan")
     t0 = time.time()
-    # a dropout of yours is in the candidates, so their timing holds it (and the factor stays 1)
-    dropouts = (given["dropout"],) if "dropout" in given else planned_dropouts(corpus)
+    # a dropout of yours is in the candidates, so their timing holds it (and the factor stays 1); a run that learns
+    # from teachers weighs none (DISTILLED_DROPOUT)
+    dropouts = (given["dropout"],) if "dropout" in given else (0.0,) if cfg.teacher else planned_dropouts(corpus)
 
     def train_seconds():  # what the budget leaves for training, less what probing has spent
         return (budget - elapsed - EXIT_SECONDS) * (1 - EVAL_SHARE)
@@ -592,12 +616,14 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
         for name, c in candidates.items():
             keys = vars(c)
             per_iter_tokens = c.batch_size * c.block_size * c.gradient_accumulation_steps
-            for p in dropouts if "dropout" in given else planned_dropouts(corpus, keys):
+            for p in dropouts if "dropout" in given or cfg.teacher else planned_dropouts(corpus, keys):
                 per_iter = speed.seconds(flops_per_iter(keys, corpus.vocab_size), p, name)  # yours was probed
                 per_iter += speed.teaching
                 fits = int(train_seconds() / per_iter)  # the iterations the budget has time for
-                useful = useful_iters(p, corpus, per_iter_tokens)
+                useful = useful_iters(p, corpus, per_iter_tokens, bool(cfg.teacher))
                 iters = min(fits, useful, given.get("max_iters", math.inf))  # a max_iters of yours is a ceiling
+                if p and "dropout" not in given and iters * per_iter_tokens < DROPOUT_FROM_EPOCHS * corpus.train_tokens:
+                    continue  # too few epochs for dropout to pay (a dropout of yours is weighed as it is)
                 # far below the study's sizes the law runs past what a uniform guess over the vocabulary scores
                 prediction = min(predict_bpb({**keys, "dropout": p}, iters * per_iter_tokens, corpus), uniform)
                 choices.append((prediction, iters * per_iter, name, p, iters, per_iter, fits))
@@ -689,10 +715,12 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
            + (f"the lowest predicted val bpb of {len(candidates)} shapes at this budget" if len(candidates) > 1
               else "the shape you set"),
            f"{iters:,} iterations, {iters * tokens_per_iter / 1e6:.2f}M tokens: {epochs:.1f} epochs of the corpus"
-           + ("" if "dropout" in given and not dropout else dropout_reason(dropout, corpus, vars(chosen), epochs))
+           + ("" if "dropout" in given and not dropout else DISTILLED_DROPOUT if cfg.teacher and not dropout
+              else dropout_reason(dropout, corpus, vars(chosen), epochs))
            + ("; the best checkpoint is kept (a small corpus peaks within a few epochs)" if epochs > 4.5 else ""),
            *early_end_lines(early, iters, epochs, dropout, finish, cfg.minutes,
-                            given.get("max_iters") == iters and finish < 0.9 * budget, corpus, parts),
+                            given.get("max_iters") == iters and finish < 0.9 * budget, corpus, parts,
+                            bool(cfg.teacher)),
            *(parts_lines(parts, cfg.minutes, cfg.out_dir, cfg.seed, world) if split_up else [])]
     if parts:  # the parts' own plans say their schedules
         why.append(f"predicted: one run's {predicted:.3f}, less the {DISTILL_MEAN_GAIN:.1%} three runs gained on the "
@@ -721,7 +749,7 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
             "corpus": {k: v for k, v in vars(corpus).items()},
             "kept": sorted(given), "parts": plan_parts(cfg.seed) if parts else None,
             # the epochs a model learns from, in iterations: a deadline that finds more time never runs past them
-            "most_iters": useful_iters(dropout, corpus, tokens_per_iter),
+            "most_iters": useful_iters(dropout, corpus, tokens_per_iter, bool(cfg.teacher)),
             "why": why, "planned_at": elapsed}
     return keys, plan
 
