@@ -104,10 +104,11 @@ DROPOUTS = (0.0, *DROPOUT_FILLS)
 DROPOUT_FROM_EPOCHS = 5.0
 
 
-def planned_dropouts(corpus, keys=None):
-    """The dropouts a plan weighs for corpus (and a shape's keys): none for a text of Chinese characters; for a
-    shape, 0 and those whose DROPOUT_FILLS range holds its share of what the text fills without dropout."""
-    if corpus.ideographs >= IDEOGRAPHS:
+def planned_dropouts(corpus, keys=None, taught=False):
+    """The dropouts a plan weighs for corpus (and a shape's keys): none for a text of Chinese characters or a run that
+    learns from teachers (taught: DISTILLED_DROPOUT); for a shape, 0 and those whose DROPOUT_FILLS range holds its
+    share of what the text fills without dropout."""
+    if taught or corpus.ideographs >= IDEOGRAPHS:
         return (0.0,)
     if keys is None:
         return DROPOUTS
@@ -551,10 +552,13 @@ DISTILLED_DROPOUT = ": no dropout (it learns from teachers, whose probabilities 
 TAUGHT_EPOCHS = 9.0
 
 
-def dropout_reason(dropout, corpus, keys, epochs):
-    """The plan line's word on the dropout of a run of keys over `epochs` of corpus."""
+def dropout_reason(dropout, corpus, keys, epochs, taught=False):
+    """The plan line's word on the dropout of a run of keys over `epochs` of corpus (taught: it learns from
+    teachers)."""
     if dropout:
         return f": dropout {dropout} (it lets a model learn from more epochs of a small corpus)"
+    if taught:
+        return DISTILLED_DROPOUT
     if corpus.ideographs >= IDEOGRAPHS:
         return ": no dropout (on Chinese text it did not pay in the study, even over 10 epochs)"
     if len(planned_dropouts(corpus, keys)) == 1 and epochs > 3.5:
@@ -597,9 +601,9 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
         raise UserError("--minutes: the keys you set fit none of the planned shapes; set n_layer, n_embd and n_head "
                         "together, or leave them to the plan")
     t0 = time.time()
-    # a dropout of yours is in the candidates, so their timing holds it (and the factor stays 1); a run that learns
-    # from teachers weighs none (DISTILLED_DROPOUT)
-    dropouts = (given["dropout"],) if "dropout" in given else (0.0,) if cfg.teacher else planned_dropouts(corpus)
+    taught = bool(cfg.teacher)  # a run that learns from teachers: no dropout, and more epochs
+    # a dropout of yours is in the candidates, so their timing holds it (and the factor stays 1)
+    dropouts = (given["dropout"],) if "dropout" in given else planned_dropouts(corpus, taught=taught)
 
     def train_seconds():  # what the budget leaves for training, less what probing has spent
         return (budget - elapsed - EXIT_SECONDS) * (1 - EVAL_SHARE)
@@ -616,11 +620,11 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
         for name, c in candidates.items():
             keys = vars(c)
             per_iter_tokens = c.batch_size * c.block_size * c.gradient_accumulation_steps
-            for p in dropouts if "dropout" in given or cfg.teacher else planned_dropouts(corpus, keys):
+            for p in dropouts if "dropout" in given else planned_dropouts(corpus, keys, taught):
                 per_iter = speed.seconds(flops_per_iter(keys, corpus.vocab_size), p, name)  # yours was probed
                 per_iter += speed.teaching
                 fits = int(train_seconds() / per_iter)  # the iterations the budget has time for
-                useful = useful_iters(p, corpus, per_iter_tokens, bool(cfg.teacher))
+                useful = useful_iters(p, corpus, per_iter_tokens, taught)
                 iters = min(fits, useful, given.get("max_iters", math.inf))  # a max_iters of yours is a ceiling
                 if p and "dropout" not in given and iters * per_iter_tokens < DROPOUT_FROM_EPOCHS * corpus.train_tokens:
                     continue  # too few epochs for dropout to pay (a dropout of yours is weighed as it is)
@@ -651,7 +655,7 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
         epochs = iters * run.batch_size * run.block_size * run.gradient_accumulation_steps / corpus.train_tokens
         quickest = min(speed.seconds(flops_per_iter(vars(c), corpus.vocab_size), 0.0, n) for n, c in candidates.items())
         share_fits = (min(DISTILL_SHARES) * budget - EXIT_SECONDS) * (1 - EVAL_SHARE) >= 2 * MIN_ITERS * quickest
-        return (epochs >= USED_UP * max_epochs(dropout, corpus) and cfg.minutes >= DISTILL_MINUTES and not cfg.teacher
+        return (epochs >= USED_UP * max_epochs(dropout, corpus) and cfg.minutes >= DISTILL_MINUTES and not taught
                 and "max_iters" not in given and cfg.plan_teachers and share_fits)
 
     # the line through the probed shapes is optimistic between them (a shape in the middle ran 10-25% slower here),
@@ -715,12 +719,11 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
            + (f"the lowest predicted val bpb of {len(candidates)} shapes at this budget" if len(candidates) > 1
               else "the shape you set"),
            f"{iters:,} iterations, {iters * tokens_per_iter / 1e6:.2f}M tokens: {epochs:.1f} epochs of the corpus"
-           + ("" if "dropout" in given and not dropout else DISTILLED_DROPOUT if cfg.teacher and not dropout
-              else dropout_reason(dropout, corpus, vars(chosen), epochs))
+           + ("" if "dropout" in given and not dropout
+              else dropout_reason(dropout, corpus, vars(chosen), epochs, taught))
            + ("; the best checkpoint is kept (a small corpus peaks within a few epochs)" if epochs > 4.5 else ""),
            *early_end_lines(early, iters, epochs, dropout, finish, cfg.minutes,
-                            given.get("max_iters") == iters and finish < 0.9 * budget, corpus, parts,
-                            bool(cfg.teacher)),
+                            given.get("max_iters") == iters and finish < 0.9 * budget, corpus, parts, taught),
            *(parts_lines(parts, cfg.minutes, cfg.out_dir, cfg.seed, world) if split_up else [])]
     if parts:  # the parts' own plans say their schedules
         why.append(f"predicted: one run's {predicted:.3f}, less the {DISTILL_MEAN_GAIN:.1%} three runs gained on the "
@@ -749,7 +752,7 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
             "corpus": {k: v for k, v in vars(corpus).items()},
             "kept": sorted(given), "parts": plan_parts(cfg.seed) if parts else None,
             # the epochs a model learns from, in iterations: a deadline that finds more time never runs past them
-            "most_iters": useful_iters(dropout, corpus, tokens_per_iter, bool(cfg.teacher)),
+            "most_iters": useful_iters(dropout, corpus, tokens_per_iter, taught),
             "why": why, "planned_at": elapsed}
     return keys, plan
 
