@@ -1,6 +1,7 @@
 """train.py --minutes=N on a text used up well before N: three runs, two teachers and a model that learns from both
 (nanogpt/training/parts.py), their budget, their Ctrl-C and their resume."""
 import json
+import math
 import os
 import signal
 import time
@@ -36,7 +37,8 @@ def split_small_budgets(monkeypatch):
 
 
 def test_a_text_used_up_early_trains_two_teachers_then_a_model_from_both_within_the_budget(
-        tmp_path, char_dataset, split_small_budgets):
+        tmp_path, char_dataset, split_small_budgets, monkeypatch):
+    monkeypatch.setattr(planning, "WARM_EPOCHS", math.inf)  # a text of a few KB: the third runs far more epochs
     out = str(tmp_path / "out")
     keys = dict(dataset=str(char_dataset), out_dir=out, minutes=1, device="cpu", **SHAPE)
     start, lines = time.time(), []
@@ -48,6 +50,13 @@ def test_a_text_used_up_early_trains_two_teachers_then_a_model_from_both_within_
     assert student["teacher"] == f"{os.path.abspath(a)}/ckpt.pt,{os.path.abspath(b)}/ckpt.pt"
     assert student["distill"] == 0.8 and not student["plan_teachers"]
     assert [saved(os.path.join(d, "ckpt.pt"))["config"]["seed"] for d in (a, b)] == [1337, 1338]
+    # it starts from the weights of the teacher whose best checkpoint scored lower: its first evaluation is that
+    # checkpoint's, far below a new model's (about log2 of the vocabulary a byte)
+    scores = [records(d, "plan_result")[-1]["measured_val_bpb"] for d in (a, b)]
+    assert student["init_from"] == (a, b)[scores.index(min(scores))]
+    first = records(out, "eval")[0]
+    assert first["iter"] == 0 and first["val_bpb"] == pytest.approx(min(scores), rel=0.02)
+    assert "the shape of the teacher whose weights it starts from" in records(out, "plan")[-1]["why"][2]
     # each part runs to the end of its share, counted from process start: the first 0.3 of the budget, and a part
     # that ends early (these do: the text is used up) leaves its time to the next
     minutes = [records(d, "plan")[-1]["minutes"] for d in (a, b, out)]

@@ -816,3 +816,51 @@ def test_the_teachers_time_is_measured_from_their_real_loss(monkeypatch):
     teacher = {"n_layer": 1, "n_embd": 32, "n_head": 2, "block_size": 16, "vocab_size": 65, "dropout": 0.1}  # as saved
     seconds = planning.teaching_seconds(cfg, [teacher], 65, torch.device("cpu"), torch.float32, rounds=3)
     assert 0.35 <= seconds < 1.5
+
+
+def test_a_run_that_starts_from_a_teacher_takes_its_shape_for_up_to_5_epochs(fixed_speed, monkeypatch):
+    """A run of --teacher may start from one of them (--init_from, as a plan in parts' third part does: on 西游记's
+    first 300 KB it passed the third from scratch in half the iterations): the plan takes that checkpoint's shape,
+    where alone it would choose another, and says why. Past 5 epochs a new model caught up (on Pride and Prejudice's
+    100 KB, 0.7% lower for 9): the plan is one from scratch, its shape the budget's."""
+    monkeypatch.setattr(planning, "teaching_seconds", lambda *a: 0.01)
+    teacher = {"n_layer": 6, "n_embd": 256, "n_head": 4, "block_size": 64, "vocab_size": 65, "dropout": 0.0,
+               "value_embeds": 1}
+    cfg = TrainConfig(minutes=10, device="cpu", teacher="a,b", plan_teachers=False)
+    args = (corpus(train_tokens=30_000_000), torch.device("cpu"), torch.float32)
+    alone = make_plan(cfg, {}, *args, elapsed=3.0, log=lambda *a: None, teachers=[teacher, teacher])
+    keys, plan = make_plan(cfg, {}, *args, elapsed=3.0, log=lambda *a: None, teachers=[teacher, teacher],
+                           start=teacher)
+    assert alone[0]["n_embd"] != 256  # alone, the budget chooses another shape
+    assert {k: keys[k] for k in ("n_layer", "n_embd", "n_head", "block_size", "value_embeds")} == \
+        {"n_layer": 6, "n_embd": 256, "n_head": 4, "block_size": 64, "value_embeds": 1}
+    assert "init_from" not in keys and plan["epochs"] <= planning.WARM_EPOCHS
+    assert "the shape of the teacher whose weights it starts from" in plan["why"][2]
+    # a budget that buys more epochs: from scratch, as the same plan without a start would be
+    long, args = replace(cfg, minutes=120), (corpus(train_tokens=100_000), *args[1:])
+    keys, plan = make_plan(long, {}, *args, elapsed=3.0, log=lambda *a: None, teachers=[teacher, teacher],
+                           start=teacher)
+    free, _ = make_plan(long, {}, *args, elapsed=3.0, log=lambda *a: None, teachers=[teacher, teacher])
+    assert plan["epochs"] > planning.WARM_EPOCHS and keys == {**free, "init_from": "scratch"}
+    assert plan["why"][3].startswith("from scratch, not from the better teacher's weights: past 5 epochs")
+
+
+def test_minutes_from_a_checkpoint_is_refused_unless_it_is_a_teacher(tmp_path, char_dataset, monkeypatch):
+    """--minutes with --init_from=CHECKPOINT: refused (one line) unless the run learns from that checkpoint too."""
+    from test_train import tiny_cfg, quiet
+    from train import train
+    teacher = tmp_path / "teacher"
+    train(tiny_cfg(teacher, char_dataset, max_iters=2, lr_decay_iters=2, eval_interval=2), log=quiet)
+    other = tmp_path / "other"
+    train(tiny_cfg(other, char_dataset, max_iters=2, lr_decay_iters=2, eval_interval=2), log=quiet)
+    seen = []
+    monkeypatch.setattr(planning, "make_plan", lambda *a, **k: seen.append(a[-1]) or (_ for _ in ()).throw(
+        UserError("planned")))
+    base = TrainConfig(minutes=1, device="cpu", dataset=str(char_dataset), teacher=str(teacher / "out" / "ckpt.pt"))
+    with pytest.raises(UserError, match="plans a new model from scratch, or one that starts from a teacher"):
+        planning.plan_run(replace(base, init_from=str(other / "out")), {}, None, str(char_dataset),
+                          torch.device("cpu"), torch.float32, 0, 1, lambda: 0.0, quiet, [{"n_layer": 1}])
+    with pytest.raises(UserError, match="planned"):
+        planning.plan_run(replace(base, init_from=str(teacher / "out")), {}, None, str(char_dataset),
+                          torch.device("cpu"), torch.float32, 0, 1, lambda: 0.0, quiet, [{"n_layer": 1}])
+    assert seen == [{"n_layer": 1}]  # the teacher's model_args, the shape it starts from

@@ -1,6 +1,7 @@
 """train.py --minutes=N on a text the budget uses up: the budget as three runs (plan.py decides; docs/minutes.md,
 "More minutes than a text is worth"). Plans of 0.3 N into out_dir/teacher-a and out_dir/teacher-b (the second with
-the next seed), then one of 0.4 N into out_dir that learns from the text and from both (--teacher).
+the next seed), then one of 0.4 N into out_dir that learns from the text and from both (--teacher), starting from the
+weights of the one with the lower val bpb (--init_from).
 
 Each part is a run of its own: its plan, its log.jsonl, its checkpoints, its Ctrl-C. The whole ends by the budget:
 each part by the end of its share, counted from process start, so a part that ends early leaves its time to the
@@ -86,6 +87,13 @@ def measured(out_dir):
         elif r.get("kind") == "eval" and r.get("val_bpb") is not None:
             evals.append(r)
     return min(evals, key=lambda r: r["val_loss"])["val_bpb"] if evals else None
+
+
+def better(teachers):
+    """The teacher (an out_dir) whose best checkpoint has the lower val bpb, whose weights the model starts from
+    (plan.WARM_START); "scratch" where neither has one."""
+    scored = [(score, d) for d in teachers if (score := measured(d)) is not None]
+    return min(scored)[1] if scored else "scratch"
 
 
 def user_settings(plan, cfg, overrides, log):
@@ -176,10 +184,12 @@ def run_parts(train, cfg, user, given, overrides, plan, t_start, log, config_fil
             left = part["share"] * budget if resuming else share_end - (t_start if number == 1 else begin)
             minutes = round(max(left, part["share"] * budget / 2) / 60, 2)
             keys = dict(out_dir=out_dir, minutes=minutes, seed=part["seed"], plan_teachers=False,
-                        teacher=teachers if part["distils"] else "", init_from="scratch")
+                        teacher=teachers if part["distils"] else "",
+                        init_from=better(dirs[:number - 1]) if part["distils"] else "scratch")
             part_cfg, part_overrides = replace(user, **keys), {**given, **keys}
             log(f"part {number} of 3 ({what}): a plan of {minutes_text(minutes)} into {out_dir}, seed "
-                f"{part['seed']}" + (f", teachers {teachers}" if part["distils"] else ""))
+                f"{part['seed']}" + (f", teachers {teachers}, starting from {keys['init_from']}'s weights"
+                                     if part["distils"] else ""))
         summary = train(part_cfg, part_overrides, quiet, t_start=t_start if number == 1 and not resuming else begin,
                         config_files=config_files, whole=whole)
         if summary.get("interrupted"):

@@ -14,7 +14,7 @@ import torch
 from nanogpt.dataset import context_that_fits
 from nanogpt.device import sync
 from nanogpt.errors import UserError
-from nanogpt.source import init_from_kind
+from nanogpt.source import checkpoint_file, init_from_kind
 from nanogpt.tokenizer import token_byte_strings, tokenizer_from_meta
 from nanogpt.training.distributed import from_rank0
 from nanogpt.training.metrics import read_log
@@ -522,7 +522,8 @@ def parts_lines(parts, minutes, out_dir, seed, world):
         return [f"the {minutes_text(minutes)} go to three runs instead (a text used up gives more to three shorter "
                 f"runs than to one): plans of {a} and {b} minutes into {out_dir}/{first['dir']} and "
                 f"{out_dir}/{second['dir']} (seeds {first['seed']} and {second['seed']}), then one of {c} into "
-                f"{out_dir} that learns from the text and from both (--teacher); the three ended {measured} "
+                f"{out_dir} that learns from the text and from both (--teacher), starting from the better one's "
+                f"weights; the three ended {measured} "
                 f"(docs/minutes.md, \"More minutes than a text is worth\"); --plan_teachers=False keeps one run"]
     if world > 1:
         return [f"on a text used up three shorter runs do better than one: --minutes={a} --out_dir={out_dir}-a "
@@ -550,6 +551,15 @@ DISTILLED_DROPOUT = ": no dropout (it learns from teachers, whose probabilities 
 # and 1.9167, each at its last evaluation (7 at 0.1: 1.9696); on War and Peace's first 100 KB, 4 and 9 epochs 2.2126
 # and 2.1432. Past 9 it is unmeasured; Chinese text keeps its 3 (a taught run of it is unmeasured past them).
 TAUGHT_EPOCHS = 9.0
+# and from the weights of the better teacher, whose shape it takes, where it is planned a few epochs: a model that
+# starts where a teacher ended passes the teachers' mean sooner than a new one, which catches up over more epochs.
+# 4 x 192 learning from two teachers, iterations fixed: on 西游记's first 300 KB (the plan's teachers of 5.97
+# minutes), from scratch 2.3490 in 150 iterations (2.5 epochs), from a teacher's weights 2.3496 in 75 and 2.3314 in
+# 150; on Pride and Prejudice's first 100 KB (the plan's of 7 minutes), from scratch and from a teacher 1.9771 and
+# 1.9551 for 4 epochs, about 1.929 (between 6 and 9) and 1.9324 for 7, 1.9167 and 1.9303 for 9. So from a teacher
+# up to 5 epochs, from scratch past them (with the shape the budget chooses).
+WARM_EPOCHS = 5.0
+WARM_START = " (a model that starts where a teacher ended passes its teachers sooner than a new one)"
 
 
 def dropout_reason(dropout, corpus, keys, epochs, taught=False):
@@ -579,18 +589,21 @@ def why_slow(cfg, seconds, vocab_size, device):
     return text
 
 
-def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, teachers=()):
+def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, teachers=(), start=None):
     """(keys, plan): the config keys of the best run of cfg.minutes for corpus on this machine, and the plan's
     record (what it chose, why, and its prediction). given: the keys the user set, which stay as they are;
     elapsed: the seconds already spent since the process started (they count in the budget); world: the processes
     under torchrun, each taking a share of every iteration's micro-batches; teachers: the model_args of the
-    checkpoints a --teacher run learns from, whose forward passes each iteration also runs."""
+    checkpoints a --teacher run learns from, whose forward passes each iteration also runs; start: the model_args of
+    the one of them whose weights the run starts from (WARM_START), whose shape it takes."""
     budget = cfg.minutes * 60
-    block = given.get("block_size") or largest_block(corpus)
+    pinned = {k: v for k, v in (start or {}).items() if k in PLANNED and k != "dropout"}  # the weights' shape
+    block = pinned.get("block_size") or given.get("block_size") or largest_block(corpus)
     split = {"gradient_accumulation_steps": world, "batch_size": -(-RECIPE["batch_size"] // world)} if world > 1 else {}
     candidates = {}
     for name in LADDER:
-        keys = {**rung_keys(name, given), **split, "block_size": block, "matmul_dtype": "auto", **given}  # as it runs
+        keys = {**rung_keys(name, {**given, **pinned}), **split, "block_size": block, "matmul_dtype": "auto", **given,
+                **pinned}  # as it runs
         try:
             c = TrainConfig(**{**vars(cfg), **keys, "minutes": None, "init_from": "scratch"})
         except ValueError:
@@ -675,9 +688,15 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
     predicted, _, name, dropout, iters, per_iter, fits = choose()
     ends_early = iters < fits and iters < given.get("max_iters", math.inf)
     chosen = candidates[name]
-    keys = {k: v for k, v in {**rung_keys(name, given), **split}.items() if k not in given}
+    keys = {k: v for k, v in {**rung_keys(name, {**given, **pinned}), **split, **pinned}.items()
+            if k not in given or k in pinned}
     keys.update(block_size=block, dropout=dropout)
     tokens_per_iter = chosen.batch_size * chosen.block_size * chosen.gradient_accumulation_steps
+    if pinned and iters * tokens_per_iter > WARM_EPOCHS * corpus.train_tokens:  # a new model catches up
+        keys, plan = make_plan(cfg, given, corpus, device, dtype, elapsed, log, world, teachers)
+        plan["why"].insert(3, f"from scratch, not from the better teacher's weights: past {WARM_EPOCHS:g} epochs a new "
+                              f"model catches up with one that starts from a teacher")
+        return {**keys, "init_from": "scratch"}, plan
     keys.update(schedule_keys({**vars(chosen), **keys}, iters * tokens_per_iter))
     # evaluations: fixed windows over val and eval_iters batches of train each, within EVAL_SHARE of the training
     # time all together; a batch forward costs up to half an iteration (GPT-2's vocabulary: 0.64 of one measured),
@@ -700,7 +719,7 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
     evals = int(max(3, min(affordable, max(10, min(200, epochs)))))
     keys.update(eval_windows=windows, eval_iters=eval_iters, eval_interval=max(1, iters // evals),
                 log_interval=max(1, iters // 100), always_save_checkpoint=False, keep_best=True, matmul_dtype="auto")
-    keys = {k: v for k, v in keys.items() if k not in given}
+    keys = {k: v for k, v in keys.items() if k not in given or k in pinned}
     final = {**vars(chosen), **keys}
     params = blocks_params(final)
     finish = elapsed + EXIT_SECONDS + iters * per_iter / (1 - EVAL_SHARE)  # seconds from start to exit, about
@@ -717,6 +736,7 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
            + (f"; dropout takes {speed.dropout_factor:.2f}x as long" if speed.dropout_factor != 1.0 else "") + ")",
            f"{final['n_layer']} layers x {final['n_embd']} ({params / 1e6:.2f}M in the blocks): "
            + (f"the lowest predicted val bpb of {len(candidates)} shapes at this budget" if len(candidates) > 1
+              else "the shape of the teacher whose weights it starts from" + WARM_START if pinned
               else "the shape you set"),
            f"{iters:,} iterations, {iters * tokens_per_iter / 1e6:.2f}M tokens: {epochs:.1f} epochs of the corpus"
            + ("" if "dropout" in given and not dropout
@@ -811,9 +831,15 @@ def plan_run(cfg, given, meta, data_dir, device, dtype, rank, world, elapsed, lo
     """(cfg, plan): cfg with the keys the plan chose for cfg.minutes, and the plan's record (rank 0 probes and
     chooses; every rank takes its plan). given: the keys the user set; teachers: the model_args of --teacher's
     checkpoints."""
-    if init_from_kind(cfg.init_from) != "scratch":
-        raise UserError(f"--minutes plans a new model from scratch; with --init_from={cfg.init_from} the model is "
-                        f"the checkpoint's: drop --minutes and set max_iters, or train anew")
+    start = None
+    if init_from_kind(cfg.init_from) != "scratch":  # a checkpoint: only one of the teachers the run learns from
+        source = checkpoint_file(cfg.init_from)
+        named = [os.path.realpath(p) for p in cfg.teacher.split(",")] if cfg.teacher and teachers else []
+        if source is None or os.path.realpath(source) not in named:
+            raise UserError(f"--minutes plans a new model from scratch, or one that starts from a teacher it learns "
+                            f"from (--teacher); with --init_from={cfg.init_from} the model is the checkpoint's: drop "
+                            f"--minutes and set max_iters, or train anew")
+        start = teachers[named.index(os.path.realpath(source))]
     if meta and meta.get("chat"):
         raise UserError(f"--minutes plans pretraining on text, and {data_dir} is a chat dataset; fine-tune with a "
                         f"config (config/tangshi_sft.py) instead")
@@ -829,7 +855,7 @@ def plan_run(cfg, given, meta, data_dir, device, dtype, rank, world, elapsed, lo
                 strings = [bytes([i % 256]) for i in range(vocab)]
             corpus = read_corpus(data_dir, meta, strings)
             keys, plan = make_plan(cfg, {k: v for k, v in given.items() if k in PLANNED}, corpus, device, dtype,
-                                   elapsed(), log, world, teachers)
+                                   elapsed(), log, world, teachers, start)
         except UserError as e:
             error = str(e)
         except RuntimeError as e:  # the device failed while probing (a GPU that went away, out of memory)
