@@ -1,7 +1,7 @@
 """train.py --minutes=N on a text the budget uses up: the budget as three runs (plan.py decides; docs/minutes.md,
 "More minutes than a text is worth"). Plans of 0.3 N into out_dir/teacher-a and out_dir/teacher-b (the second with
 the next seed), then one of 0.4 N into out_dir that learns from the text and from both (--teacher), starting from the
-weights of the one with the lower val bpb (--init_from).
+weights of the one with the lower val bpb (--init_from) if it is planned plan.WARM_EPOCHS or fewer.
 
 Each part is a run of its own: its plan, its log.jsonl, its checkpoints, its Ctrl-C. The whole ends by the budget:
 each part by the end of its share, counted from process start, so a part that ends early leaves its time to the
@@ -18,7 +18,7 @@ from dataclasses import asdict, replace
 from nanogpt.errors import UserError
 from nanogpt.out_dir import OutDirLock, latest_form
 from nanogpt.training.metrics import Metrics, read_log
-from nanogpt.training.plan import TEACHER_DIRS, minutes_text, plan_parts
+from nanogpt.training.plan import TEACHER_DIRS, WARM_EPOCHS, minutes_text, plan_parts
 from nanogpt.training.resume import resume_command, saved_settings
 from nanogpt.training.startup import LOCAL_FIELDS
 from nanogpt.training.stopping import Interrupted, StopFlag
@@ -188,8 +188,8 @@ def run_parts(train, cfg, user, given, overrides, plan, t_start, log, config_fil
                         init_from=better(dirs[:number - 1]) if part["distils"] else "scratch")
             part_cfg, part_overrides = replace(user, **keys), {**given, **keys}
             log(f"part {number} of 3 ({what}): a plan of {minutes_text(minutes)} into {out_dir}, seed "
-                f"{part['seed']}" + (f", teachers {teachers}, starting from {keys['init_from']}'s weights"
-                                     if part["distils"] else ""))
+                f"{part['seed']}" + (f", teachers {teachers}, from {keys['init_from']}'s weights if it is planned "
+                                     f"{WARM_EPOCHS:g} epochs or fewer" if part["distils"] else ""))
         summary = train(part_cfg, part_overrides, quiet, t_start=t_start if number == 1 and not resuming else begin,
                         config_files=config_files, whole=whole)
         if summary.get("interrupted"):

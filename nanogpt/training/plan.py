@@ -522,8 +522,8 @@ def parts_lines(parts, minutes, out_dir, seed, world):
         return [f"the {minutes_text(minutes)} go to three runs instead (a text used up gives more to three shorter "
                 f"runs than to one): plans of {a} and {b} minutes into {out_dir}/{first['dir']} and "
                 f"{out_dir}/{second['dir']} (seeds {first['seed']} and {second['seed']}), then one of {c} into "
-                f"{out_dir} that learns from the text and from both (--teacher), starting from the better one's "
-                f"weights; the three ended {measured} "
+                f"{out_dir} that learns from the text and from both (--teacher), from the better one's weights if "
+                f"it is planned {WARM_EPOCHS:g} epochs or fewer; the three ended {measured} "
                 f"(docs/minutes.md, \"More minutes than a text is worth\"); --plan_teachers=False keeps one run"]
     if world > 1:
         return [f"on a text used up three shorter runs do better than one: --minutes={a} --out_dir={out_dir}-a "
