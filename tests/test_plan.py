@@ -822,8 +822,10 @@ def test_a_run_that_starts_from_a_teacher_takes_its_shape_for_up_to_5_epochs(fix
     """A run of --teacher may start from one of them (--init_from, as a plan in parts' third part does: on 西游记's
     first 300 KB it passed the third from scratch in half the iterations): the plan takes that checkpoint's shape,
     where alone it would choose another, and says why. Past 5 epochs a new model caught up (on Pride and Prejudice's
-    100 KB, 0.7% lower for 9): the plan is one from scratch, its shape the budget's."""
-    monkeypatch.setattr(planning, "teaching_seconds", lambda *a: 0.01)
+    100 KB, 0.7% lower for 9): the plan is one from scratch, its shape the budget's, on the teachers' time already
+    measured."""
+    timed = []
+    monkeypatch.setattr(planning, "teaching_seconds", lambda *a: timed.append(a) or 0.01)
     teacher = {"n_layer": 6, "n_embd": 256, "n_head": 4, "block_size": 64, "vocab_size": 65, "dropout": 0.0,
                "value_embeds": 1}
     cfg = TrainConfig(minutes=10, device="cpu", teacher="a,b", plan_teachers=False)
@@ -838,8 +840,10 @@ def test_a_run_that_starts_from_a_teacher_takes_its_shape_for_up_to_5_epochs(fix
     assert "the shape of the teacher whose weights it starts from" in plan["why"][2]
     # a budget that buys more epochs: from scratch, as the same plan without a start would be
     long, args = replace(cfg, minutes=120), (corpus(train_tokens=100_000), *args[1:])
+    timed.clear()
     keys, plan = make_plan(long, {}, *args, elapsed=3.0, log=lambda *a: None, teachers=[teacher, teacher],
                            start=teacher)
+    assert len(timed) == 1  # the teachers timed once, not again for the plan from scratch
     free, _ = make_plan(long, {}, *args, elapsed=3.0, log=lambda *a: None, teachers=[teacher, teacher])
     assert plan["epochs"] > planning.WARM_EPOCHS and keys == {**free, "init_from": "scratch"}
     assert plan["why"][3].startswith("from scratch, not from the better teacher's weights: past 5 epochs")

@@ -91,7 +91,7 @@ def measured(out_dir):
 
 def better(teachers):
     """The teacher (an out_dir) whose best checkpoint has the lower val bpb, whose weights the model starts from
-    (plan.WARM_START); "scratch" where neither has one."""
+    where its plan is short (plan.WARM_EPOCHS); "scratch" where neither has one."""
     scored = [(score, d) for d in teachers if (score := measured(d)) is not None]
     return min(scored)[1] if scored else "scratch"
 

@@ -589,13 +589,14 @@ def why_slow(cfg, seconds, vocab_size, device):
     return text
 
 
-def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, teachers=(), start=None):
+def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, teachers=(), start=None, teaching=None):
     """(keys, plan): the config keys of the best run of cfg.minutes for corpus on this machine, and the plan's
     record (what it chose, why, and its prediction). given: the keys the user set, which stay as they are;
     elapsed: the seconds already spent since the process started (they count in the budget); world: the processes
     under torchrun, each taking a share of every iteration's micro-batches; teachers: the model_args of the
     checkpoints a --teacher run learns from, whose forward passes each iteration also runs; start: the model_args of
-    the one of them whose weights the run starts from (WARM_START), whose shape it takes."""
+    the one of them whose weights the run starts from (WARM_START), whose shape it takes; teaching: the seconds the
+    teachers add to an iteration, where a plan made again from scratch has timed them already."""
     budget = cfg.minutes * 60
     pinned = {k: v for k, v in (start or {}).items() if k in PLANNED and k != "dropout"}  # the weights' shape
     block = pinned.get("block_size") or given.get("block_size") or largest_block(corpus)
@@ -623,7 +624,8 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
     speed = probe(candidates, corpus.vocab_size, device, dtype, budget, 0.0 if "dropout" in given else max(dropouts),
                   left=train_seconds())
     if teachers:  # every candidate runs the same batches, so the teachers add the same time to each
-        speed.teaching = teaching_seconds(next(iter(candidates.values())), teachers, corpus.vocab_size, device, dtype)
+        speed.teaching = (teaching_seconds(next(iter(candidates.values())), teachers, corpus.vocab_size, device, dtype)
+                          if teaching is None else teaching)
     elapsed += time.time() - t0
 
     uniform = math.log2(max(2, corpus.vocab_size)) / corpus.bytes_per_token  # bits per byte of no training at all
@@ -693,7 +695,8 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
     keys.update(block_size=block, dropout=dropout)
     tokens_per_iter = chosen.batch_size * chosen.block_size * chosen.gradient_accumulation_steps
     if pinned and iters * tokens_per_iter > WARM_EPOCHS * corpus.train_tokens:  # a new model catches up
-        keys, plan = make_plan(cfg, given, corpus, device, dtype, elapsed, log, world, teachers)
+        keys, plan = make_plan(cfg, given, corpus, device, dtype, elapsed, log, world, teachers,
+                               teaching=speed.teaching)
         plan["why"].insert(3, f"from scratch, not from the better teacher's weights: past {WARM_EPOCHS:g} epochs a new "
                               f"model catches up with one that starts from a teacher")
         return {**keys, "init_from": "scratch"}, plan
