@@ -6,6 +6,7 @@ import os
 import signal
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -13,8 +14,10 @@ import train as train_module
 from nanogpt.training import plan as planning
 from nanogpt.errors import UserError
 from nanogpt.out_dir import OutDirLock
-from nanogpt.training.parts import checked, plan_in_parts, user_settings
+from nanogpt.source import Source, load_model
+from nanogpt.training.parts import better, checked, measured, plan_in_parts, user_settings
 from nanogpt.training.train_config import TrainConfig
+from test_train import TINY
 from train import train
 
 SHAPE = dict(n_layer=2, n_embd=64, n_head=2)  # the shape set: one candidate, quick to probe and to train
@@ -50,9 +53,10 @@ def test_a_text_used_up_early_trains_two_teachers_then_a_model_from_both_within_
     assert student["teacher"] == f"{os.path.abspath(a)}/ckpt.pt,{os.path.abspath(b)}/ckpt.pt"
     assert student["distill"] == 0.8 and not student["plan_teachers"]
     assert [saved(os.path.join(d, "ckpt.pt"))["config"]["seed"] for d in (a, b)] == [1337, 1338]
-    # it starts from the weights of the teacher whose best checkpoint scored lower: its first evaluation is that
-    # checkpoint's, far below a new model's (about log2 of the vocabulary a byte)
-    scores = [records(d, "plan_result")[-1]["measured_val_bpb"] for d in (a, b)]
+    # it starts from the weights of the teacher whose best checkpoint scored lower over the same windows: its first
+    # evaluation is that checkpoint's, far below a new model's (about log2 of the vocabulary a byte)
+    ranked = next(line for line in lines if str(line).startswith("the teachers over the same "))
+    scores = [float(part.split()[1]) for part in ranked.split(": ")[1].split(" (")[0].split(", ")]
     assert student["init_from"] == (a, b)[scores.index(min(scores))]
     first = records(out, "eval")[0]
     assert first["iter"] == 0 and first["val_bpb"] == pytest.approx(min(scores), rel=0.02)
@@ -69,6 +73,43 @@ def test_a_text_used_up_early_trains_two_teachers_then_a_model_from_both_within_
     assert any("three parts: teachers" in line for line in lines)
     assert any("the 2 teachers' forward passes and the loss against them are in the time" in line for line in records(out, "plan")[-1]["why"])
     assert not any(str(line).startswith("override: seed") for line in lines)  # a part's keys are its line's
+
+
+def test_the_third_starts_from_the_teacher_better_over_the_same_windows_whatever_its_own_log_says(
+        tmp_path, char_dataset):
+    # two teachers of one shape: a trains 40 iterations and b 1, each evaluating over windows of its own count;
+    # b's log then claims a val bpb far below a's (its own windows could have said so)
+    dirs = [str(tmp_path / name) for name in planning.TEACHER_DIRS]
+    for out_dir, iters, windows in zip(dirs, (40, 1), (24, 40)):
+        keys = dict(TINY, dataset=str(char_dataset), out_dir=out_dir, max_iters=iters, lr_decay_iters=iters,
+                    eval_interval=iters, eval_windows=windows)
+        train(TrainConfig(**keys), keys, log=lambda *a: None)
+    with open(os.path.join(dirs[1], "log.jsonl"), "a") as f:
+        f.write(json.dumps({"kind": "eval", "iter": 1, "val_loss": 0.01, "val_bpb": 0.01, "train_time": 1.0}) + "\n")
+    assert measured(dirs[1]) < measured(dirs[0])
+    lines = []
+    assert better(dirs, TrainConfig(dataset=str(char_dataset), device="cpu"), lines.append) == dirs[0]
+    # the scores said are each model's over the same 40 windows, the more of the two counts: worked here from the
+    # windows' definition (starts spread evenly over val, block_size tokens each) and the summed loss in bits over
+    # the bytes of the targets (one a character of this ASCII text)
+    val = torch.from_numpy(np.fromfile(os.path.join(char_dataset, "val.bin"), dtype=np.uint16).astype(np.int64))
+    starts = np.linspace(0, len(val) - TINY["block_size"] - 1, 40).round().astype(np.int64)
+    rows = torch.stack([val[s:s + TINY["block_size"] + 1] for s in starts])
+    expected = []
+    for out_dir in dirs:
+        model = load_model(Source(init_from=out_dir))[0]
+        with torch.no_grad():
+            logits, _ = model(rows[:, :-1])
+        nats = torch.nn.functional.cross_entropy(logits.flatten(0, 1), rows[:, 1:].flatten(), reduction="sum")
+        expected.append(nats.item() / math.log(2) / rows[:, 1:].numel())
+    said = lines[-1].split(": ")[1].split(" (")[0]
+    assert lines[-1].startswith("the teachers over the same 40 val windows: ")
+    assert [float(part.split()[1]) for part in said.split(", ")] == pytest.approx(expected, abs=1e-4)
+    assert expected[0] < expected[1]
+    # one teacher with a checkpoint is the one; none, a new model
+    os.remove(os.path.join(dirs[0], "ckpt.pt"))
+    assert better(dirs, TrainConfig(dataset=str(char_dataset), device="cpu"), lines.append) == dirs[1]
+    assert better([str(tmp_path / "none")], TrainConfig(), lines.append) == "scratch"
 
 
 def test_ctrl_c_in_a_part_names_the_whole_and_a_resume_goes_on_from_that_part(

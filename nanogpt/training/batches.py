@@ -92,9 +92,7 @@ def estimate_loss(model, batches, cfg, ctx, rank=0, world=1, token_bytes=None, c
 
     eval_iters random batches per split; with eval_windows, val uses that many
     fixed windows spread evenly over the split instead (a low-noise measure).
-    token_bytes (V,): the UTF-8 bytes of each token; then also val_bpb, bits per
-    byte of val text: the summed loss of the val targets in bits over their bytes,
-    which compares across tokenizers (for one byte per token it is loss / ln 2).
+    token_bytes (V,): the UTF-8 bytes of each token; then also val_bpb (split_loss).
     collective: every rank must run the model equally often (FSDP's all-gathers, DDP's buffer broadcasts): a
     rank with one batch fewer runs one more and ignores it.
     """
@@ -105,33 +103,44 @@ def estimate_loss(model, batches, cfg, ctx, rank=0, world=1, token_bytes=None, c
             parts = batches.windows(split, cfg.eval_windows)
         else:
             parts = (batches.get(split, (EVAL[split], k)) for k in range(cfg.eval_iters))
-        # sum of batch losses x windows, windows; then the summed token loss in nats and the bytes it covers
-        total = torch.zeros(4, dtype=torch.float64, device=batches.device)
-        seen, spare = 0, None
-        for k, (x, y) in enumerate(parts):
-            seen = k + 1
-            spare = spare or (x, y)  # a batch for a rank whose share is one short (even none)
-            if k % world != rank:
-                continue
-            with ctx:
-                logits, loss = model(x, y)
-            total[0] += loss.double() * x.size(0)
-            total[1] += x.size(0)
-            if split == "val" and token_bytes is not None:  # targets of -1 (a chat dataset's context) count nothing
-                total[2] += F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1), reduction="sum",
-                                            ignore_index=-1)
-                total[3] += token_bytes[y.clamp(min=0)][y >= 0].sum()
-        if collective and len(range(rank, seen, world)) < math.ceil(seen / world):
-            with ctx:
-                model(*spare)
-        if world > 1:
-            dist.all_reduce(total)
-        total = total.tolist()  # sync point: once per split per eval
-        out[split] = total[0] / total[1]
+        out[split], bpb = split_loss(model, parts, ctx, batches.device, rank, world,
+                                     token_bytes if split == "val" else None, collective)
         if split == "val" and token_bytes is not None:
-            out["val_bpb"] = total[2] / (math.log(2) * total[3]) if total[3] else None
+            out["val_bpb"] = bpb
     model.train()
     return out
+
+
+@torch.no_grad()
+def split_loss(model, parts, ctx, device, rank=0, world=1, token_bytes=None, collective=False):
+    """(mean loss of the batches `parts` on device, their bits per byte): every rank's share of the batches, summed
+    over the ranks. Bits per byte, with token_bytes (V,) the UTF-8 bytes of each token (else None): the summed loss
+    of the targets in bits over their bytes, which compares across tokenizers (for one byte per token it is
+    loss / ln 2). collective: as estimate_loss's."""
+    # sum of batch losses x windows, windows; then the summed token loss in nats and the bytes it covers
+    total = torch.zeros(4, dtype=torch.float64, device=device)
+    seen, spare = 0, None
+    for k, (x, y) in enumerate(parts):
+        seen = k + 1
+        spare = spare or (x, y)  # a batch for a rank whose share is one short (even none)
+        if k % world != rank:
+            continue
+        with ctx:
+            logits, loss = model(x, y)
+        total[0] += loss.double() * x.size(0)
+        total[1] += x.size(0)
+        if token_bytes is not None:  # targets of -1 (a chat dataset's context) count nothing
+            total[2] += F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1), reduction="sum",
+                                        ignore_index=-1)
+            total[3] += token_bytes[y.clamp(min=0)][y >= 0].sum()
+    if collective and len(range(rank, seen, world)) < math.ceil(seen / world):
+        with ctx:
+            model(*spare)
+    if world > 1:
+        dist.all_reduce(total)
+    total = total.tolist()  # sync point: once per split per eval
+    bpb = total[2] / (math.log(2) * total[3]) if token_bytes is not None and total[3] else None
+    return total[0] / total[1], bpb
 
 
 class ChatBatches:

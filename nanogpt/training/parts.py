@@ -1,7 +1,8 @@
 """train.py --minutes=N on a text the budget uses up: the budget as three runs (plan.py decides; docs/minutes.md,
 "More minutes than a text is worth"). Plans of 0.3 N into out_dir/teacher-a and out_dir/teacher-b (the second with
 the next seed), then one of 0.4 N into out_dir that learns from the text and from both (--teacher), starting from the
-weights of the one with the lower val bpb (--init_from) if it is planned plan.WARM_EPOCHS or fewer.
+weights of the one with the lower val loss over the same val windows (--init_from) if it is planned plan.WARM_EPOCHS
+or fewer.
 
 Each part is a run of its own: its plan, its log.jsonl, its checkpoints, its Ctrl-C. The whole ends by the budget:
 each part by the end of its share, counted from process start, so a part that ends early leaves its time to the
@@ -15,12 +16,18 @@ import os
 import time
 from dataclasses import asdict, replace
 
+from nanogpt.checkpoint import load_checkpoint, model_from_checkpoint
+from nanogpt.dataset import dataset_dir
+from nanogpt.device import autocast, resolve_device, resolve_dtype
 from nanogpt.errors import UserError
 from nanogpt.out_dir import OutDirLock, latest_form
+from nanogpt.source import checkpoint_file
+from nanogpt.tokenizer import read_meta
+from nanogpt.training.batches import Batches, split_loss
 from nanogpt.training.metrics import Metrics, read_log
-from nanogpt.training.plan import TEACHER_DIRS, WARM_EPOCHS, minutes_text, plan_parts
+from nanogpt.training.plan import MIN_WINDOWS, TEACHER_DIRS, WARM_EPOCHS, minutes_text, plan_parts
 from nanogpt.training.resume import resume_command, saved_settings
-from nanogpt.training.startup import LOCAL_FIELDS
+from nanogpt.training.startup import LOCAL_FIELDS, bytes_per_token
 from nanogpt.training.stopping import Interrupted, StopFlag
 from nanogpt.training.train_config import TrainConfig
 
@@ -89,11 +96,32 @@ def measured(out_dir):
     return min(evals, key=lambda r: r["val_loss"])["val_bpb"] if evals else None
 
 
-def better(teachers):
-    """The teacher (an out_dir) whose best checkpoint has the lower val bpb, whose weights the model starts from
-    where its plan is short (plan.WARM_EPOCHS); "scratch" where neither has one."""
-    scored = [(score, d) for d in teachers if (score := measured(d)) is not None]
-    return min(scored)[1] if scored else "scratch"
+def better(teachers, cfg, log):
+    """The teacher (an out_dir) whose best checkpoint has the lower val loss over the same fixed val windows, whose
+    weights the model starts from where its plan is short (plan.WARM_EPOCHS); "scratch" where none has a checkpoint.
+    Each teacher's own evaluations are over as many windows as its plan afforded, and so over windows of their own
+    (24 and 43 on 西游记's first 300 KB ranked two teachers the other way round from the whole val split): both are
+    scored here over the same windows, as many as the more of the two was, in the third's time. cfg: the user's."""
+    found = [(d, path) for d in teachers if (path := checkpoint_file(d)) is not None]
+    if len(found) < 2:
+        return found[0][0] if found else "scratch"
+    device = resolve_device(cfg.device)
+    ctx = autocast(device, resolve_dtype(cfg.dtype, device))
+    ckpts = [load_checkpoint(path) for _, path in found]
+    models = [model_from_checkpoint(ckpt, path, dropout=0.0).to(device).eval()
+              for ckpt, (_, path) in zip(ckpts, found)]
+    counts = [(ckpt.get("config") or {}).get("eval_windows") for ckpt in ckpts]
+    windows = max(n if type(n) is int and n > 0 else MIN_WINDOWS for n in counts)
+    data_dir = dataset_dir(cfg.dataset)
+    meta = read_meta(data_dir)
+    batches = Batches(data_dir, min(m.config.block_size for m in models), MIN_WINDOWS // 2, device, cfg.seed, meta,
+                      models[0].config.vocab_size)
+    token_bytes = bytes_per_token(meta, models[0].config.vocab_size, device, lambda *a: None)
+    scores = [split_loss(m, batches.windows("val", windows), ctx, device, token_bytes=token_bytes) for m in models]
+    shown = ", ".join(f"{os.path.basename(d)} {loss if bpb is None else bpb:.4f}"
+                      for (d, _), (loss, bpb) in zip(found, scores))
+    log(f"the teachers over the same {windows} val windows: {shown} (val {'loss' if token_bytes is None else 'bpb'})")
+    return found[min(range(len(found)), key=lambda i: scores[i][0])][0]
 
 
 def user_settings(plan, cfg, overrides, log):
@@ -185,7 +213,7 @@ def run_parts(train, cfg, user, given, overrides, plan, t_start, log, config_fil
             minutes = round(max(left, part["share"] * budget / 2) / 60, 2)
             keys = dict(out_dir=out_dir, minutes=minutes, seed=part["seed"], plan_teachers=False,
                         teacher=teachers if part["distils"] else "",
-                        init_from=better(dirs[:number - 1]) if part["distils"] else "scratch")
+                        init_from=better(dirs[:number - 1], user, log) if part["distils"] else "scratch")
             part_cfg, part_overrides = replace(user, **keys), {**given, **keys}
             log(f"part {number} of 3 ({what}): a plan of {minutes_text(minutes)} into {out_dir}, seed "
                 f"{part['seed']}" + (f", teachers {teachers}, from {keys['init_from']}'s weights if it is planned "
