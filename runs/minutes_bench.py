@@ -15,8 +15,9 @@ text is used up well before it (from 4.5 minutes); --distil splits any budget, f
 exit; then train.py --dataset=DIR --minutes=(that time) runs, timed the same way. --budgets: one plan per budget.
 Every best.pt is then scored over the whole val split in consecutive windows of --context tokens (64: the shortest
 context of the recipes compared), each token predicted from the window before it, in bits per byte: the same
-tokens and the same contexts for every model. Results go to OUT/results.jsonl, one line a run, and a table.
-Run it on a quiet machine: the budgets are wall time.
+tokens and the same contexts for every model. Results go to OUT/results.jsonl, one line a run, and a table; a plan
+in parts' row also shows its prediction as its teachers' measurements revised it (parts.revised), and how far that is
+off its own evaluation. Run it on a quiet machine: the budgets are wall time.
 """
 import argparse
 import contextlib
@@ -122,7 +123,8 @@ def plan_of(out_dir):
     results = [r for r in records if r.get("kind") == "plan_result"]  # the last: a plan in parts' result
     return {"shape": plan["shape"], "iters": plan["iters"], "epochs": plan["epochs"], "dropout": plan["dropout"],
             "predicted_val_bpb": plan["predicted_val_bpb"], "parts": bool(plan.get("parts")),
-            "measured_val_bpb": results[-1].get("measured_val_bpb") if results else None}
+            "measured_val_bpb": results[-1].get("measured_val_bpb") if results else None,
+            "revised_val_bpb": results[-1].get("revised_val_bpb") if results else None}
 
 
 def teacher_rows(out, dataset, context):
@@ -173,12 +175,13 @@ def main():
     # (train.py's windows at its own context), printed beside it: the two differ by the context each scores with
     nan = float("nan")
     print(f"{'run':34s} {'seconds':>8s} {'budget':>7s} {'val bpb':>8s} {'predicted':>9s} {'its eval':>8s} "
-          f"{'off':>6s} {'shape':>5s} {'epochs':>7s}")
+          f"{'off':>6s} {'shape':>5s} {'epochs':>7s} {'revised':>7s} {'off':>6s}")
     for r in rows:
         if "predicted_val_bpb" in r:  # a plan's run; the recipe's, the ensemble's and the total have no plan
-            measured = r.get("measured_val_bpb") or nan
+            measured, revised = r.get("measured_val_bpb") or nan, r.get("revised_val_bpb") or nan
             plan = (f"{r['budget']:7.1f} {r['bpb']:8.4f} {r['predicted_val_bpb']:9.4f} {measured:8.4f} "
-                    f"{(r['predicted_val_bpb'] / measured - 1) * 100:+5.1f}% {r['shape']:>5s} {r['epochs']:7.1f}")
+                    f"{(r['predicted_val_bpb'] / measured - 1) * 100:+5.1f}% {r['shape']:>5s} {r['epochs']:7.1f}"
+                    + (f" {revised:7.4f} {(revised / measured - 1) * 100:+5.1f}%" if r.get("revised_val_bpb") else ""))
         else:
             plan = f"{'':7s} {r['bpb']:8.4f}"
         print(f"{r['run']:34s} {r['seconds']:8.1f} {plan}")

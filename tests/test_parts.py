@@ -15,7 +15,7 @@ from nanogpt.training import plan as planning
 from nanogpt.errors import UserError
 from nanogpt.out_dir import OutDirLock
 from nanogpt.source import Source, load_model
-from nanogpt.training.parts import better, checked, measured, plan_in_parts, user_settings
+from nanogpt.training.parts import REVISED_SIGMA, better, checked, measured, plan_in_parts, user_settings
 from nanogpt.training.train_config import TrainConfig
 from test_train import TINY
 from train import train
@@ -71,6 +71,14 @@ def test_a_text_used_up_early_trains_two_teachers_then_a_model_from_both_within_
     assert log[-1]["measured_val_bpb"] == pytest.approx(summary["best_val_bpb"])
     assert summary["parts"][:2] == [records(d, "plan_result")[-1]["measured_val_bpb"] for d in (a, b)]
     assert any("three parts: teachers" in line for line in lines)
+    # the prediction, revised once the teachers are measured: by the ratio of their best val bpb to what their own
+    # plans predicted (a text harder than the rule reads is so for all three)
+    teachers = [(records(d, "plan")[-1]["predicted_val_bpb"], records(d, "plan_result")[-1]["measured_val_bpb"])
+                for d in (a, b)]
+    revised = log[0]["predicted_val_bpb"] * (teachers[0][1] + teachers[1][1]) / (teachers[0][0] + teachers[1][0])
+    assert log[-1]["revised_val_bpb"] == pytest.approx(revised)
+    said = next(line for line in lines if str(line).startswith("the teachers measured "))
+    assert f"revised by that, {revised:.3f} +- {revised * REVISED_SIGMA:.3f} (it was {log[0]['predicted_val_bpb']:.3f})" in said
     assert any("the 2 teachers' forward passes and the loss against them are in the time" in line for line in records(out, "plan")[-1]["why"])
     assert not any(str(line).startswith("override: seed") for line in lines)  # a part's keys are its line's
 
