@@ -15,6 +15,7 @@ from nanogpt.training import plan as planning
 from nanogpt.errors import UserError
 from nanogpt.out_dir import OutDirLock
 from nanogpt.source import Source, load_model
+from nanogpt.training import parts
 from nanogpt.training.parts import REVISED_SIGMA, better, checked, measured, plan_in_parts, user_settings
 from nanogpt.training.train_config import TrainConfig
 from test_train import TINY
@@ -57,7 +58,7 @@ def test_a_text_used_up_early_trains_two_teachers_then_a_model_from_both_within_
     # evaluation is that checkpoint's, far below a new model's (about log2 of the vocabulary a byte)
     ranked = next(line for line in lines if str(line).startswith("the teachers over the same "))
     scores = [float(part.split()[1]) for part in ranked.split(": ")[1].split(" (")[0].split(", ")]
-    assert student["init_from"] == (a, b)[scores.index(min(scores))]
+    assert scores[(a, b).index(student["init_from"])] == min(scores)
     first = records(out, "eval")[0]
     assert first["iter"] == 0 and first["val_bpb"] == pytest.approx(min(scores), rel=0.02)
     assert "the shape of the teacher whose weights it starts from" in records(out, "plan")[-1]["why"][2]
@@ -78,13 +79,15 @@ def test_a_text_used_up_early_trains_two_teachers_then_a_model_from_both_within_
     revised = log[0]["predicted_val_bpb"] * (teachers[0][1] + teachers[1][1]) / (teachers[0][0] + teachers[1][0])
     assert log[-1]["revised_val_bpb"] == pytest.approx(revised)
     said = next(line for line in lines if str(line).startswith("the teachers measured "))
-    assert f"revised by that, {revised:.3f} +- {revised * REVISED_SIGMA:.3f} (it was {log[0]['predicted_val_bpb']:.3f})" in said
+    was = log[0]["predicted_val_bpb"]
+    assert f"revised by that, {revised:.3f} +- {revised * REVISED_SIGMA:.3f} (it was {was:.3f})" in said
+    assert parts.revised(log[0], [a, str(tmp_path / "none")]) is None  # a teacher without a plan: no revision
     assert any("the 2 teachers' forward passes and the loss against them are in the time" in line for line in records(out, "plan")[-1]["why"])
     assert not any(str(line).startswith("override: seed") for line in lines)  # a part's keys are its line's
 
 
 def test_the_third_starts_from_the_teacher_better_over_the_same_windows_whatever_its_own_log_says(
-        tmp_path, char_dataset):
+        tmp_path, char_dataset, monkeypatch):
     # two teachers of one shape: a trains 40 iterations and b 1, each evaluating over windows of its own count;
     # b's log then claims a val bpb far below a's (its own windows could have said so)
     dirs = [str(tmp_path / name) for name in planning.TEACHER_DIRS]
@@ -112,8 +115,18 @@ def test_the_third_starts_from_the_teacher_better_over_the_same_windows_whatever
         expected.append(nats.item() / math.log(2) / rows[:, 1:].numel())
     said = lines[-1].split(": ")[1].split(" (")[0]
     assert lines[-1].startswith("the teachers over the same 40 val windows: ")
-    assert [float(part.split()[1]) for part in said.split(", ")] == pytest.approx(expected, abs=1e-4)
+    assert [float(part.split()[1]) for part in said.split(", ")] == pytest.approx(expected, abs=1e-5)
     assert expected[0] < expected[1]
+    # windows beyond the val split's distinct ones are the split's (a teacher that evaluated over random batches
+    # counts as MIN_WINDOWS, more than a tiny split holds)
+    val_windows = len(val) - TINY["block_size"]
+    monkeypatch.setattr(parts, "MIN_WINDOWS", val_windows + 100)
+    for out_dir in dirs:
+        ckpt = saved(os.path.join(out_dir, "ckpt.pt"))
+        ckpt["config"]["eval_windows"] = 0
+        torch.save(ckpt, os.path.join(out_dir, "ckpt.pt"))
+    assert better(dirs, TrainConfig(dataset=str(char_dataset), device="cpu"), lines.append) == dirs[0]
+    assert lines[-1].startswith(f"the teachers over the same {val_windows} val windows: ")
     # one teacher with a checkpoint is the one; none, a new model
     os.remove(os.path.join(dirs[0], "ckpt.pt"))
     assert better(dirs, TrainConfig(dataset=str(char_dataset), device="cpu"), lines.append) == dirs[1]

@@ -97,28 +97,38 @@ def measured(out_dir):
 
 
 def better(teachers, cfg, log):
-    """The teacher (an out_dir) whose best checkpoint has the lower val loss over the same fixed val windows, whose
-    weights the model starts from where its plan is short (plan.WARM_EPOCHS); "scratch" where none has a checkpoint.
-    Each teacher's own evaluations are over as many windows as its plan afforded, and so over windows of their own
-    (24 and 43 on 西游记's first 300 KB ranked two teachers the other way round from the whole val split): both are
-    scored here over the same windows, as many as the more of the two was, in the third's time. cfg: the user's."""
+    """The teacher (an out_dir) whose checkpoint (ckpt.pt: a plan's best val loss) has the lower val loss over the
+    same fixed val windows, whose weights the model starts from where its plan is short (plan.WARM_EPOCHS); "scratch"
+    where none has a checkpoint. Each teacher's own evaluations read as many windows as its plan afforded, a set of
+    their own, too few to rank two models on: both are scored here over the same windows, as many as the more of
+    the two read (at most the val split's), in the third's time. cfg: the user's."""
     found = [(d, path) for d in teachers if (path := checkpoint_file(d)) is not None]
     if len(found) < 2:
         return found[0][0] if found else "scratch"
+    models, windows, batch = [], [], []
+    for _, path in found:  # one checkpoint in memory at a time: the weights are kept, the optimizer's state is not
+        ckpt = load_checkpoint(path)
+        models.append(model_from_checkpoint(ckpt, path, dropout=0.0).eval())
+        saved = ckpt.get("config") or {}
+        n, b = saved.get("eval_windows"), saved.get("batch_size")
+        windows.append(n if type(n) is int and n > 0 else MIN_WINDOWS)
+        batch.append(b if type(b) is int and b > 0 else MIN_WINDOWS // 2)
+        del ckpt
     device = resolve_device(cfg.device)
     ctx = autocast(device, resolve_dtype(cfg.dtype, device))
-    ckpts = [load_checkpoint(path) for _, path in found]
-    models = [model_from_checkpoint(ckpt, path, dropout=0.0).to(device).eval()
-              for ckpt, (_, path) in zip(ckpts, found)]
-    counts = [(ckpt.get("config") or {}).get("eval_windows") for ckpt in ckpts]
-    windows = max(n if type(n) is int and n > 0 else MIN_WINDOWS for n in counts)
     data_dir = dataset_dir(cfg.dataset)
     meta = read_meta(data_dir)
-    batches = Batches(data_dir, min(m.config.block_size for m in models), MIN_WINDOWS // 2, device, cfg.seed, meta,
-                      models[0].config.vocab_size)
-    token_bytes = bytes_per_token(meta, models[0].config.vocab_size, device, lambda *a: None)
-    scores = [split_loss(m, batches.windows("val", windows), ctx, device, token_bytes=token_bytes) for m in models]
-    shown = ", ".join(f"{os.path.basename(d)} {loss if bpb is None else bpb:.4f}"
+    vocab_size = models[0].config.vocab_size
+    batches = Batches(data_dir, min(m.config.block_size for m in models), min(batch), device, cfg.seed, meta,
+                      vocab_size)
+    windows = min(max(windows), len(batches.data["val"]) - batches.block_size)  # the split's distinct windows
+    token_bytes = bytes_per_token(meta, vocab_size, device, lambda *a: None)
+    scores = []
+    for model in models:  # on the device one at a time
+        scores.append(split_loss(model.to(device), batches.windows("val", windows), ctx, device,
+                                 token_bytes=token_bytes))
+        model.to("cpu")
+    shown = ", ".join(f"{os.path.basename(d)} {loss if bpb is None else bpb:.5f}"
                       for (d, _), (loss, bpb) in zip(found, scores))
     log(f"the teachers over the same {windows} val windows: {shown} (val {'loss' if token_bytes is None else 'bpb'})")
     return found[min(range(len(found)), key=lambda i: scores[i][0])][0]
