@@ -178,10 +178,10 @@ def main():
           f"{'off':>6s} {'shape':>5s} {'epochs':>7s} {'revised':>7s} {'off':>6s}")
     for r in rows:
         if "predicted_val_bpb" in r:  # a plan's run; the recipe's, the ensemble's and the total have no plan
-            measured, revised = r.get("measured_val_bpb") or nan, r.get("revised_val_bpb") or nan
+            measured, revised = r.get("measured_val_bpb") or nan, r.get("revised_val_bpb")
             plan = (f"{r['budget']:7.1f} {r['bpb']:8.4f} {r['predicted_val_bpb']:9.4f} {measured:8.4f} "
                     f"{(r['predicted_val_bpb'] / measured - 1) * 100:+5.1f}% {r['shape']:>5s} {r['epochs']:7.1f}"
-                    + (f" {revised:7.4f} {(revised / measured - 1) * 100:+5.1f}%" if r.get("revised_val_bpb") else ""))
+                    + (f" {revised:7.4f} {(revised / measured - 1) * 100:+5.1f}%" if revised else ""))
         else:
             plan = f"{'':7s} {r['bpb']:8.4f}"
         print(f"{r['run']:34s} {r['seconds']:8.1f} {plan}")

@@ -54,10 +54,14 @@ class Batches:
         rng = np.random.default_rng([self.seed, *key])
         return self.batch(split, rng.integers(0, len(data) - self.block_size, self.batch_size))
 
+    def distinct_windows(self, split):
+        """How many distinct windows of block_size tokens (and their targets) the split holds."""
+        return len(self.data[split]) - self.block_size
+
     def check_windows(self, split, n):
         """n fixed windows are at most the split's distinct ones: more would only repeat windows, and the
         starts of n windows take 16 n bytes."""
-        distinct = len(self.data[split]) - self.block_size
+        distinct = self.distinct_windows(split)
         if n > distinct:
             raise UserError(f"eval_windows ({n:,}) is more than the {distinct:,} distinct windows of "
                             f"{self.block_size} tokens that {self.paths[split]} holds; use --eval_windows={distinct} "

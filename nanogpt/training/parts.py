@@ -121,7 +121,7 @@ def better(teachers, cfg, log):
     vocab_size = models[0].config.vocab_size
     batches = Batches(data_dir, min(m.config.block_size for m in models), min(batch), device, cfg.seed, meta,
                       vocab_size)
-    windows = min(max(windows), len(batches.data["val"]) - batches.block_size)  # the split's distinct windows
+    windows = min(max(windows), batches.distinct_windows("val"))
     token_bytes = bytes_per_token(meta, vocab_size, device, lambda *a: None)
     scores = []
     for model in models:  # on the device one at a time
