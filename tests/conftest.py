@@ -67,9 +67,98 @@ def optimizer_settings(**changes):
     return OptimizerSettings.of(TrainConfig(**changes))
 
 
+# What Python, torch and the libraries beneath them read as they start (a forked child has started already): a run
+# that sets any of these otherwise than the fork server's own environment gets a new interpreter
+STARTUP_VARIABLES = ("PYTHON", "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "DNNL_", "ONEDNN_", "TORCH", "PYTORCH",
+                     "CUDA_", "NCCL_", "LD_", "LANG", "LC_", "MALLOC_")
+
+
 def run_script(args, cwd=ROOT, timeout=300, env=None):
-    """Run a repository script as a user would; returns the CompletedProcess."""
+    """Run a repository script as a user would: `python args...` in cwd; returns the CompletedProcess. A script run
+    is a child of the fork server (tests/forkserver.py), which has imported torch once for all of them."""
     import subprocess
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    if _forkserver.takes(args, full_env):
+        return _forkserver.run(args, cwd, full_env, timeout)
     return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
                           env=full_env)
+
+
+class _ForkServer:
+    """The test's side of tests/forkserver.py: started on the first run it takes, one per pytest worker, one run at
+    a time (a run asked for while another is under way gets a new interpreter)."""
+
+    def __init__(self):
+        import threading
+        self.lock = threading.Lock()
+        self.sock = self.process = self.env = None
+
+    def takes(self, args, env):
+        if os.environ.get("NANOGPT_TEST_FRESH_PROCESSES") or sys.platform != "linux" or not args:
+            return False
+        if args[0].startswith("-") or not args[0].endswith(".py"):
+            return False
+        base = self.env if self.env is not None else {**os.environ, "PYTHONUNBUFFERED": "1"}
+        names = {k for k in {*base, *env} if k.startswith(STARTUP_VARIABLES)}
+        return all(base.get(k) == env.get(k) for k in names)
+
+    def start(self):
+        import atexit
+        import socket
+        import subprocess
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.process = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "forkserver.py"),
+                                         str(theirs.fileno())], pass_fds=[theirs.fileno()], env=self.env,
+                                        stdin=subprocess.DEVNULL)
+        theirs.close()
+        self.sock = ours
+        atexit.register(self.stop)
+
+    def stop(self):
+        if self.sock is not None:
+            self.sock.close()
+            self.process.wait(timeout=30)
+
+    def run(self, args, cwd, env, timeout):
+        import json
+        import locale
+        import socket
+        import subprocess
+        if not self.lock.acquire(blocking=False):
+            return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                                  env=env)
+        try:
+            if self.sock is None:
+                self.start()
+            with open(os.devnull, "rb") as stdin, tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+                request = json.dumps({"argv": list(args), "cwd": os.path.abspath(cwd), "env": env}).encode()
+                socket.send_fds(self.sock, [request], [stdin.fileno(), out.fileno(), err.fileno()])
+                pid = json.loads(self.sock.recv(1 << 16))["pid"]
+                self.sock.settimeout(timeout)
+                try:
+                    answer = self.sock.recv(1 << 16)
+                except TimeoutError:
+                    os.kill(pid, signal.SIGKILL)
+                    self.sock.settimeout(None)
+                    self.sock.recv(1 << 16)
+                    raise subprocess.TimeoutExpired([sys.executable, *args], timeout, self._text(out),
+                                                    self._text(err)) from None
+                finally:
+                    self.sock.settimeout(None)
+                returncode = json.loads(answer)["returncode"]
+                return subprocess.CompletedProcess([sys.executable, *args], returncode, self._text(out),
+                                                   self._text(err))
+        finally:
+            self.lock.release()
+
+    @staticmethod
+    def _text(file):
+        """What subprocess.run(text=True) gives for a stream: the locale's decoding, newlines made \\n."""
+        import locale
+        file.seek(0)
+        text = file.read().decode(locale.getpreferredencoding(False))
+        return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+_forkserver = _ForkServer()
