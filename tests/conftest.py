@@ -96,7 +96,7 @@ class _ForkServer:
     def takes(self, args, env):
         if os.environ.get("NANOGPT_TEST_FRESH_PROCESSES") or sys.platform != "linux" or not args:
             return False
-        if args[0].startswith("-") or not args[0].endswith(".py"):
+        if not (args[0].endswith(".py") and not args[0].startswith("-") or args[0] == "-m" and len(args) > 1):
             return False
         base = self.env if self.env is not None else {**os.environ, "PYTHONUNBUFFERED": "1"}
         names = {k for k in {*base, *env} if k.startswith(STARTUP_VARIABLES)}

@@ -1,11 +1,12 @@
 """A Python that imports torch and numpy once and forks a fresh child to run each script conftest.run_script asks for.
 
-Starting Python and importing torch takes 1.5 to 2 seconds of a core, and the suite runs about 400 scripts: a third of
-its time on 2 cores went to those imports. A child forked from here is a new process in every way a test can see (its
-own pid, argv, working directory, environment, stdin, stdout, stderr and exit code; a traceback and exit 1 for an
-exception, as `python script.py` prints), except that torch and numpy are already in sys.modules. So run_script sends
-here only the runs where that cannot matter: a script path (not -c or -m), and no variable that Python, torch or the
-C libraries beneath it read when they start (conftest.STARTUP_VARIABLES) set otherwise than in this process.
+Starting Python and importing torch takes 1.5 to 2 seconds of a core, and torch._dynamo, which any optimizer imports,
+1.3 more; the suite runs about 400 scripts, and on 2 cores a third of its time went to those imports. A child forked
+from here is a new process in every way a test can see (its own pid, argv, working directory, environment, stdin,
+stdout, stderr and exit code; a traceback and exit 1 for an exception, as `python script.py` prints), except that
+torch and numpy are already in sys.modules. So run_script sends here only the runs where that cannot matter: a script
+path, or -m and a module (not -c), and no variable that Python, torch or the C libraries beneath them read when they
+start (conftest.STARTUP_VARIABLES) set otherwise than in this process.
 
 Protocol, over the packet socket on the file descriptor given as argv[1] (each message one packet): the test's side
 sends a request (a JSON object: argv, cwd, env) with its stdin, stdout and stderr as three file descriptors; this side
@@ -17,7 +18,8 @@ import socket
 import sys
 
 import numpy
-import torch  # noqa: F401  (the import every child is spared)
+import torch  # noqa: F401  (the imports every child is spared)
+import torch._dynamo  # noqa: F401  (any optimizer's first param group imports it: 1.3 s more of every training run)
 
 
 def serve(sock):
@@ -47,8 +49,12 @@ def become(request, fds):
     os.environ.clear()
     os.environ.update(request["env"])
     numpy.random.seed()  # a fresh interpreter seeds numpy's global generator from the OS, not from its parent
-    sys.argv = request["argv"]
-    sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))
+    if request["argv"][0] == "-m":  # python -m module: the module's file as argv[0] (run_module sets it), cwd first
+        sys.argv = request["argv"][1:]
+        sys.path[0] = os.getcwd()
+    else:
+        sys.argv = request["argv"]
+        sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))
 
 
 if __name__ == "__main__":
@@ -56,6 +62,8 @@ if __name__ == "__main__":
     if served is None:
         sys.exit(0)
     become(*served)
-    del served
     import runpy
-    runpy.run_path(sys.argv[0], run_name="__main__")  # its exit, exception or traceback is this process's
+    if served[0]["argv"][0] == "-m":  # its exit, exception or traceback is this process's
+        runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+    else:
+        runpy.run_path(sys.argv[0], run_name="__main__")
