@@ -142,8 +142,8 @@ class _ForkServer:
                     os.kill(pid, signal.SIGKILL)
                     self.sock.settimeout(None)
                     self.sock.recv(1 << 16)
-                    raise subprocess.TimeoutExpired([sys.executable, *args], timeout, self._text(out),
-                                                    self._text(err)) from None
+                    out.seek(0), err.seek(0)  # subprocess.run's own gives what was read as bytes, even as text
+                    raise subprocess.TimeoutExpired([sys.executable, *args], timeout, out.read(), err.read()) from None
                 finally:
                     self.sock.settimeout(None)
                 returncode = json.loads(answer)["returncode"]

@@ -65,5 +65,9 @@ if __name__ == "__main__":
     import runpy
     if served[0]["argv"][0] == "-m":  # its exit, exception or traceback is this process's
         runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+    elif not os.path.isfile(sys.argv[0]):  # as Python says it
+        print(f"{sys.executable}: can't open file {os.path.abspath(sys.argv[0])!r}: [Errno 2] No such file or "
+              f"directory", file=sys.stderr)
+        sys.exit(2)
     else:
         runpy.run_path(sys.argv[0], run_name="__main__")
