@@ -70,7 +70,9 @@ def optimizer_settings(**changes):
 # What Python, torch and the libraries beneath them read as they start (a forked child has started already): a run
 # that sets any of these otherwise than the fork server's own environment gets a new interpreter
 STARTUP_VARIABLES = ("PYTHON", "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "DNNL_", "ONEDNN_", "TORCH", "PYTORCH",
-                     "CUDA_", "NCCL_", "LD_", "LANG", "LC_", "MALLOC_")
+                     "CUDA_", "NCCL_", "LD_", "LANG", "LC_", "MALLOC_", "TMPDIR", "TMP", "TEMP")
+# but not what importing torch._dynamo writes into os.environ itself (the tests' own process and the server differ)
+SET_BY_TORCH = {"TORCHINDUCTOR_CACHE_DIR"}
 
 
 def run_script(args, cwd=ROOT, timeout=300, env=None):
@@ -99,7 +101,7 @@ class _ForkServer:
         if not (args[0].endswith(".py") and not args[0].startswith("-") or args[0] == "-m" and len(args) > 1):
             return False
         base = self.env if self.env is not None else {**os.environ, "PYTHONUNBUFFERED": "1"}
-        names = {k for k in {*base, *env} if k.startswith(STARTUP_VARIABLES)}
+        names = {k for k in {*base, *env} if k.startswith(STARTUP_VARIABLES)} - SET_BY_TORCH
         return all(base.get(k) == env.get(k) for k in names)
 
     def start(self):
@@ -116,13 +118,17 @@ class _ForkServer:
         atexit.register(self.stop)
 
     def stop(self):
+        """Close the server (it exits when its socket does); the next run starts another."""
         if self.sock is not None:
             self.sock.close()
-            self.process.wait(timeout=30)
+            self.sock = None
+            try:
+                self.process.wait(timeout=30)
+            except __import__("subprocess").TimeoutExpired:
+                self.process.kill()
 
     def run(self, args, cwd, env, timeout):
         import json
-        import locale
         import socket
         import subprocess
         if not self.lock.acquire(blocking=False):
@@ -133,20 +139,30 @@ class _ForkServer:
                 self.start()
             with open(os.devnull, "rb") as stdin, tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
                 request = json.dumps({"argv": list(args), "cwd": os.path.abspath(cwd), "env": env}).encode()
-                socket.send_fds(self.sock, [request], [stdin.fileno(), out.fileno(), err.fileno()])
-                pid = json.loads(self.sock.recv(1 << 16))["pid"]
-                self.sock.settimeout(timeout)
                 try:
-                    answer = self.sock.recv(1 << 16)
-                except TimeoutError:
-                    os.kill(pid, signal.SIGKILL)
+                    socket.send_fds(self.sock, [request], [stdin.fileno(), out.fileno(), err.fileno()])
+                    pid = json.loads(self.sock.recv(1 << 16))["pid"]
+                    self.sock.settimeout(timeout)
+                    try:
+                        answer = self.sock.recv(1 << 16)
+                    except TimeoutError:
+                        answer = None
                     self.sock.settimeout(None)
-                    self.sock.recv(1 << 16)
-                    out.seek(0), err.seek(0)  # subprocess.run's own gives what was read as bytes, even as text
-                    raise subprocess.TimeoutExpired([sys.executable, *args], timeout, out.read(), err.read()) from None
-                finally:
-                    self.sock.settimeout(None)
-                returncode = json.loads(answer)["returncode"]
+                    if answer is None:
+                        try:  # it may have ended as the time ran out: then it was reaped and its pid is free
+                            answer = self.sock.recv(1 << 16, socket.MSG_DONTWAIT)
+                        except BlockingIOError:
+                            os.kill(pid, signal.SIGKILL)  # not reaped before the server answers: still the child
+                            self.sock.recv(1 << 16)
+                            out.seek(0), err.seek(0)  # subprocess.run's gives what it read as bytes, even as text
+                            raise subprocess.TimeoutExpired([sys.executable, *args], timeout, out.read() or None,
+                                                            err.read() or None) from None
+                    returncode = json.loads(answer)["returncode"]
+                except subprocess.TimeoutExpired:
+                    raise
+                except BaseException:  # a server gone or a conversation cut short: the next run starts another
+                    self.stop()
+                    raise
                 return subprocess.CompletedProcess([sys.executable, *args], returncode, self._text(out),
                                                    self._text(err))
         finally:

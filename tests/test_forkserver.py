@@ -11,6 +11,7 @@ SCRIPT = """import os, sys
 import torch
 print("argv", sys.argv[1:], "cwd", os.getcwd(), "env", os.environ.get("PROBE_VALUE"), "pid", os.getpid())
 print("path0", sys.path[0], "name", __name__, "threads", torch.get_num_threads())
+print("file", __file__, "seed", torch.initial_seed(), "parent", os.getppid())
 print("to stderr", file=sys.stderr)
 if sys.argv[1] == "fail":
     raise ValueError("planted")
@@ -29,11 +30,29 @@ def test_a_script_runs_as_its_own_process_with_its_argv_cwd_env_streams_and_exit
         assert f"argv ['{code}', 'two words'] cwd {work} env {code} pid " in run.stdout
         assert f"path0 {tmp_path} name __main__ threads {__import__('torch').get_num_threads()}" in run.stdout
         assert run.stderr == "to stderr\n"
+        assert f"file {script} seed " in run.stdout  # __file__ absolute, as Python 3.9 on makes it
     pids = {int(run.stdout.split(" pid ")[1].split()[0]) for run in runs}
     assert len(pids) == 2 and os.getpid() not in pids
+    seeds = {run.stdout.split(" seed ")[1].split()[0] for run in runs}
+    assert len(seeds) == 2  # torch seeds itself afresh in each new process
     failed = run_script([str(script), "fail"], cwd=work)
     assert failed.returncode == 1
-    assert failed.stderr.rstrip().endswith("ValueError: planted") and "Traceback" in failed.stderr
+    lines = failed.stderr.splitlines()  # the traceback starts at the script, as `python script.py` prints it
+    assert lines[:2] == ["to stderr", "Traceback (most recent call last):"]
+    assert lines[2].startswith(f'  File "{script}", line ')
+    assert lines[-1] == "ValueError: planted"
+
+
+@pytest.mark.skipif(bool(os.environ.get("NANOGPT_TEST_FRESH_PROCESSES")), reason="the fork server is turned off")
+def test_the_server_still_forks_after_torch_wrote_its_own_variable_into_the_environment(tmp_path):
+    """Importing torch._dynamo (any optimizer does) sets TORCHINDUCTOR_CACHE_DIR in this process: not a reason to
+    start every later script in a new interpreter."""
+    import torch._dynamo  # noqa: F401
+    assert "TORCHINDUCTOR_CACHE_DIR" in os.environ
+    script = tmp_path / "probe.py"
+    script.write_text(SCRIPT)
+    run = run_script([str(script), "0"])
+    assert run.returncode == 0 and f" parent {os.getpid()}\n" not in run.stdout  # a fork server's child
 
 
 def test_a_variable_read_at_startup_gets_a_new_interpreter(tmp_path):
