@@ -71,8 +71,6 @@ def optimizer_settings(**changes):
 # that sets any of these otherwise than the fork server's own environment gets a new interpreter
 STARTUP_VARIABLES = ("PYTHON", "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "DNNL_", "ONEDNN_", "TORCH", "PYTORCH",
                      "CUDA_", "NCCL_", "LD_", "LANG", "LC_", "MALLOC_", "TMPDIR", "TMP", "TEMP")
-# but not what importing torch._dynamo writes into os.environ itself (the tests' own process and the server differ)
-SET_BY_TORCH = {"TORCHINDUCTOR_CACHE_DIR"}
 
 
 def run_script(args, cwd=ROOT, timeout=300, env=None):
@@ -100,9 +98,14 @@ class _ForkServer:
             return False
         if not (args[0].endswith(".py") and not args[0].startswith("-") or args[0] == "-m" and len(args) > 1):
             return False
-        base = self.env if self.env is not None else {**os.environ, "PYTHONUNBUFFERED": "1"}
-        names = {k for k in {*base, *env} if k.startswith(STARTUP_VARIABLES)} - SET_BY_TORCH
-        return all(base.get(k) == env.get(k) for k in names)
+        base = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if self.env is not None and self.startup(self.env) != self.startup(base):
+            self.stop()  # this process's own environment changed (imports write some: torch._dynamo, lm_eval)
+        return self.startup(env) == self.startup(base)  # and this run sets none otherwise
+
+    @staticmethod
+    def startup(env):
+        return {k: v for k, v in env.items() if k.startswith(STARTUP_VARIABLES)}
 
     def start(self):
         import atexit
@@ -119,6 +122,7 @@ class _ForkServer:
 
     def stop(self):
         """Close the server (it exits when its socket does); the next run starts another."""
+        self.env = None
         if self.sock is not None:
             self.sock.close()
             self.sock = None

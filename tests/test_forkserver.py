@@ -44,15 +44,17 @@ def test_a_script_runs_as_its_own_process_with_its_argv_cwd_env_streams_and_exit
 
 
 @pytest.mark.skipif(bool(os.environ.get("NANOGPT_TEST_FRESH_PROCESSES")), reason="the fork server is turned off")
-def test_the_server_still_forks_after_torch_wrote_its_own_variable_into_the_environment(tmp_path):
-    """Importing torch._dynamo (any optimizer does) sets TORCHINDUCTOR_CACHE_DIR in this process: not a reason to
-    start every later script in a new interpreter."""
-    import torch._dynamo  # noqa: F401
-    assert "TORCHINDUCTOR_CACHE_DIR" in os.environ
+def test_the_server_follows_this_process_when_an_import_writes_into_its_environment(tmp_path, monkeypatch):
+    """Imports write startup variables into this process's environment (torch._dynamo TORCHINDUCTOR_CACHE_DIR,
+    lm_eval KMP_DUPLICATE_LIB_OK): the server is started again with them, not left for new interpreters ever after."""
     script = tmp_path / "probe.py"
     script.write_text(SCRIPT)
+    assert run_script([str(script), "0"]).returncode == 0  # the server is up
+    monkeypatch.setenv("KMP_DUPLICATE_LIB_OK", "True")  # as lm_eval's import does
+    monkeypatch.setenv("OMP_NUM_THREADS", "2" if os.environ.get("OMP_NUM_THREADS") == "1" else "1")
     run = run_script([str(script), "0"])
     assert run.returncode == 0 and f" parent {os.getpid()}\n" not in run.stdout  # a fork server's child
+    assert f"threads {os.environ['OMP_NUM_THREADS']}\n" in run.stdout  # the new server's
 
 
 def test_a_variable_read_at_startup_gets_a_new_interpreter(tmp_path):
