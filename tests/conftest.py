@@ -1,5 +1,6 @@
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 
@@ -76,17 +77,20 @@ STARTUP_VARIABLES = ("PYTHON", "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "DN
 def run_script(args, cwd=ROOT, timeout=300, env=None):
     """Run a repository script as a user would: `python args...` in cwd; returns the CompletedProcess. A script run
     is a child of the fork server (tests/forkserver.py), which has imported torch once for all of them."""
-    import subprocess
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    if _forkserver.takes(args, full_env):
-        return _forkserver.run(args, cwd, full_env, timeout)
-    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+    full_env = {**_own_env(), **(env or {})}
+    forked = _forkserver.run(args, cwd, full_env, timeout) if _forkserver.takes(args, full_env) else None
+    return forked or subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
                           env=full_env)
+
+
+def _own_env():
+    """The environment a script starts with unless a test sets more: this process's, output unbuffered."""
+    return {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 
 class _ForkServer:
     """The test's side of tests/forkserver.py: started on the first run it takes, one per pytest worker, one run at
-    a time (a run asked for while another is under way gets a new interpreter)."""
+    a time (run() gives None for a run asked for while another is under way: it gets a new interpreter)."""
 
     def __init__(self):
         import threading
@@ -98,7 +102,7 @@ class _ForkServer:
             return False
         if not (args[0].endswith(".py") and not args[0].startswith("-") or args[0] == "-m" and len(args) > 1):
             return False
-        base = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        base = _own_env()
         if self.env is not None and self.startup(self.env) != self.startup(base):
             self.stop()  # this process's own environment changed (imports write some: torch._dynamo, lm_eval)
         return self.startup(env) == self.startup(base)  # and this run sets none otherwise
@@ -110,9 +114,8 @@ class _ForkServer:
     def start(self):
         import atexit
         import socket
-        import subprocess
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.env = _own_env()
         self.process = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "forkserver.py"),
                                          str(theirs.fileno())], pass_fds=[theirs.fileno()], env=self.env,
                                         stdin=subprocess.DEVNULL)
@@ -128,16 +131,14 @@ class _ForkServer:
             self.sock = None
             try:
                 self.process.wait(timeout=30)
-            except __import__("subprocess").TimeoutExpired:
+            except subprocess.TimeoutExpired:
                 self.process.kill()
 
     def run(self, args, cwd, env, timeout):
         import json
         import socket
-        import subprocess
         if not self.lock.acquire(blocking=False):
-            return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                                  env=env)
+            return None
         try:
             if self.sock is None:
                 self.start()
