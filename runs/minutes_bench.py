@@ -4,6 +4,12 @@ wall time, and a plan at several budgets, each best checkpoint scored the same w
     python runs/minutes_bench.py --dataset DIR --against config/shakespeare_char_cpu.py --out /tmp/mb/pride
     python runs/minutes_bench.py --dataset DIR --budgets 1,3,10 --out /tmp/mb/pride
     python runs/minutes_bench.py --dataset DIR --distil 10 --out /tmp/mb/pride100k
+    python runs/minutes_bench.py --rescore /tmp/mb
+
+--rescore DIR: every planned run under DIR (each log.jsonl with a plan and its result, a plan in parts' own parts
+included) with its prediction, its own evaluation, and its best.pt over the whole val split in windows of the run's
+own block size: a short run on a large vocabulary affords 24 of its val windows an evaluation, and the prediction is
+of the whole text. Nothing is trained; one line a run, also to DIR/rescored.jsonl.
 
 --distil M: M minutes as three runs by hand (docs/minutes.md, "More minutes than a text is worth"): a plan of 0.3 M,
 the same with --seed=2, and a plan of 0.4 M that distils both (--teacher); each scored, the first two's ensemble too
@@ -127,6 +133,38 @@ def plan_of(out_dir):
             "revised_val_bpb": results[-1].get("revised_val_bpb") if results else None}
 
 
+def rescore(root):
+    """--rescore: each planned run under root, its prediction against its own evaluation and against best.pt over the
+    whole val split (at its own block size)."""
+    from nanogpt.source import Source, load_model
+    rows = []
+    for here, _, files in sorted(os.walk(root)):
+        if "log.jsonl" not in files or "best.pt" not in files:
+            continue
+        with open(os.path.join(here, "log.jsonl")) as f:
+            records = [json.loads(line) for line in f]
+        config = next((r for r in records if r.get("kind") == "config"), None)
+        if config is None or not any(r.get("kind") == "plan" for r in records):
+            continue
+        row = plan_of(here)
+        if not row["measured_val_bpb"]:
+            continue
+        if not os.path.isdir(config["dataset"]):
+            print(f"{os.path.relpath(here, root)}: its dataset {config['dataset']} is not there; skipped", flush=True)
+            continue
+        model, _ = load_model(Source(init_from=here, ckpt="best.pt"))
+        whole = val_bpb(model, config["dataset"], model.config.block_size)
+        rows.append({"run": os.path.relpath(here, root), "dataset": config["dataset"], **row, "whole_val_bpb": whole})
+        r = rows[-1]
+        print(f"{r['run']:50s} {os.path.basename(r['dataset']):12s} predicted {r['predicted_val_bpb']:.4f}  its eval "
+              f"{r['measured_val_bpb']:.4f} ({(r['predicted_val_bpb'] / r['measured_val_bpb'] - 1) * 100:+.1f}%)  whole "
+              f"val {whole:.4f} ({(r['predicted_val_bpb'] / whole - 1) * 100:+.1f}%)", flush=True)
+    with open(os.path.join(root, "rescored.jsonl"), "a") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    return rows
+
+
 def teacher_rows(out, dataset, context):
     """A plan in parts' teachers (out/teacher-a, out/teacher-b), each scored, and their ensemble."""
     from nanogpt.training.plan import TEACHER_DIRS
@@ -139,14 +177,20 @@ def teacher_rows(out, dataset, context):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dataset", required=True)
-    p.add_argument("--out", required=True)
+    p.add_argument("--dataset")
+    p.add_argument("--out")
+    p.add_argument("--rescore", help="a folder of earlier runs: score each planned run's best.pt over the whole val split")
     p.add_argument("--against", help="a recipe (config file) to retarget and run first; the plan gets its time")
     p.add_argument("--budgets", help="minutes, comma-separated: a plan at each")
     p.add_argument("--distil", type=float, help="minutes: two plans and a third distilled from both, in that time")
     p.add_argument("--one_run", action="store_true", help="plans of one run each (--plan_teachers=False)")
     p.add_argument("--context", type=int, default=64)
     args = p.parse_args()
+    if args.rescore:
+        rescore(os.path.abspath(args.rescore))
+        return
+    if not (args.dataset and args.out):
+        p.error("--dataset and --out are required (or --rescore DIR)")
     args.out = os.path.abspath(args.out)  # the runs start in the repository, wherever this was started
     os.makedirs(args.out, exist_ok=True)
     dataset = os.path.abspath(args.dataset)
