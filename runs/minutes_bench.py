@@ -122,11 +122,20 @@ def distilled(minutes, dataset, out, context):
     return rows
 
 
-def plan_of(out_dir):
-    with open(os.path.join(out_dir, "log.jsonl")) as f:
-        records = [json.loads(line) for line in f]
-    plan = next(r for r in records if r.get("kind") == "plan")  # the first: a plan in parts' own, then its model's
-    results = [r for r in records if r.get("kind") == "plan_result"]  # the last: a plan in parts' result
+def latest_run(out_dir):
+    """The records of out_dir/log.jsonl from the start of its latest run on (a log only grows: an out_dir used again
+    holds the runs before it too, and best.pt is the latest's): from its last config record of a first iteration
+    that is not a plan in parts' third run, which writes into the same log."""
+    from nanogpt.training.parts import is_third_part, records
+    found = records(out_dir)
+    starts = [i for i, r in enumerate(found) if r.get("kind") == "config" and r.get("iter") == 0 and not is_third_part(r)]
+    return found[starts[-1]:] if starts else found
+
+
+def plan_of(out_dir, found=None):
+    found = latest_run(out_dir) if found is None else found
+    plan = next(r for r in found if r.get("kind") == "plan")  # the first: a plan in parts' own, then its model's
+    results = [r for r in found if r.get("kind") == "plan_result"]  # the last: a plan in parts' result
     return {"shape": plan["shape"], "iters": plan["iters"], "epochs": plan["epochs"], "dropout": plan["dropout"],
             "predicted_val_bpb": plan["predicted_val_bpb"], "parts": bool(plan.get("parts")),
             "measured_val_bpb": results[-1].get("measured_val_bpb") if results else None,
@@ -135,33 +144,33 @@ def plan_of(out_dir):
 
 def rescore(root):
     """--rescore: each planned run under root, its prediction against its own evaluation and against best.pt over the
-    whole val split (at its own block size)."""
-    from nanogpt.source import Source, load_model
+    whole val split, in windows of the run's own block size. A run that cannot be scored is one line and skipped."""
+    from nanogpt.source import Source, load_trained
     rows = []
-    for here, _, files in sorted(os.walk(root)):
-        if "log.jsonl" not in files or "best.pt" not in files:
-            continue
-        with open(os.path.join(here, "log.jsonl")) as f:
-            records = [json.loads(line) for line in f]
-        config = next((r for r in records if r.get("kind") == "config"), None)
-        if config is None or not any(r.get("kind") == "plan" for r in records):
-            continue
-        row = plan_of(here)
-        if not row["measured_val_bpb"]:
-            continue
-        if not os.path.isdir(config["dataset"]):
-            print(f"{os.path.relpath(here, root)}: its dataset {config['dataset']} is not there; skipped", flush=True)
-            continue
-        model, _ = load_model(Source(init_from=here, ckpt="best.pt"))
-        whole = val_bpb(model, config["dataset"], model.config.block_size)
-        rows.append({"run": os.path.relpath(here, root), "dataset": config["dataset"], **row, "whole_val_bpb": whole})
-        r = rows[-1]
-        print(f"{r['run']:50s} {os.path.basename(r['dataset']):12s} predicted {r['predicted_val_bpb']:.4f}  its eval "
-              f"{r['measured_val_bpb']:.4f} ({(r['predicted_val_bpb'] / r['measured_val_bpb'] - 1) * 100:+.1f}%)  whole "
-              f"val {whole:.4f} ({(r['predicted_val_bpb'] / whole - 1) * 100:+.1f}%)", flush=True)
-    with open(os.path.join(root, "rescored.jsonl"), "a") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
+    with open(os.path.join(root, "rescored.jsonl"), "a") as out:
+        for here, _, files in sorted(os.walk(root)):
+            if "log.jsonl" not in files or "best.pt" not in files:
+                continue
+            name = os.path.relpath(here, root)
+            try:
+                found = latest_run(here)
+                if not any(r.get("kind") == "plan" for r in found):
+                    continue
+                row = plan_of(here, found)
+                if not row["measured_val_bpb"]:
+                    continue
+                model, _, dataset = load_trained(Source(init_from=here, ckpt="best.pt"))
+                whole = val_bpb(model, dataset, model.config.block_size)
+            except Exception as e:  # noqa: BLE001  (a folder of someone's runs: say which and go on)
+                print(f"{name}: not scored: {type(e).__name__}: {str(e)[:200]}", flush=True)
+                continue
+            rows.append({"run": name, "dataset": dataset, "context": model.config.block_size, **row,
+                         "whole_val_bpb": whole})
+            out.write(json.dumps(rows[-1]) + "\n")
+            out.flush()
+            print(f"{name:50s} {os.path.basename(dataset):12s} predicted {row['predicted_val_bpb']:.4f}  its eval "
+                  f"{row['measured_val_bpb']:.4f} ({(row['predicted_val_bpb'] / row['measured_val_bpb'] - 1) * 100:+.1f}%)"
+                  f"  whole val {whole:.4f} ({(row['predicted_val_bpb'] / whole - 1) * 100:+.1f}%)", flush=True)
     return rows
 
 
@@ -187,6 +196,10 @@ def main():
     p.add_argument("--context", type=int, default=64)
     args = p.parse_args()
     if args.rescore:
+        if not os.path.isdir(args.rescore):
+            p.error(f"--rescore {args.rescore}: no such folder")
+        if any((args.dataset, args.out, args.against, args.budgets, args.distil, args.one_run)):
+            p.error("--rescore scores runs already made: give it alone")
         rescore(os.path.abspath(args.rescore))
         return
     if not (args.dataset and args.out):

@@ -160,3 +160,27 @@ def test_the_benchmarks_ensemble_predicts_the_mean_of_its_models_probabilities(t
         logits, _ = bench.Ensemble(models)(x)
         probs = [torch.softmax(m(x)[0].double(), -1).numpy() for m in models]
     assert np.allclose(torch.softmax(logits.double(), -1).numpy(), (probs[0] + probs[1]) / 2, atol=1e-6)
+
+
+def test_the_benchmark_reads_the_latest_run_of_a_log_that_holds_several(tmp_path):
+    """runs/minutes_bench.py's plan_of and --rescore read the plan of the run whose best.pt is there: a log.jsonl only
+    grows, so an out_dir used again holds the runs before it; a plan in parts' third run writes into the same log and
+    is part of its run."""
+    import importlib.util
+    import json
+
+    from conftest import ROOT
+    spec = importlib.util.spec_from_file_location("minutes_bench", f"{ROOT}/runs/minutes_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    plan = {"kind": "plan", "iter": 0, "iters": 100, "epochs": 2.0, "dropout": 0.0}
+    third = {"kind": "config", "iter": 0, "plan_teachers": False,
+             "teacher": f"{tmp_path}/teacher-a/ckpt.pt,{tmp_path}/teacher-b/ckpt.pt"}
+    records = [{"kind": "config", "iter": 0}, {**plan, "shape": "S1", "predicted_val_bpb": 2.5},
+               {"kind": "plan_result", "iter": 100, "measured_val_bpb": 2.6},
+               {"kind": "config", "iter": 0}, {**plan, "shape": "S3", "predicted_val_bpb": 2.2, "parts": True},
+               third, {**plan, "shape": "S2", "predicted_val_bpb": 2.3},
+               {"kind": "plan_result", "iter": 100, "measured_val_bpb": 2.25, "parts": True}]
+    (tmp_path / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + '{"kind": "tr')
+    row = bench.plan_of(str(tmp_path))
+    assert (row["shape"], row["predicted_val_bpb"], row["parts"], row["measured_val_bpb"]) == ("S3", 2.2, True, 2.25)
