@@ -18,6 +18,7 @@ or GPT-2's, with every check of a resume), the loop (evaluate, step, save), the 
 import time
 
 PROCESS_START = time.time()  # before the heavy imports: "training time" counts from here
+BUDGET_SAY = 0.02  # --minutes: a move of the iterations this large (from the last one said) is said, smaller ones logged
 
 from nanogpt import program
 
@@ -149,6 +150,7 @@ class Run(Start):
         # training time before it
         ceiling = deadline_ceiling(self.plan or {}, cfg.max_iters)
         self.deadline = None if cfg.minutes is None else Deadline(t_start + cfg.minutes * 60 - trained, ceiling)
+        self.budget_said = cfg.max_iters  # the iterations the console last heard of
         self.best_bpb = None
         if self.plan is not None and self.iter_num == 0 and writer:
             self.metrics.record(kind="plan", iter=0, **self.plan)
@@ -278,8 +280,12 @@ class Run(Start):
             return
         before, self.cfg.max_iters, self.cfg.lr_decay_iters = self.cfg.max_iters, target, target
         self.bar.total = target
-        self.metrics.write(f"budget: {before} -> {target} iterations to end within {minutes_text(self.cfg.minutes)}",
-                           kind="budget", iter=self.iter_num, max_iters=target, previous=before)
+        # every move is logged; the console hears of one that takes the run 2% or more from what it last said
+        said = self.budget_said
+        if abs(target - said) >= max(1, BUDGET_SAY * said):
+            self.budget_said = target
+            self.metrics.say(f"budget: {said} -> {target} iterations to end within {minutes_text(self.cfg.minutes)}")
+        self.metrics.record(kind="budget", iter=self.iter_num, max_iters=target, previous=before)
 
     def save(self, name, rng=None):
         """ckpt.pt or best.pt (with --parallel=fsdp: ckpt.dcp or best.dcp), atomically; never non-finite weights.

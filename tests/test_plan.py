@@ -578,6 +578,61 @@ def test_no_prediction_is_worse_than_a_uniform_guess_and_a_tiny_text_is_told_it_
     assert not any("is as many as a model learns from" in w for w in plan["why"])
 
 
+def test_a_text_the_fewest_iterations_overrun_is_told_so_even_when_they_fill_the_budget():
+    """3 KB of Shakespeare at half a minute: 50 iterations were 28 epochs and filled the budget, so the run did not end
+    early, and the plan said nothing of the epochs it would memorize."""
+    small = corpus(train_tokens=2_700, val_tokens=300)
+    [line] = planning.early_end_lines(False, 50, 28.4, 0.2, 29.0, 0.5, False, small)
+    assert line.startswith("50 iterations, the fewest a plan runs, are already 28 epochs") and "memorize" in line
+    assert "ends after" not in line  # it does not end early
+    assert planning.early_end_lines(False, 300, 3.0, 0.0, 29.0, 0.5, False, small) == []  # within the text's epochs
+
+
+def test_a_short_schedule_warms_up_within_its_iterations():
+    """--minutes with --max_iters=5 planned a warm-up of 10 and then told the user to lower warmup_iters."""
+    keys = {"batch_size": 12, "block_size": 128, "gradient_accumulation_steps": 1, "learning_rate": 3e-3}
+    per_iter = 12 * 128
+    assert planning.schedule_keys(keys, 5 * per_iter)["warmup_iters"] == 1
+    assert planning.schedule_keys(keys, 30 * per_iter)["warmup_iters"] == 6
+    assert [planning.schedule_keys(keys, n * per_iter)["warmup_iters"] for n in (50, 1000, 10_000)] == [10, 20, 100]
+
+
+def test_the_console_hears_of_a_budget_move_of_2_percent_and_the_log_of_every_one():
+    """A one-minute run printed nine 'budget:' lines going up and down by a few iterations (430 -> 396 -> 391 ->
+    387 -> 391 ...); each is still in log.jsonl."""
+    from types import SimpleNamespace
+
+    import train as train_py
+    targets = iter([396, 391, 387, 391, 386, 379])
+    said, logged = [], []
+    run = SimpleNamespace(master=True, world=1, iter_num=10, budget_said=430, bar=SimpleNamespace(total=430),
+                          cfg=SimpleNamespace(max_iters=430, lr_decay_iters=430, minutes=1.0),
+                          deadline=SimpleNamespace(update=lambda *a: next(targets)),
+                          clock=SimpleNamespace(train_time=lambda: 1.0),
+                          metrics=SimpleNamespace(say=said.append, record=lambda **r: logged.append(r)))
+    for _ in range(6):
+        train_py.Run.keep_budget(run)
+    assert said == ["budget: 430 -> 396 iterations to end within 1 minute",
+                    "budget: 396 -> 387 iterations to end within 1 minute",
+                    "budget: 387 -> 379 iterations to end within 1 minute"]
+    assert [r["max_iters"] for r in logged] == [396, 391, 387, 391, 386, 379] and run.cfg.max_iters == 379
+
+
+def test_a_text_under_the_hardness_sample_is_predicted_no_worse_than_its_n_grams(fixed_speed):
+    """Far below the study's sizes the law runs past what n-grams reading the whole text score (3 KB of Shakespeare:
+    the law 4.76, the n-grams 3.53, measured 3.69): the prediction is the n-grams', and the choice the law's."""
+    small = corpus(train_tokens=2_700, val_tokens=300, hardness=3.53)
+    cfg = TrainConfig(minutes=0.5, device="cpu", block_size=64)
+    keys, plan = make_plan(cfg, {"block_size": 64}, small, torch.device("cpu"), torch.float32, elapsed=3.0,
+                           log=lambda *a: None)
+    law = predict_bpb({**LADDER[plan["shape"]], "block_size": 64, "dropout": plan["dropout"]}, plan["tokens"], small)
+    assert law > 3.53 and plan["predicted_val_bpb"] == 3.53
+    assert any(f"the law's {law:.3f} is past the 3.530 the n-grams" in w for w in plan["why"])
+    big = corpus(train_tokens=200_000, val_tokens=20_000, hardness=1.0)  # the sample is not all of it: the law's
+    _, plan = make_plan(cfg, {}, big, torch.device("cpu"), torch.float32, elapsed=3.0, log=lambda *a: None)
+    assert plan["predicted_val_bpb"] > 1.0
+
+
 def test_planned_run_holds_its_budget_logs_its_plan_and_keeps_the_best_checkpoint(tmp_path, char_dataset):
     out = str(tmp_path / "out")
     start = time.time()
