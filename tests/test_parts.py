@@ -72,11 +72,12 @@ def test_a_text_used_up_early_trains_two_teachers_then_a_model_from_both_within_
     assert log[-1]["measured_val_bpb"] == pytest.approx(summary["best_val_bpb"])
     assert summary["parts"][:2] == [records(d, "plan_result")[-1]["measured_val_bpb"] for d in (a, b)]
     assert any("three parts: teachers" in line for line in lines)
-    # the prediction, revised once the teachers are measured: by the ratio of their best val bpb to what their own
-    # plans predicted (a text harder than the rule reads is so for all three)
-    teachers = [(records(d, "plan")[-1]["predicted_val_bpb"], records(d, "plan_result")[-1]["measured_val_bpb"])
+    # the prediction, revised once the teachers are measured: the law's for the three, by the ratio of the teachers'
+    # best val bpb to the law's for them (a text harder than the rule reads is so for all three; a text this small
+    # has each prediction capped at its hardness, and the revision is of the law's, before the caps)
+    teachers = [(records(d, "plan")[-1]["law_val_bpb"], records(d, "plan_result")[-1]["measured_val_bpb"])
                 for d in (a, b)]
-    revised = log[0]["predicted_val_bpb"] * (teachers[0][1] + teachers[1][1]) / (teachers[0][0] + teachers[1][0])
+    revised = log[0]["law_val_bpb"] * (teachers[0][1] + teachers[1][1]) / (teachers[0][0] + teachers[1][0])
     assert log[-1]["revised_val_bpb"] == pytest.approx(revised)
     said = next(line for line in lines if str(line).startswith("the teachers measured "))
     was = log[0]["predicted_val_bpb"]
@@ -84,6 +85,26 @@ def test_a_text_used_up_early_trains_two_teachers_then_a_model_from_both_within_
     assert parts.revised(log[0], [a, str(tmp_path / "none")]) is None  # a teacher without a plan: no revision
     assert any("the 2 teachers' forward passes and the loss against them are in the time" in line for line in records(out, "plan")[-1]["why"])
     assert not any(str(line).startswith("override: seed") for line in lines)  # a part's keys are its line's
+
+
+def test_the_revision_scales_the_laws_prediction_not_a_small_texts_capped_one(tmp_path):
+    """A text under the hardness sample has each plan's prediction capped at its hardness; the revision must cancel
+    the law's error on the text, so it scales the law's figure for the three by the teachers' measured against the
+    law's for them (worked by hand), and a plan from before the cap, which records no law_val_bpb, its prediction."""
+    import json
+    teachers = []
+    for name, law, bpb in (("teacher-a", 3.0, 2.70), ("teacher-b", 3.2, 2.86)):
+        d = tmp_path / name
+        d.mkdir()
+        rows = [{"kind": "plan", "iter": 0, "predicted_val_bpb": 2.54, "law_val_bpb": law},
+                {"kind": "eval", "iter": 10, "val_loss": 1.9, "val_bpb": bpb + 0.1, "train_time": 1.0},
+                {"kind": "eval", "iter": 20, "val_loss": 1.8, "val_bpb": bpb, "train_time": 2.0}]
+        (d / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        teachers.append(str(d))
+    value, sigma, pairs = parts.revised({"predicted_val_bpb": 2.54, "law_val_bpb": 2.9}, teachers)
+    assert pairs == [(3.0, 2.70), (3.2, 2.86)] and value == pytest.approx(2.9 * (2.70 + 2.86) / (3.0 + 3.2))
+    assert parts.revised({"predicted_val_bpb": 2.4}, teachers)[0] == pytest.approx(2.4 * 5.56 / 6.2)
+    assert parts.revised({"predicted_val_bpb": 2.4, "law_val_bpb": "2.9"}, teachers)[0] == pytest.approx(2.4 * 5.56 / 6.2)
 
 
 def test_the_third_starts_from_the_teacher_better_over_the_same_windows_whatever_its_own_log_says(

@@ -586,6 +586,7 @@ def test_a_text_the_fewest_iterations_overrun_is_told_so_even_when_they_fill_the
     assert line.startswith("50 iterations, the fewest a plan runs, are already 28 epochs") and "memorize" in line
     assert "ends after" not in line  # it does not end early
     assert planning.early_end_lines(False, 300, 3.0, 0.0, 29.0, 0.5, False, small) == []  # within the text's epochs
+    assert planning.early_end_lines(False, 40, 22.7, 0.2, 29.0, 0.5, False, small) == []  # 40: your max_iters, not 50
 
 
 def test_a_short_schedule_warms_up_within_its_iterations():
@@ -626,8 +627,8 @@ def test_a_text_under_the_hardness_sample_is_predicted_no_worse_than_its_n_grams
     keys, plan = make_plan(cfg, {"block_size": 64}, small, torch.device("cpu"), torch.float32, elapsed=3.0,
                            log=lambda *a: None)
     law = predict_bpb({**LADDER[plan["shape"]], "block_size": 64, "dropout": plan["dropout"]}, plan["tokens"], small)
-    assert law > 3.53 and plan["predicted_val_bpb"] == 3.53
-    assert any(f"the law's {law:.3f} is past the 3.530 the n-grams" in w for w in plan["why"])
+    assert law > 3.53 and plan["predicted_val_bpb"] == 3.53 and plan["law_val_bpb"] == pytest.approx(law)
+    assert any(f"one run's law, {law:.3f}, is past the 3.530 the n-grams" in w for w in plan["why"])
     big = corpus(train_tokens=200_000, val_tokens=20_000, hardness=1.0)  # the sample is not all of it: the law's
     _, plan = make_plan(cfg, {}, big, torch.device("cpu"), torch.float32, elapsed=3.0, log=lambda *a: None)
     assert plan["predicted_val_bpb"] > 1.0

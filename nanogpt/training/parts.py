@@ -142,13 +142,24 @@ def better(teachers, cfg, log):
 REVISED_SIGMA = 0.020
 
 
+def law_of(plan):
+    """A plan's prediction by the law alone (law_val_bpb: before a small text's cap at its hardness), else its
+    prediction (a plan from before the cap); None where it records neither as a positive number."""
+    for key in ("law_val_bpb", "predicted_val_bpb"):
+        value = (plan or {}).get(key)
+        if type(value) in (int, float) and math.isfinite(value) and value > 0:
+            return value
+    return None
+
+
 def revised(plan, teachers):
     """(val bpb, sigma, the teachers' (predicted, measured)): the plan in parts' prediction revised by its teachers'
-    measurements (REVISED_SIGMA); None where a teacher has no plan of its own or no score."""
-    pairs = [((last_plan(d) or {}).get("predicted_val_bpb"), measured(d)) for d in teachers]
-    if not pairs or any(type(p) not in (int, float) or not p > 0 or m is None for p, m in pairs):
+    measurements (REVISED_SIGMA): the law's, scaled by how the teachers measured against the law's for them, so
+    that the law's error on this text cancels; None where a teacher has no plan of its own or no score."""
+    pairs = [(law_of(last_plan(d)), measured(d)) for d in teachers]
+    if not pairs or any(p is None or m is None for p, m in pairs):
         return None
-    value = plan["predicted_val_bpb"] * sum(m for _, m in pairs) / sum(p for p, _ in pairs)
+    value = law_of(plan) * sum(m for _, m in pairs) / sum(p for p, _ in pairs)
     return value, value * REVISED_SIGMA, pairs
 
 
@@ -233,8 +244,8 @@ def run_parts(train, cfg, user, given, overrides, plan, t_start, log, config_fil
             revision = revised(plan, dirs[:number - 1])
             if revision is not None:
                 value, sigma, pairs = revision
-                log(f"the teachers measured {' and '.join(f'{m:.3f}' for _, m in pairs)} where their plans predicted "
-                    f"{' and '.join(f'{p:.3f}' for p, _ in pairs)}: the three's prediction, revised by that, "
+                log(f"the teachers measured {' and '.join(f'{m:.3f}' for _, m in pairs)} where the law predicted "
+                    f"{' and '.join(f'{p:.3f}' for p, _ in pairs)} for them: the three's prediction, revised by that, "
                     f"{value:.3f} +- {sigma:.3f} (it was {plan['predicted_val_bpb']:.3f})")
         if state == "started":
             part_cfg = replace(cfg, out_dir=out_dir, init_from="resume")

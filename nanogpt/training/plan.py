@@ -494,7 +494,7 @@ def early_end_lines(ends_early, iters, epochs, dropout, finish, minutes, capped,
     if capped:
         return [f"your max_iters={iters:,} is the run's length: {end}"]
     most = max_epochs(dropout, corpus, taught)
-    if epochs > 1.05 * most:  # MIN_ITERS, not the epoch limit, set the length: said whether or not it ends early
+    if epochs > 1.05 * most and iters == MIN_ITERS:  # MIN_ITERS set the length: said whether or not it ends early
         return [f"{iters} iterations, the fewest a plan runs, are already {epochs:.0f} epochs of a text this small "
                 f"(the study's smallest corpus had 35,000 tokens){': ' + end if ends_early else ''}, and the model "
                 f"will largely memorize it; give more text for a model that writes its own"]
@@ -750,10 +750,19 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
            *early_end_lines(early, iters, epochs, dropout, finish, cfg.minutes,
                             given.get("max_iters") == iters and finish < 0.9 * budget, corpus, parts, taught),
            *(parts_lines(parts, cfg.minutes, cfg.out_dir, cfg.seed, world) if split_up else [])]
+    # below the study's sizes the law runs high (論語, 65 KB: 17% high; 3 KB of Shakespeare: 29%): a model of the whole
+    # text is predicted no worse than the n-grams that read all of it (3 KB: 3.53, measured 3.69; 600 bytes: 4.75,
+    # measured 4.32; 論語: 2.54, measured 2.21). The choice of shape is the law's, made above, and so is law_val_bpb,
+    # which a plan in parts' revision scales by its teachers' measured against their own law (parts.revised)
+    law_predicted = predicted
+    capped = corpus.train_bytes < HARDNESS_SAMPLE and corpus.hardness < predicted
+    if capped:
+        predicted = corpus.hardness
     if parts:  # the parts' own plans say their schedules
         why.append(f"predicted: one run's {predicted:.3f}, less the {DISTILL_MEAN_GAIN:.1%} three runs gained on the "
                    f"texts measured")
         predicted *= 1 - DISTILL_MEAN_GAIN
+        law_predicted *= 1 - DISTILL_MEAN_GAIN
     else:
         every = "iteration" if final["eval_interval"] == 1 else f"{final['eval_interval']} iterations"
         windows = "1 fixed val window" if final["eval_windows"] == 1 else f"{final['eval_windows']} fixed val windows"
@@ -765,13 +774,10 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
         sigma = SMALL_TEXT_SIGMA
         why.append(f"a text under {HARDNESS_SAMPLE // 1000} KB: its prediction is the least certain (+-"
                    f"{sigma:.0%}; the study's smallest, 65 KB, was 17% off)")
-        # below the study's sizes the law runs high (論語, 65 KB: 17% high; 3 KB of Shakespeare: 29%): a model of the
-        # whole text is predicted no worse than the n-grams that read all of it (3 KB: 3.53, measured 3.69; 600
-        # bytes: 4.75, measured 4.32; 論語: 2.54, measured 2.21); the choice of shape is the law's, before this
-        if corpus.hardness < predicted:
-            why[-1] += (f"; the law's {predicted:.3f} is past the {corpus.hardness:.3f} the n-grams reading all of it "
-                        f"score, so that is the prediction")
-            predicted = corpus.hardness
+        if capped:
+            why[-1] += (f"; one run's law, {law_predicted / (1 - DISTILL_MEAN_GAIN) if parts else law_predicted:.3f}, "
+                        f"is past the {corpus.hardness:.3f} the n-grams reading all of it score, so that is its "
+                        f"prediction")
     if given:
         why.append("kept as you set them: " + ", ".join(f"{k}={v}" for k, v in given.items()))
     if cfg.teacher:
@@ -780,7 +786,7 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
                    f"prediction is a run's on the text alone")
     plan = {"minutes": cfg.minutes, "shape": name, "params": params, "tokens": iters * tokens_per_iter,
             "epochs": epochs, "iters": iters, "dropout": dropout, "ends_early": ends_early,
-            "predicted_val_bpb": predicted,
+            "predicted_val_bpb": predicted, "law_val_bpb": law_predicted,
             "predicted_sigma": predicted * sigma, "seconds_per_iter": per_iter,
             "probe": speed.probed, "timed": speed.timed, "teaching": speed.teaching,
             "corpus": {k: v for k, v in vars(corpus).items()},
