@@ -57,7 +57,8 @@ def schedule_keys(keys, tokens):
     2% of them (10 to 100), cosine decay to a tenth of each peak, about 10 evaluations."""
     iters = max(1, tokens // (keys["batch_size"] * keys["block_size"] * keys["gradient_accumulation_steps"]))
     # (a run shorter than 50 iterations, only where you set max_iters: a fifth of it, so the rate still peaks)
-    return {"max_iters": iters, "lr_decay_iters": iters, "warmup_iters": min(100, max(10, iters // 50), max(1, iters // 5)),
+    warmup = min(100, max(10, iters // 50), max(1, iters // 5))
+    return {"max_iters": iters, "lr_decay_iters": iters, "warmup_iters": warmup,
             "min_lr": keys["learning_rate"] / 10, "eval_interval": max(1, iters // 10)}
 
 
@@ -754,7 +755,7 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
     # text is predicted no worse than the n-grams that read all of it (3 KB: 3.53, measured 3.69; 600 bytes: 4.75,
     # measured 4.32; 論語: 2.54, measured 2.21). The choice of shape is the law's, made above, and so is law_val_bpb,
     # which a plan in parts' revision scales by its teachers' measured against their own law (parts.revised)
-    law_predicted = predicted
+    law_predicted = one_run_law = predicted
     capped = corpus.train_bytes < HARDNESS_SAMPLE and corpus.hardness < predicted
     if capped:
         predicted = corpus.hardness
@@ -775,7 +776,7 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
         why.append(f"a text under {HARDNESS_SAMPLE // 1000} KB: its prediction is the least certain (+-"
                    f"{sigma:.0%}; the study's smallest, 65 KB, was 17% off)")
         if capped:
-            why[-1] += (f"; one run's law, {law_predicted / (1 - DISTILL_MEAN_GAIN) if parts else law_predicted:.3f}, "
+            why[-1] += (f"; one run's law, {one_run_law:.3f}, "
                         f"is past the {corpus.hardness:.3f} the n-grams reading all of it score, so that is its "
                         f"prediction")
     if given:
