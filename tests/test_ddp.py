@@ -109,6 +109,27 @@ def test_ctrl_c_under_torchrun_saves_and_prints_the_torchrun_command_to_resume(t
     assert load_checkpoint(str(tmp_path / "out" / "ckpt.pt"))["iter_num"] > 0
 
 
+def test_a_signal_that_lands_during_the_ranks_agreement_is_kept_for_the_next(monkeypatch):
+    """A worker spends much of a log iteration waiting in the all-reduce that agrees on stopping. A signal that
+    lands then runs its handler before the all-reduce's False is stored: the agreement must not clear it, or the
+    run trains on until torchrun kills it, and nothing is saved (the flake of the torchrun Ctrl-C test)."""
+    import signal
+    from nanogpt.training import stopping
+    flag = stopping.StopFlag()
+    try:
+        flag.abandon = False  # as under DDP
+        def signal_during_all_reduce(local, world):
+            flag.handle(signal.SIGINT, None)  # the handler runs while the other rank's False is on its way
+            return False
+        monkeypatch.setattr(stopping, "any_rank", signal_during_all_reduce)
+        assert not flag.agreed(2, 10, 1)  # this iteration the ranks did not agree: both go on, in step
+        monkeypatch.setattr(stopping, "any_rank", lambda local, world: local)
+        assert flag.agreed(2, 11, 1)  # the next log iteration carries this rank's signal to the others
+        assert flag.set
+    finally:
+        flag.restore()
+
+
 def test_an_evaluation_whose_batches_do_not_divide_among_the_ranks_ends(tmp_path, char_dataset):
     """One train batch for two ranks (a plan's eval_iters on a short budget): DDP broadcasts the rotary buffers in
     every forward, so a rank that ran one forward fewer left the other waiting in the broadcast for ever. Each rank

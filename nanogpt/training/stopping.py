@@ -47,8 +47,13 @@ class StopFlag:
             return self.set
         if iter_num % log_interval:  # an all-reduce costs a sync: agree only on log iterations
             return False
-        self.set = any_rank(self.set, world)
-        return self.set
+        # The agreement never clears the flag: a signal that lands while the all-reduce is in flight runs its
+        # handler before the result is stored, and storing a False over it lost the signal (the run trained on
+        # until torchrun killed it). Such a flag is agreed on at the next log iteration.
+        agreed = any_rank(self.set, world)
+        if agreed:  # a rank that saw no signal stops with the rest
+            self.set = True
+        return agreed
 
     def restore(self):
         for s, handler in self.previous.items():
