@@ -14,7 +14,7 @@ def convert(value, hint, key, source):
     if value is None:
         if type(None) in options:
             return None
-        raise UserError(f"{source}: {key} cannot be None; give a {type_name(hint)}")
+        raise UserError(f"{source}: {key} cannot be None; give {type_name(hint)}")
     for option in options:
         if option is type(None):
             continue
@@ -23,8 +23,11 @@ def convert(value, hint, key, source):
         except (TypeError, ValueError):
             continue
     shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
-    finite = "a finite " if float in options and isinstance(value, float) else ""
-    raise UserError(f"{source}: {key} expects {finite}{type_name(hint)}, got {shown}")
+    expected = "a finite number" if float in options and isinstance(value, float) else type_name(hint)
+    comma = (float in options and isinstance(value, tuple) and len(value) == 2
+             and all(isinstance(v, int) and not isinstance(v, bool) for v in value))
+    hint_decimal = f" (a decimal is written with a point: {value[0]}.{value[1]})" if comma else ""
+    raise UserError(f"{source}: {key} expects {expected}, got {shown}{hint_decimal}")
 
 
 def convert_one(value, t):
@@ -76,7 +79,16 @@ def convert_one(value, t):
     raise TypeError(f"unsupported field type {t}")
 
 
+PLAIN_NAMES = {int: "an integer", float: "a number", bool: "True or False", str: "a string"}
+
+
 def type_name(hint):
+    """What a field takes, in words a user reads in an error: 'a number', not 'float | None' (None is every
+    optional field's default, not a value to suggest)."""
+    options = [t for t in typing.get_args(hint) if t is not type(None)] \
+        if typing.get_origin(hint) in (typing.Union, types.UnionType) else [hint]
+    if all(t in PLAIN_NAMES for t in options):
+        return " or ".join(PLAIN_NAMES[t] for t in options)
     if typing.get_origin(hint) is dict:  # the keys' and values' types say what it maps
         return str(hint).replace("typing.", "")
     return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")

@@ -54,10 +54,10 @@ def test_bools_from_words_and_digits(text, value):
     assert parse_args(Demo, [f"--compile={text}"])[0].compile is value
 
 
-@pytest.mark.parametrize("item, match", [("--compile=yes", "compile expects bool"),
-                                         ("--batch_size=2.5", "batch_size expects int"),
+@pytest.mark.parametrize("item, match", [("--compile=yes", "compile expects True or False"),
+                                         ("--batch_size=2.5", "batch_size expects an integer"),
                                          ("--batch_size=None", "batch_size cannot be None"),
-                                         ("--learning_rate=fast", "learning_rate expects float"),
+                                         ("--learning_rate=fast", "learning_rate expects a number"),
                                          ("--batch_size", "expected --batch_size=VALUE, with '=' and no spaces")])
 def test_wrong_types_are_errors(item, match):
     with pytest.raises(UserError, match=match):
