@@ -278,7 +278,9 @@ class Run(Start):
         target = from_rank0(target, self.world)
         if target is None:
             return
-        before, self.cfg.max_iters, self.cfg.lr_decay_iters = self.cfg.max_iters, target, target
+        before, self.cfg.max_iters = self.cfg.max_iters, target
+        if (self.plan or {}).get("decay_follows", True):  # not a decay of yours that ends elsewhere (plan.py)
+            self.cfg.lr_decay_iters = target
         self.bar.total = target
         # every move is logged; the console hears of one that takes the run 2% or more from what it last said
         said = self.budget_said

@@ -606,7 +606,7 @@ def test_the_console_hears_of_a_budget_move_of_2_percent_and_the_log_of_every_on
     import train as train_py
     targets = iter([396, 391, 387, 391, 386, 379])
     said, logged = [], []
-    run = SimpleNamespace(master=True, world=1, iter_num=10, budget_said=430, bar=SimpleNamespace(total=430),
+    run = SimpleNamespace(master=True, world=1, iter_num=10, plan={}, budget_said=430, bar=SimpleNamespace(total=430),
                           cfg=SimpleNamespace(max_iters=430, lr_decay_iters=430, minutes=1.0),
                           deadline=SimpleNamespace(update=lambda *a: next(targets)),
                           clock=SimpleNamespace(train_time=lambda: 1.0),
@@ -701,6 +701,50 @@ def test_a_max_iters_the_user_set_is_a_ceiling_the_budget_never_raises():
     d.evaluated(1.0)
     assert d.update(200, 20.0, Cfg, now=100.0) is None  # time for 8,000 more, but the user said 300
     assert d.update(200, 20.0, Cfg, now=998.0) == 200  # and out of time it still stops sooner
+
+
+def test_a_config_files_max_iters_is_a_ceiling_the_run_starts_below_and_its_decay_ends_with_the_run(fixed_speed):
+    """config/shakespeare_char_cpu.py sets max_iters = lr_decay_iters = 2000; with --minutes=0.5 the budget had
+    time for 475. The plan listed max_iters=2000 as kept, the run began at 2000 until the budget's first line
+    ("2000 -> 307"), and a decay of its own would have stopped a sixth of the way down. Now the run starts at
+    the budget's iterations, the decay that ended with max_iters ends with them, and 2000 stays the ceiling."""
+    cfg = TrainConfig(minutes=3, device="cpu", max_iters=100_000, lr_decay_iters=100_000, warmup_iters=100)
+    given = {"max_iters": 100_000, "lr_decay_iters": 100_000, "warmup_iters": 100}
+    keys, plan = make_plan(cfg, given, corpus(), torch.device("cpu"), torch.float32, elapsed=10.0, log=lambda *a: None)
+    iters = plan["iters"]
+    assert iters < 100_000 and keys["max_iters"] == keys["lr_decay_iters"] == iters and "warmup_iters" not in keys
+    assert plan["ceiling"] == 100_000 and plan["decay_follows"] and plan["kept"] == ["warmup_iters"]
+    assert (f"your max_iters=100,000 is a ceiling: the budget has time for {iters:,} iterations, and the decay "
+            f"ends with them") in plan["why"]
+    assert "kept as you set them: warmup_iters=100" in plan["why"]
+    assert planning.deadline_ceiling(plan, keys["max_iters"]) == 100_000  # a faster machine may run on, to yours
+
+    # a decay of yours that ends elsewhere (a constant rate: far past the run) is kept, and the budget leaves it
+    constant = replace(cfg, lr_decay_iters=10**9)
+    keys, plan = make_plan(constant, {**given, "lr_decay_iters": 10**9}, corpus(),
+                           torch.device("cpu"), torch.float32, elapsed=10.0, log=lambda *a: None)
+    assert keys["max_iters"] == plan["iters"] and "lr_decay_iters" not in keys and not plan["decay_follows"]
+    assert any("and your lr_decay_iters=1,000,000,000 is kept" in line for line in plan["why"])
+    from train import Run
+    from types import SimpleNamespace
+
+    class Moves:  # the deadline finds time for 300 iterations fewer
+        def update(self, iter_num, train_time, cfg):
+            return cfg.max_iters - 300
+    run = SimpleNamespace(deadline=Moves(), master=True, world=1, iter_num=50, clock=SimpleNamespace(
+        train_time=lambda: 1.0), cfg=replace(constant, **keys), plan=plan, bar=SimpleNamespace(total=0), budget_said=0,
+        metrics=SimpleNamespace(say=lambda line: None, record=lambda **k: None))
+    Run.keep_budget(run)
+    assert run.cfg.max_iters == plan["iters"] - 300 and run.cfg.lr_decay_iters == 10**9
+    run.plan = {**plan, "decay_follows": True}  # the plan's own decay, or one that ended with your max_iters
+    Run.keep_budget(run)
+    assert run.cfg.max_iters == run.cfg.lr_decay_iters == plan["iters"] - 600
+
+    # a max_iters the budget has time for is the run's length, kept as you set it
+    keys, plan = make_plan(replace(cfg, max_iters=20, lr_decay_iters=20), {**given, "max_iters": 20, "lr_decay_iters": 20},
+                           corpus(), torch.device("cpu"), torch.float32, elapsed=10.0, log=lambda *a: None)
+    assert plan["iters"] == 20 and "max_iters" not in keys and "max_iters" in plan["kept"]
+    assert not any("is a ceiling" in line for line in plan["why"])
 
 
 def test_a_plan_that_fills_its_budget_never_runs_past_the_epochs_its_text_is_worth(fixed_speed):

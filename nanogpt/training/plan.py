@@ -725,6 +725,15 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
     keys.update(eval_windows=windows, eval_iters=eval_iters, eval_interval=max(1, iters // evals),
                 log_interval=max(1, iters // 100), always_save_checkpoint=False, keep_best=True, matmul_dtype="auto")
     keys = {k: v for k, v in keys.items() if k not in given or k in pinned}
+    # a max_iters of yours is a ceiling: the run starts at the iterations the budget has time for (the deadline
+    # may take it up to yours), and a decay that ends where your max_iters does (a config file's lr_decay_iters
+    # = max_iters, nanoGPT's rule) ends where the run does; a decay of yours that ends elsewhere is kept
+    ceiling = given.get("max_iters")
+    decay_follows = "lr_decay_iters" not in given or given["lr_decay_iters"] == ceiling
+    if ceiling is not None and iters < ceiling:
+        keys["max_iters"] = iters
+        if decay_follows:
+            keys["lr_decay_iters"] = iters
     final = {**vars(chosen), **keys}
     params = blocks_params(final)
     finish = elapsed + EXIT_SECONDS + iters * per_iter / (1 - EVAL_SHARE)  # seconds from start to exit, about
@@ -779,6 +788,11 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
             why[-1] += (f"; one run's law, {one_run_law:.3f}, "
                         f"is past the {corpus.hardness:.3f} the n-grams reading all of it score, so that is its "
                         f"prediction")
+    if ceiling is not None and iters < ceiling:
+        why.append(f"your max_iters={ceiling:,} is a ceiling: the budget has time for {iters:,} iterations"
+                   + (", and the decay ends with them" if decay_follows else
+                      f", and your lr_decay_iters={given['lr_decay_iters']:,} is kept"))
+        given = {k: v for k, v in given.items() if k != "max_iters" and (k != "lr_decay_iters" or not decay_follows)}
     if given:
         why.append("kept as you set them: " + ", ".join(f"{k}={v}" for k, v in given.items()))
     if cfg.teacher:
@@ -792,6 +806,7 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
             "probe": speed.probed, "timed": speed.timed, "teaching": speed.teaching,
             "corpus": {k: v for k, v in vars(corpus).items()},
             "kept": sorted(given), "parts": plan_parts(cfg.seed) if parts else None,
+            "ceiling": ceiling, "decay_follows": decay_follows,
             # the epochs a model learns from, in iterations: a deadline that finds more time never runs past them
             "most_iters": useful_iters(dropout, corpus, tokens_per_iter, taught),
             "why": why, "planned_at": elapsed}
@@ -806,6 +821,8 @@ def deadline_ceiling(plan, max_iters):
     that ends before its budget (the corpus is worth fewer epochs), is the ceiling; any other plan's is the epochs its
     text is worth (a machine faster than its probe finds more time than the text can use). None: no ceiling (a plan
     recorded before most_iters was)."""
+    if plan.get("ceiling") is not None:
+        return plan["ceiling"]
     if "max_iters" in plan.get("kept", []) or plan.get("ends_early"):
         return max_iters
     return plan.get("most_iters")
