@@ -717,7 +717,16 @@ def test_a_config_files_max_iters_is_a_ceiling_the_run_starts_below_and_its_deca
     assert (f"your max_iters=100,000 is a ceiling: the budget has time for {iters:,} iterations, and the decay "
             f"ends with them") in plan["why"]
     assert "kept as you set them: warmup_iters=100" in plan["why"]
-    assert planning.deadline_ceiling(plan, keys["max_iters"]) == 100_000  # a faster machine may run on, to yours
+    # a faster machine may run on, to yours or to the epochs the text is worth, whichever comes first
+    assert iters < plan["most_iters"] < 100_000 and planning.deadline_ceiling(plan, iters) == plan["most_iters"]
+    assert planning.deadline_ceiling({**plan, "most_iters": 10**6}, iters) == 100_000
+    # a 20 KB text under a config file's max_iters=2000: its plan's 4 epochs bind, not the 2000 (it ran 10 epochs)
+    small = Corpus("data/x", 20_000, 2_000, 65, 1.0, 2.5)
+    keys, plan = make_plan(replace(cfg, max_iters=2000, lr_decay_iters=2000), {**given, "max_iters": 2000,
+                           "lr_decay_iters": 2000}, small, torch.device("cpu"), torch.float32, elapsed=10.0,
+                           log=lambda *a: None)
+    assert plan["iters"] <= plan["most_iters"] < 2000
+    assert planning.deadline_ceiling(plan, keys["max_iters"]) == plan["most_iters"]
 
     # a decay of yours that ends elsewhere (a constant rate: far past the run) is kept, and the budget leaves it
     constant = replace(cfg, lr_decay_iters=10**9)
