@@ -33,6 +33,51 @@ def dataset_dir(dataset):
     return find_folder(dataset, "data", holding=["train.bin"]) or os.path.join(REPOSITORY, "data", dataset)
 
 
+def prepared_dir(dataset):
+    """dataset_dir(dataset) where it holds a train.bin; else the one-line error that says what --dataset named
+    and how to prepare it."""
+    folder = dataset_dir(dataset)
+    if os.path.isfile(os.path.join(folder, "train.bin")):
+        return folder
+    raise missing_dataset(dataset)
+
+
+def missing_dataset(dataset):
+    """What --dataset named instead of a prepared dataset (a text file, a folder without train.bin, nothing), the
+    prepared dataset its name is closest to, and the command that prepares one."""
+    import difflib
+    stem = os.path.splitext(os.path.basename(os.path.normpath(dataset)))[0] or "mytext"
+    if os.path.isfile(dataset):
+        return UserError(f"--dataset={dataset} is a text file, not a prepared dataset; prepare it first: python "
+                         f"data/prepare.py --input {shlex.quote(dataset)} --out data/{stem}, then train with "
+                         f"--dataset=data/{stem}")
+    own = os.path.join(REPOSITORY, "data", stem, "prepare.py")
+    if os.path.sep not in dataset and os.path.isfile(own):  # a recipe's dataset: its own prepare script
+        shown = os.path.relpath(own)
+        how = f"python {own if shown.startswith('..') else shown}"
+    else:
+        out = dataset if os.path.sep in os.path.normpath(dataset) else os.path.join("data", dataset)
+        how = f"python data/prepare.py --input YOUR_TEXT --out {out}"
+    folder = find_folder(dataset, "data")
+    if folder is not None:
+        return UserError(f"--dataset={dataset}: {folder} holds no train.bin; prepare it ({how})")
+    # the prepared datasets near what was typed: under data/ (here and beside train.py) and beside the path given
+    # (names compared, not paths: a long shared folder makes every path look alike)
+    near = {}
+    for base, shown in (("data", "data"), (os.path.join(REPOSITORY, "data"), "data"),
+                        (os.path.dirname(os.path.normpath(dataset)) or ".", os.path.dirname(os.path.normpath(dataset)))):
+        if os.path.isdir(base):
+            for name in sorted(os.listdir(base)):
+                if os.path.isfile(os.path.join(base, name, "train.bin")):
+                    near.setdefault(name, os.path.join(shown, name))
+    guess = [near[g] for g in difflib.get_close_matches(os.path.basename(os.path.normpath(dataset)), list(near), n=1,
+                                                        cutoff=0.75)]
+    head = f"--dataset={dataset}: no prepared dataset there or under data/"
+    if guess:
+        return UserError(f"{head}; did you mean --dataset={guess[0]}? Or prepare one: {how}")
+    return UserError(f"{head}; prepare one: {how}")
+
+
 def find_or_download(argv, here, url=SHAKESPEARE_URL):
     """The corpus path: --input PATH, else input.txt in `here`, else downloaded there."""
     parser = argparse.ArgumentParser()
@@ -79,6 +124,35 @@ def list_inputs(path, log=print):
     return files
 
 
+# What a text that is not UTF-8 most often is, for the command that converts it: a Byte Order Mark's UTF-16, then
+# mainland China's GB18030 (a superset of GBK and GB2312) and Taiwan's Big5, where the text they decode to is mostly
+# ideographs (a Windows Chinese file; Latin-1 decodes any bytes, so it is no guess)
+ENCODING_GUESSES = ("gb18030", "big5")
+
+
+def conversion(path, sample=1 << 16):
+    """How to convert path to UTF-8: iconv from the encoding its first bytes decode as, or from the one to name."""
+    with open_regular(path) as f:
+        raw = f.read(sample)
+    out = shlex.quote(os.path.splitext(path)[0] + ".utf8.txt")
+    if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        found = "UTF-16"
+    else:
+        found = None
+        for encoding in ENCODING_GUESSES:
+            try:
+                text = codecs.getincrementaldecoder(encoding)().decode(raw)  # a character cut at the end waits
+            except UnicodeDecodeError:
+                continue
+            wide = [c for c in text if ord(c) > 127]
+            if wide and sum("\u4e00" <= c <= "\u9fff" for c in wide) >= 0.5 * len(wide):
+                found = encoding.upper()
+                break
+    if found:
+        return f"it reads as {found}: convert it first, iconv -f {found} -t UTF-8 {shlex.quote(path)} > {out}"
+    return f"convert it first: iconv -f ITS_ENCODING -t UTF-8 {shlex.quote(path)} > {out} (iconv -l lists them)"
+
+
 def read_text(path, chunk_bytes=None):
     """Yield (bytes read, text) chunks of chunk_bytes (CHUNK_BYTES) with universal newlines, as open(path).read()
     gives."""
@@ -97,7 +171,7 @@ def read_text(path, chunk_bytes=None):
                                     f"head -c): drop its last {len(utf8.getstate()[0])} byte(s) or cut it at a "
                                     f"line end (head -n)") from None
                 raise UserError(f"{path} is not UTF-8 text (bad byte near offset {offset + e.start}); "
-                                f"convert it first, e.g. iconv -t utf-8") from None
+                                f"{conversion(path)}") from None
             offset += len(raw)
             pending = ""
             if raw and text.endswith("\r"):

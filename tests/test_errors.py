@@ -51,7 +51,10 @@ CASES = {
     "wrong value type": (["train.py", "--batch_size=big"], "batch_size expects an integer, got 'big'"),
     "config file missing": (["train.py", "config/nope.py"], "config file config/nope.py not found"),
     "config file does not parse": (["train.py", "{root}/bad.py"], "bad.py:1: syntax error"),
-    "missing train.bin": (["train.py", "--dataset={root}/nothing", "--out_dir={root}/out"], "train.bin not found; run python data/nothing/prepare.py"),
+    "a dataset that is not there": (["train.py", "--dataset={root}/nothing", "--out_dir={root}/out"], "--dataset={root}/nothing: no prepared dataset there or under data/; prepare one: python data/prepare.py --input YOUR_TEXT --out {root}/nothing"),
+    "a dataset one letter off": (["train.py", "--dataset={root}/dta", "--out_dir={root}/out"], "did you mean --dataset={root}/data? Or prepare one"),
+    "a text file for a dataset": (["train.py", "--dataset={root}/in.txt", "--minutes=1"], "--dataset={root}/in.txt is a text file, not a prepared dataset; prepare it first: python data/prepare.py --input {root}/in.txt --out data/in, then train with --dataset=data/in"),
+    "a folder without train.bin": (["train.py", "--dataset={root}/empty", "--minutes=1"], "{root}/empty holds no train.bin; prepare it"),
     "data shorter than block_size + 1": (["train.py", *TINY, "--dataset={root}/short", "--block_size=64", "--out_dir={root}/out"], "fewer than block_size + 1 (65)"),
     "n_embd not divisible by n_head": (["train.py", "--n_embd=100", "--n_head=6"], "n_embd (100) must be divisible by n_head (6)"),
     "resume without a checkpoint": (["train.py", "--init_from=resume", "--out_dir={root}/empty"], "no checkpoint at"),
@@ -228,6 +231,8 @@ def make_broken_runs(root):
     os.symlink(root / "outside.bpe", root / "bpe_outside" / "tokenizer.bpe")
     (root / "deepmeta").mkdir()
     (root / "deepmeta" / "meta.json").write_text("[" * 100_000 + "]" * 100_000)
+    for split in ("train.bin", "val.bin"):  # a prepared dataset but for its meta.json
+        shutil.copy(root / "data" / split, root / "deepmeta" / split)
     (root / "hugerankckpt").mkdir()
     hostile = {**write_bpe_dataset(root / "bpe_forckpt", None), "ranks_text": BYTE_RANKS + f"{ab} {10 ** 8}\n"}
     torch.save({**state, "tokenizer": hostile}, root / "hugerankckpt" / "ckpt.pt")

@@ -87,6 +87,29 @@ def test_bad_inputs_are_user_errors(tmp_path):
         prep.prepare(str(tmp_path / "missing.txt"), "char", str(tmp_path / "o"), log=lambda *a: None)
 
 
+@pytest.mark.parametrize("encoding, named", [("gbk", "GB18030"), ("big5", "BIG5"), ("utf-16", "UTF-16"),
+                                             ("latin-1", None)])
+def test_a_text_that_is_not_utf8_gets_the_iconv_command_that_converts_it(tmp_path, encoding, named):
+    """A Chinese learner's file from Windows is GBK: `iconv -t utf-8` (the old hint) fails on it without -f. The
+    error names the encoding the text reads as, and the command it prints, run as printed, converts it."""
+    import shutil
+    import subprocess
+    text = ("今天天氣很好，我們去公園散步。\n" if encoding == "big5" else "今天天气很好，我们去公园散步。hello\n"
+            if encoding != "latin-1" else "café naïve\n") * 40
+    (tmp_path / "diary.txt").write_bytes(text.encode(encoding))
+    with pytest.raises(prep.UserError) as e:
+        prep.prepare(str(tmp_path / "diary.txt"), "char", str(tmp_path / "o"), log=lambda *a: None)
+    message = str(e.value)
+    if named is None:  # Latin-1 decodes any bytes: no guess, the command names the encoding to fill in
+        assert "iconv -f ITS_ENCODING -t UTF-8" in message
+        return
+    assert f"it reads as {named}: convert it first, iconv -f {named} -t UTF-8" in message
+    if shutil.which("iconv"):
+        command = message.split("convert it first, ", 1)[1]
+        subprocess.run(command, shell=True, check=True, cwd=tmp_path)
+        assert (tmp_path / "diary.utf8.txt").read_text(encoding="utf-8") == text
+
+
 @pytest.mark.skipif(not os.path.exists(SHAKESPEARE), reason="needs ../shared/data/tinyshakespeare")
 @pytest.mark.parametrize("tokenizer, train, val, vocab", [("char", 1_003_854, 111_540, 65),
                                                          ("gpt2", 301_966, 36_059, 50_257)])

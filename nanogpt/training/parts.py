@@ -17,7 +17,7 @@ import time
 from dataclasses import asdict, replace
 
 from nanogpt.checkpoint import load_checkpoint, model_from_checkpoint
-from nanogpt.dataset import dataset_dir
+from nanogpt.dataset import prepared_dir
 from nanogpt.device import autocast, resolve_device, resolve_dtype
 from nanogpt.errors import UserError
 from nanogpt.out_dir import OutDirLock, latest_form
@@ -116,7 +116,7 @@ def better(teachers, cfg, log):
         del ckpt
     device = resolve_device(cfg.device)
     ctx = autocast(device, resolve_dtype(cfg.dtype, device))
-    data_dir = dataset_dir(cfg.dataset)
+    data_dir = prepared_dir(cfg.dataset)
     meta = read_meta(data_dir)
     vocab_size = models[0].config.vocab_size
     batches = Batches(data_dir, min(m.config.block_size for m in models), min(batch), device, cfg.seed, meta,

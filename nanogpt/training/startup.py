@@ -17,7 +17,7 @@ from model import GPT, GPTConfig
 from nanogpt.checkpoint import (RUNTIME_FIELDS, config_from_model_args, load_checkpoint, load_sharded,
                                 model_from_checkpoint, set_rng_state)
 from nanogpt.cpu.threads import Threads
-from nanogpt.dataset import dataset_dir
+from nanogpt.dataset import prepared_dir
 from nanogpt.device import autocast, peak_flops_for, resolve_device, resolve_dtype, should_compile, training_kernels
 from nanogpt.errors import UserError
 from nanogpt.interop.hf import load_pretrained
@@ -136,7 +136,7 @@ def start_run(cfg, overrides, rank, local_rank, world, log, lock, into=Start, el
     teacher_ckpts = read_teachers(teacher_files)
     device = resolve_device(cfg.device, local_rank)
     dtype = resolve_dtype(cfg.dtype, device)
-    data_dir = dataset_dir(cfg.dataset)
+    data_dir = prepared_dir(cfg.dataset)
     meta = read_meta(data_dir)
     # a planned run is bound by the clock, not by reproducible sums: on a CPU its threads are the cores other
     # processes leave idle (two threads on two cores beside a busy process trained up to 78x slower), from the
