@@ -18,7 +18,7 @@ or GPT-2's, with every check of a resume), the loop (evaluate, step, save), the 
 import time
 
 PROCESS_START = time.time()  # before the heavy imports: "training time" counts from here
-BUDGET_SAY = 0.02  # --minutes: a move of the iterations this large (from the last one said) is said, smaller ones logged
+BUDGET_SAY = 0.05  # --minutes: a move of the iterations this large (from the last one said) is said, smaller ones logged
 
 from nanogpt import program
 
@@ -27,6 +27,7 @@ program.exit_quietly_on_ctrl_c()  # before the slow imports (torch): Ctrl-C duri
 # ruff: noqa: E402
 import math
 import os
+import shlex
 from dataclasses import asdict
 
 import torch
@@ -165,7 +166,13 @@ class Run(Start):
                         unit="iter")
 
     def eval_due(self):
-        return self.iter_num == 0 or (self.iter_num % self.cfg.eval_interval == 0 and self.iter_num != self.start_iter)
+        if self.iter_num == 0:
+            return True
+        if self.iter_num % self.cfg.eval_interval or self.iter_num == self.start_iter:
+            return False
+        # a budget moves a planned run's end: an evaluation a few iterations before the last one is its twin
+        # (iter 180 and 181), at a share of the budget
+        return self.deadline is None or self.cfg.max_iters - self.iter_num > max(1, self.cfg.eval_interval // 4)
 
     def evaluate(self, last):
         """Losses now, logged; ckpt.pt and best.pt saved as configured. True when the run should end here."""
@@ -248,8 +255,9 @@ class Run(Start):
         """What this process holds for training, beside activations: its shards under FSDP."""
         held = held_bytes(self.raw_model, self.optimizer)
         self.metrics.write(f"memory per process: parameters {held['params'] / 2**20:,.1f} MiB, gradients "
-                           f"{held['grads'] / 2**20:,.1f} MiB, optimizer state {held['optimizer'] / 2**20:,.1f} MiB "
-                           f"({self.world} process(es), {self.cfg.parallel})", kind="memory", iter=self.iter_num + 1,
+                           f"{held['grads'] / 2**20:,.1f} MiB, optimizer state {held['optimizer'] / 2**20:,.1f} MiB"
+                           + (" (one process)" if self.world == 1 else f" ({self.world} processes, {self.cfg.parallel})"),
+                           kind="memory", iter=self.iter_num + 1,
                            world=self.world,
                            parallel=self.cfg.parallel, **held)
 
@@ -282,7 +290,7 @@ class Run(Start):
         if (self.plan or {}).get("decay_follows", True):  # not a decay of yours that ends elsewhere (plan.py)
             self.cfg.lr_decay_iters = target
         self.bar.total = target
-        # every move is logged; the console hears of one that takes the run 2% or more from what it last said
+        # every move is logged; the console hears of one that takes the run 5% or more from what it last said
         said = self.budget_said
         if abs(target - said) >= max(1, BUDGET_SAY * said):
             self.budget_said = target
@@ -334,7 +342,8 @@ class Run(Start):
             ran = self.iter_num - self.start_iter  # the wall time is this process's: so is the count beside it
             total = f" ({self.iter_num} in all)" if self.start_iter else ""
             log(f"done: {ran} iters in {summary['time']:.1f} s{total}; val loss {self.last_val:.4f} "
-                f"(best {self.best_val_loss:.4f}); checkpoint {latest_form(self.ckpt_path)}")
+                f"(best {self.best_val_loss:.4f}); checkpoint {latest_form(self.ckpt_path)}; write from it with "
+                f"python sample.py --out_dir={shlex.quote(cfg.out_dir)}")
             if self.plan is not None:  # recorded however it ended: a resume that improved nothing is done too
                 if self.best_bpb is not None:
                     log(plan_summary(self.plan, self.best_bpb, self.iter_num, self.clock.before + summary["time"],

@@ -118,6 +118,11 @@ def load_checkpoint(path, map_location="cpu", weights=True):
             raise UserError(f"no checkpoint at {path}: a save was interrupted and the previous checkpoint is in "
                             f"{moved_aside(path)}; python train.py --init_from=resume --out_dir={out_dir} puts it "
                             f"back and continues")
+        others = sorted(n for n in (os.listdir(out_dir) if os.path.isdir(out_dir) else ())
+                        if n.endswith((".pt", ".dcp")) and n.startswith(os.path.splitext(os.path.basename(path))[0]))
+        if others:  # --ckpt=best where best.pt is there
+            raise UserError(f"no checkpoint at {path}; {out_dir} holds {', '.join(others)}: name the file with its "
+                            f"ending (--ckpt={others[0]})")
         raise UserError(f"no checkpoint at {path}; train one first (python train.py ... --out_dir={out_dir})")
     ckpt = read_tensors(path, map_location)
     if not isinstance(ckpt, dict) or "model" not in ckpt or "model_args" not in ckpt:

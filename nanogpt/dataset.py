@@ -236,6 +236,11 @@ def prepare(input_path, tokenizer="char", out_dir=".", val_fraction=0.1, log=pri
         raise UserError(f"--vocab_size must be at least 257 (the 256 bytes and <|endoftext|>) and at most "
                         f"{1 << 20}, got {vocab_size}")
     files = list_inputs(input_path, log)
+    if os.path.isdir(input_path):  # which files a folder gave: every file in it that is not hidden, of any name
+        names = [os.path.relpath(f, input_path) for f in files]
+        log(f"reading {len(files):,} file{'s' if len(files) > 1 else ''} of {input_path}: {', '.join(names[:5])}"
+            + (f" and {len(names) - 5:,} more" if len(names) > 5 else ""))
+    replacing = os.path.isfile(os.path.join(out_dir, "train.bin"))
     total_bytes = sum(os.path.getsize(f) for f in files)
     passes = 3 if tokenizer == "bpe" else 2  # scan, (train,) encode
     with tqdm(total=passes * total_bytes, unit="B", unit_scale=True, desc="prepare", disable=None) as bar:
@@ -274,6 +279,9 @@ def prepare(input_path, tokenizer="char", out_dir=".", val_fraction=0.1, log=pri
             discard(out_dir, created)
             raise
     commit(out_dir, staged)
+    if replacing:
+        log(f"note: replaced the dataset that was in {out_dir}; a checkpoint trained on it resumes only where the "
+            f"vocabulary is the same")
     log(f"vocab size: {tok.vocab_size:,}")
     log(f"train has {counts['train']:,} tokens")
     log(f"val has {counts['val']:,} tokens")

@@ -60,6 +60,8 @@ CASES = {
     "resume without a checkpoint": (["train.py", "--init_from=resume", "--out_dir={root}/empty"], "no checkpoint at"),
     "consolidate without a sharded checkpoint": (["consolidate.py", "--out_dir={root}/empty"], "no sharded checkpoint at {root}/empty/ckpt.dcp; train one first"),
     "sample without a checkpoint": (["sample.py", "--out_dir={root}/empty"], "no checkpoint at"),
+    "a new model too large for memory": (["train.py", "--dataset={root}/data", "--n_layer=48", "--n_embd=4096", "--n_head=32", "--block_size=16", "--device=cpu", "--out_dir={root}/o2"], "n_layer or n_embd, or let --minutes=N choose a model this machine trains in N minutes"),
+    "a checkpoint named without its ending": (["sample.py", "--out_dir={root}/out", "--ckpt=ckpt"], "no checkpoint at {root}/out/ckpt; {root}/out holds ckpt.pt: name the file with its ending (--ckpt=ckpt.pt)"),
     "quantize to an unknown kind": (["sample.py", "--out_dir={root}/out", "--quantize=int4"], "quantize must be int8 (weight-only int8 linear layers) or empty, got 'int4'"),
     "quantize an export to a Hugging Face directory": (["export.py", "--out_dir={root}/out", "--quantize=int8", "--hf_dir={root}/hf_q"], "--quantize=int8 writes GGUF's Q8_0 (--format=gguf)"),
     "truncated checkpoint": (["sample.py", "--out_dir={root}/truncated"], "is not a readable checkpoint"),

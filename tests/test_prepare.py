@@ -70,13 +70,27 @@ def test_windows_and_lone_cr_newlines_are_normalized_like_text_mode(tmp_path, mo
     assert "".join(chars[i] for i in ids) == expected
 
 
-def test_rerun_replaces_outputs(tmp_path):
+def test_rerun_replaces_outputs_and_says_so(tmp_path):
     src = tmp_path / "in.txt"
     src.write_text(CORPUS)
     out = str(tmp_path / "out")
-    first = prep.prepare(str(src), "char", out, 0.1, log=lambda *a: None)
-    second = prep.prepare(str(src), "char", out, 0.1, log=lambda *a: None)
+    said = []
+    first = prep.prepare(str(src), "char", out, 0.1, log=said.append)
+    assert not any("replaced" in line for line in said)
+    second = prep.prepare(str(src), "char", out, 0.1, log=said.append)
     assert first == second and not [f for f in os.listdir(out) if f.endswith(".tmp")]
+    assert sum(line.startswith(f"note: replaced the dataset that was in {out}") for line in said) == 1
+
+
+def test_a_folder_says_which_files_it_read(tmp_path):
+    """Every file that is not hidden is text to learn from, whatever its name: the user sees which."""
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    for name in ("a.txt", "b.md", ".hidden.txt", *(f"n{i}.txt" for i in range(6))):
+        (folder / name).write_text("some text\n" * 3)
+    said = []
+    prep.prepare(str(folder), "char", str(tmp_path / "out"), 0.1, log=said.append)
+    assert said[0] == f"reading 8 files of {folder}: a.txt, b.md, n0.txt, n1.txt, n2.txt and 3 more"
 
 
 def test_bad_inputs_are_user_errors(tmp_path):

@@ -42,6 +42,11 @@ def shape_keys(n_layer, n_embd, n_head):
 LADDER = {name: shape_keys(*SHAPES[name]) for name in SHAPES}
 
 
+def size_of(name):
+    """A ladder shape as a user reads it, layers x width ('S3': '4 x 192'); another name as it is."""
+    return f"{SHAPES[name][0]} x {SHAPES[name][1]}" if name in SHAPES else name
+
+
 def rung_keys(name, given):
     """A rung of the ladder with the keys the user set laid over it: the rate and value embeddings follow the
     layers and width the run will have (a width of yours gets its own rate, not the rung's)."""
@@ -176,7 +181,8 @@ def read_corpus(data_dir, meta, token_bytes, sample=HARDNESS_SAMPLE, pieces=8):
     some_train = known(spread(train, int(sample / per_token), pieces))
     some_val = known(spread(val, int(sample / 4 / per_token), pieces))
     text = lambda ids: b"".join(token_bytes[i] for i in ids.tolist())  # noqa: E731
-    hardness = ngram_bits_per_byte(text(some_train), text(some_val)) if len(some_val) else 8.0
+    # (at least 0: a text of one character repeated scored -0.00)
+    hardness = max(0.0, ngram_bits_per_byte(text(some_train), text(some_val))) if len(some_val) else 8.0
     return Corpus(data_dir, len(train), len(val), len(lengths), float(lengths[some_train].mean()), hardness,
                   ideograph_share(text(some_train)))
 
@@ -505,8 +511,8 @@ def early_end_lines(ends_early, iters, epochs, dropout, finish, minutes, capped,
         return [f"{most:g} epochs is as many as a run that learns from teachers was measured over (4 x 192 on 100 KB "
                 f"of English: 9 epochs 3.1% below 4, still falling), so {end}"]
     if most < max_epochs(dropout):
-        return [f"{most:g} epochs is as many as a model learns from of Chinese text (on two novels' first 300 KB, 3 "
-                f"epochs ended below 4), so {end}: more would only memorize this text"]
+        return [f"a model learns from at most {most:g} epochs of Chinese text (on two novels' first 300 KB, runs of "
+                f"3 epochs ended lower than runs of 4), so {end}: more would only memorize this text"]
     return [f"{most:g} epochs is as many as a model learns from at this dropout (the study's runs "
             f"had their best at 2.4 to 4.3 without it and at 10 with 0.2; 7 at 0.1 lies between), so {end}: "
             f"more would only memorize this text"]
@@ -521,12 +527,12 @@ def parts_lines(parts, minutes, out_dir, seed, world):
     if parts:
         measured = (f"{DISTILL_GAIN} below one run of 10 minutes on two texts of 100 KB, {DISTILL_GAIN_1MB} on 1 MB, and "
                     f"{DISTILL_GAIN_SHORT} below one run of 5 and 4.55 minutes on 100 KB and 300 KB")
-        return [f"the {minutes_text(minutes)} go to three runs instead (a text used up gives more to three shorter "
-                f"runs than to one): plans of {a} and {b} minutes into {out_dir}/{first['dir']} and "
-                f"{out_dir}/{second['dir']} (seeds {first['seed']} and {second['seed']}), then one of {c} into "
-                f"{out_dir} that learns from the text and from both (--teacher), from the better one's weights if "
-                f"it is planned {WARM_EPOCHS:g} epochs or fewer; the three ended {measured} "
-                f"(docs/minutes.md, \"More minutes than a text is worth\"); --plan_teachers=False keeps one run"]
+        return [f"the {minutes_text(minutes)} go to three runs instead: a text used up gives more to three shorter "
+                f"runs than to one (they ended {measured}; docs/minutes.md, \"More minutes than a text is worth\")",
+                f"plans of {a} and {b} minutes into {out_dir}/{first['dir']} and {out_dir}/{second['dir']} (seeds "
+                f"{first['seed']} and {second['seed']}), then one of {c} into {out_dir} that learns from the text and "
+                f"from both (--teacher), starting from the better one's weights if it is planned {WARM_EPOCHS:g} "
+                f"epochs or fewer; --plan_teachers=False keeps one run"]
     if world > 1:
         return [f"on a text used up three shorter runs do better than one: --minutes={a} --out_dir={out_dir}-a "
                 f"--plan_teachers=False, --minutes={b} --out_dir={out_dir}-b --seed={second['seed']} "
@@ -746,8 +752,10 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
            f"{corpus.hardness:.2f} bits a byte",
            f"this machine: {per_iter * 1000:.1f} ms an iteration of {tokens_per_iter:,} tokens"
            + (f" on {torch.get_num_threads()} thread(s)" if device.type == "cpu" else "") + " "
-           f"({', '.join(f'{n} {s * 1000:.1f} ms' for n, s in speed.probed.items())} probed"
-           + "".join(f", {n} {s * 1000:.1f} ms timed once chosen" for n, s in speed.timed.items())
+           f"({', '.join(f'{size_of(n)} {s * 1000:.1f} ms' for n, s in speed.probed.items())} probed"
+           + "".join(f", {size_of(n)} {s * 1000:.1f} ms timed once chosen" for n, s in speed.timed.items())
+           + ("" if name in speed.probed or name in speed.timed else
+              f"; {size_of(name)} estimated from its FLOPs between them")
            + (f"; dropout takes {speed.dropout_factor:.2f}x as long" if speed.dropout_factor != 1.0 else "") + ")",
            f"{final['n_layer']} layers x {final['n_embd']} ({params / 1e6:.2f}M in the blocks): "
            + (f"the lowest predicted val bpb of {len(candidates)} shapes at this budget" if len(candidates) > 1
@@ -785,9 +793,8 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
         why.append(f"a text under {HARDNESS_SAMPLE // 1000} KB: its prediction is the least certain (+-"
                    f"{sigma:.0%}; the study's smallest, 65 KB, was 17% off)")
         if capped:
-            why[-1] += (f"; one run's law, {one_run_law:.3f}, "
-                        f"is past the {corpus.hardness:.3f} the n-grams reading all of it score, so that is its "
-                        f"prediction")
+            why[-1] += (f"; the law says {one_run_law:.3f}, but counting which characters follow which over all "
+                        f"of it (n-grams) already scores {corpus.hardness:.3f}, so that is its prediction")
     if ceiling is not None and iters < ceiling:
         why.append(f"your max_iters={ceiling:,} is a ceiling: the budget has time for {iters:,} iterations"
                    + (", and the decay ends with them" if decay_follows else

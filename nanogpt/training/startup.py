@@ -197,7 +197,7 @@ def build_model(cfg, ckpt, meta, data_dir, overrides, device, ckpt_path, log):
         check_vocab(model.config.vocab_size, meta, data_dir, cfg.init_from)
         return fit_context(model, cfg, cfg.init_from, device, log)
     config = cfg.model_config(vocab_size=(meta or {}).get("vocab_size", cfg.vocab_size))
-    check_memory(config, cfg.batch_size, device)
+    check_memory(config, cfg.batch_size, device, sized=cfg.minutes is None)
     return GPT(config), replace(cfg, vocab_size=config.vocab_size)
 
 
@@ -232,14 +232,17 @@ def fit_context(model, cfg, source, device, log):
     return model, replace(cfg, **shape)
 
 
-def check_memory(config, batch_size, device, held=()):
+def check_memory(config, batch_size, device, held=(), sized=False):
     """Training config on micro-batches of batch_size fits in what the device has free, before training
-    allocates it; held: tensors already in memory (a loaded checkpoint) that training's own take over."""
+    allocates it; held: tensors already in memory (a loaded checkpoint) that training's own take over; sized: a new
+    model whose size --minutes could choose instead (the defaults are GPT-2's, which a learner meets by leaving out
+    a config file)."""
     held_bytes = tensor_bytes(held) if device.type == "cpu" else 0  # on a GPU they are not there yet
     check_fits(training_bytes(config, batch_size) - held_bytes, device,
                f"training {param_count(config) / 1e6:,.1f}M parameters on micro-batches of {batch_size} x "
                f"{config.block_size} tokens", "lower batch_size (raise gradient_accumulation_steps to keep the "
-               "batch), block_size, n_layer or n_embd")
+               "batch), block_size, n_layer or n_embd" + (", or let --minutes=N choose a model this machine trains "
+                                                         "in N minutes" if sized else ""))
 
 
 def parallelize(model, cfg, device, dtype, compile, world, log):
