@@ -14,8 +14,8 @@ from tqdm import tqdm
 
 from nanogpt import REPOSITORY
 from nanogpt.copies import INDEX_FILE, build_command, write_index
-from nanogpt.errors import UserError
-from nanogpt.files import find_folder, open_regular, open_to_write
+from nanogpt.errors import UserError, closest
+from nanogpt.files import find_folder, folders_near, open_regular, open_to_write
 from nanogpt.settings import read_config_file  # a recipe's assignments: what train.py would run
 from nanogpt.tokenizer import GPT2BPE, CharTokenizer, TrainedBPE, ranks_text, write_meta
 
@@ -45,7 +45,6 @@ def prepared_dir(dataset):
 def missing_dataset(dataset):
     """What --dataset named instead of a prepared dataset (a text file, a folder without train.bin, nothing), the
     prepared dataset its name is closest to, and the command that prepares one."""
-    import difflib
     stem = os.path.splitext(os.path.basename(os.path.normpath(dataset)))[0] or "mytext"
     if os.path.isfile(dataset):
         return UserError(f"--dataset={dataset} is a text file, not a prepared dataset; prepare it first: python "
@@ -61,20 +60,12 @@ def missing_dataset(dataset):
     folder = find_folder(dataset, "data")
     if folder is not None:
         return UserError(f"--dataset={dataset}: {folder} holds no train.bin; prepare it ({how})")
-    # the prepared datasets near what was typed: under data/ (here and beside train.py) and beside the path given
-    # (names compared, not paths: a long shared folder makes every path look alike)
-    near = {}
-    for base, shown in (("data", "data"), (os.path.join(REPOSITORY, "data"), "data"),
-                        (os.path.dirname(os.path.normpath(dataset)) or ".", os.path.dirname(os.path.normpath(dataset)))):
-        if os.path.isdir(base):
-            for name in sorted(os.listdir(base)):
-                if os.path.isfile(os.path.join(base, name, "train.bin")):
-                    near.setdefault(name, os.path.join(shown, name))
-    guess = [near[g] for g in difflib.get_close_matches(os.path.basename(os.path.normpath(dataset)), list(near), n=1,
-                                                        cutoff=0.75)]
+    # the prepared dataset nearest what was typed, by name (a long shared folder makes every path look alike)
+    near = folders_near(dataset, "data", holding=["train.bin"])
+    guess = closest(os.path.basename(os.path.normpath(dataset)), list(near), cutoff=0.75)
     head = f"--dataset={dataset}: no prepared dataset there or under data/"
-    if guess:
-        return UserError(f"{head}; did you mean --dataset={guess[0]}? Or prepare one: {how}")
+    if guess is not None:
+        return UserError(f"{head}; did you mean --dataset={near[guess]}? Or prepare one: {how}")
     return UserError(f"{head}; prepare one: {how}")
 
 

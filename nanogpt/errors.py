@@ -10,5 +10,11 @@ class UserError(Exception):
 def nearest(name, choices, cutoff=0.6):
     """" (did you mean 'x'?)" for the choice closest to name, or "" when none is close (difflib's cutoff; 0.0
     always names one): a message appends it, or its own fallback with `nearest(...) or "; the keys are ..."`."""
+    close = closest(name, choices, cutoff)
+    return f" (did you mean {close!r}?)" if close is not None else ""
+
+
+def closest(name, choices, cutoff=0.6):
+    """The choice closest to name, or None when none is (for a message that words its own suggestion)."""
     close = difflib.get_close_matches(name, choices, n=1, cutoff=cutoff)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    return close[0] if close else None

@@ -27,6 +27,19 @@ def find_folder(path, under="", holding=()):
     return None
 
 
+def folders_near(path, under="", holding=()):
+    """{name: path as a user would type it} of the folders that hold one of `holding`, where find_folder(path, under)
+    looks: in under/ here, in under/ beside the repository, and beside path itself (what a typo was meant to be)."""
+    near = {}
+    parent = os.path.dirname(os.path.normpath(path))
+    for base, shown in ((under, under), (os.path.join(REPOSITORY, under), under), (parent or ".", parent)):
+        if os.path.isdir(base):
+            for name in sorted(os.listdir(base)):
+                if any(os.path.exists(os.path.join(base, name, held)) for held in holding):
+                    near.setdefault(name, os.path.join(shown, name))
+    return near
+
+
 def kind_of(mode):
     for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"), (stat.S_ISSOCK, "a socket"),
                        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):

@@ -55,7 +55,7 @@ CASES = {
     "a dataset one letter off": (["train.py", "--dataset={root}/dta", "--out_dir={root}/out"], "did you mean --dataset={root}/data? Or prepare one"),
     "a text file for a dataset": (["train.py", "--dataset={root}/in.txt", "--minutes=1"], "--dataset={root}/in.txt is a text file, not a prepared dataset; prepare it first: python data/prepare.py --input {root}/in.txt --out data/in, then train with --dataset=data/in"),
     "a folder without train.bin": (["train.py", "--dataset={root}/empty", "--minutes=1"], "{root}/empty holds no train.bin; prepare it"),
-    "data shorter than block_size + 1": (["train.py", *TINY, "--dataset={root}/short", "--block_size=64", "--out_dir={root}/out"], "fewer than block_size + 1 (65)"),
+    "data shorter than block_size + 1": (["train.py", *TINY, "--dataset={root}/short", "--block_size=64", "--out_dir={root}/o3"], "fewer than block_size + 1 (65)"),
     "n_embd not divisible by n_head": (["train.py", "--n_embd=100", "--n_head=6"], "n_embd (100) must be divisible by n_head (6)"),
     "resume without a checkpoint": (["train.py", "--init_from=resume", "--out_dir={root}/empty"], "no checkpoint at"),
     "consolidate without a sharded checkpoint": (["consolidate.py", "--out_dir={root}/empty"], "no sharded checkpoint at {root}/empty/ckpt.dcp; train one first"),

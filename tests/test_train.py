@@ -197,6 +197,29 @@ def test_gpu_recipe_on_a_cpu_says_so_and_does_not_compile(tmp_path, char_dataset
     assert "compiling" not in result.stdout
 
 
+def test_a_new_run_on_another_text_is_refused_an_out_dir_holding_a_model_of_one(tmp_path, char_dataset):
+    """config/tangshi_cpu.py --dataset=data/mine trained into the recipe's out-tangshi and, at its first evaluation,
+    replaced the Tang model with one of the user's text (a new user's trial). A new run on another text now refuses
+    such an out_dir before it spends anything, and leaves the checkpoint as it was; the same text replaces it, as a
+    note says (nanoGPT's habit of training again into out_dir)."""
+    import shutil
+
+    from configurator import UserError
+    train(tiny_cfg(tmp_path, char_dataset), log=quiet)
+    ckpt = tmp_path / "out" / "ckpt.pt"
+    before = ckpt.read_bytes()
+    other = tmp_path / "other"
+    shutil.copytree(char_dataset, other)  # the same tokens in another folder: another dataset all the same
+    with pytest.raises(UserError, match=rf"ckpt.pt holds a model of {char_dataset} \(iter 6, best val loss .*\), and "
+                                        rf"this run trains on {other}: give it a folder of its own "
+                                        rf"\(--out_dir=out-other\), or move that checkpoint away to replace it"):
+        train(replace(tiny_cfg(tmp_path, char_dataset), dataset=str(other)), log=quiet)
+    assert ckpt.read_bytes() == before
+    lines = []
+    train(tiny_cfg(tmp_path, char_dataset), log=lines.append)  # the same text: replaced, and said
+    assert any("holds an earlier run (iter 6" in line for line in lines)
+
+
 def test_notes_name_the_laptop_recipe_a_short_warmup_and_a_checkpoint_about_to_be_replaced(tmp_path):
     from nanogpt.training.notes import earlier_run, startup_notes
     from train import TrainConfig

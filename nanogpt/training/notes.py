@@ -78,6 +78,23 @@ def startup_notes(cfg, ckpt_path, iter_num=0, earlier=None, cpu_time=None, confi
     return notes
 
 
+def earlier_dataset(ckpt_path):
+    """The dataset folder the checkpoint at ckpt_path (its latest form) trained on, where it names one that is
+    there; None where there is no checkpoint, or it names none that can be found (only such a folder is compared)."""
+    from nanogpt.dataset import dataset_dir
+    path = latest_form(ckpt_path)
+    if not os.path.exists(path):
+        return None
+    try:
+        if os.path.isdir(path):
+            path = os.path.join(path, "meta.pt")
+        dataset = torch_load(path, path, map_location="cpu", mmap=True)["config"]["dataset"]
+    except Exception:  # only for a refusal that keeps a checkpoint: what the file holds is checked where it is loaded
+        return None
+    folder = dataset_dir(dataset) if isinstance(dataset, str) and dataset else None
+    return folder if folder and os.path.isfile(os.path.join(folder, "train.bin")) else None
+
+
 def earlier_run(ckpt_path):
     """'iter N, best val loss X' of the checkpoint at ckpt_path (its latest form), read without its weights;
     None where there is none."""

@@ -22,13 +22,13 @@ from nanogpt.device import autocast, peak_flops_for, resolve_device, resolve_dty
 from nanogpt.errors import UserError
 from nanogpt.interop.hf import load_pretrained
 from nanogpt.memory import check_fits, param_count, training_bytes
-from nanogpt.out_dir import interrupted_save
+from nanogpt.out_dir import interrupted_save, latest_form
 from nanogpt.source import checkpoint_file
 from nanogpt.tokenizer import base_meta, read_meta, token_byte_lengths, tokenizer_from_meta, tokenizer_kind
 from nanogpt.training.batches import make_batches
 from nanogpt.training.distill import Teachers, read_teachers, teacher_paths
 from nanogpt.training.distributed import barrier, from_rank0, micro_batches
-from nanogpt.training.notes import earlier_run
+from nanogpt.training.notes import earlier_dataset, earlier_run
 from nanogpt.training.optim import DAMAGED, restore_optimizer
 from nanogpt.training.plan import last_plan, plan_run
 from nanogpt.training.resume import saved_settings
@@ -137,6 +137,15 @@ def start_run(cfg, overrides, rank, local_rank, world, log, lock, into=Start, el
     device = resolve_device(cfg.device, local_rank)
     dtype = resolve_dtype(cfg.dtype, device)
     data_dir = prepared_dir(cfg.dataset)
+    # a new run into out_dir would replace, at its first evaluation, a model of another text (a recipe's out_dir
+    # taken with a config file while --dataset names the user's own): refused, before a plan's probe spends time
+    if cfg.init_from != "resume" and not cfg.eval_only:
+        other = from_rank0(earlier_dataset(ckpt_path) if rank == 0 else None, world)
+        if other is not None and os.path.realpath(other) != os.path.realpath(data_dir):
+            name = os.path.basename(os.path.normpath(data_dir))
+            raise UserError(f"{latest_form(ckpt_path)} holds a model of {other} ({earlier_run(ckpt_path)}), and this "
+                            f"run trains on {data_dir}: give it a folder of its own (--out_dir=out-{name}), or move "
+                            f"that checkpoint away to replace it")
     meta = read_meta(data_dir)
     # a planned run is bound by the clock, not by reproducible sums: on a CPU its threads are the cores other
     # processes leave idle (two threads on two cores beside a busy process trained up to 78x slower), from the
