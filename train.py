@@ -321,7 +321,8 @@ class Run(Start):
     def finish(self, stop):
         """After the loop: save what a signal interrupted; the summary."""
         cfg, log = self.cfg, self.log
-        if stop.set and not cfg.eval_only:
+        interrupted = stop.final(self.world)
+        if interrupted and not cfg.eval_only:
             if self.iter_num > self.start_iter and self.replacing is not None:
                 log(f"interrupted at iter {self.iter_num}, before this run saved at an evaluation: nothing saved, so "
                     f"{latest_form(self.ckpt_path)} keeps the earlier run ({self.replacing}); to keep a new run's "
@@ -334,11 +335,11 @@ class Run(Start):
                 log(f"interrupted at iter {self.iter_num}, before this run completed an iteration: nothing saved")
         summary = {"iters": self.iter_num, "val_loss": self.last_val, "best_val_loss": self.best_val_loss,
                    "best_val_bpb": self.best_bpb,
-                   "time": self.clock.wall(), "train_time": self.clock.train_time(), "interrupted": stop.set,
+                   "time": self.clock.wall(), "train_time": self.clock.train_time(), "interrupted": interrupted,
                    "reached": self.reached}
         if cfg.target_loss is not None and self.reached is None and self.last_val is not None:
             log(f"did not reach val loss {cfg.target_loss} in {self.iter_num} iters (last {self.last_val:.4f})")
-        if self.last_val is not None and not cfg.eval_only and not stop.set:
+        if self.last_val is not None and not cfg.eval_only and not interrupted:
             ran = self.iter_num - self.start_iter  # the wall time is this process's: so is the count beside it
             total = f" ({self.iter_num} in all)" if self.start_iter else ""
             log(f"done: {ran} iters in {summary['time']:.1f} s{total}; val loss {self.last_val:.4f} "

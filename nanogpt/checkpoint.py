@@ -122,7 +122,7 @@ def load_checkpoint(path, map_location="cpu", weights=True):
                         if n.endswith((".pt", ".dcp")) and n.startswith(os.path.splitext(os.path.basename(path))[0]))
         if others:  # --ckpt=best where best.pt is there
             raise UserError(f"no checkpoint at {path}; {out_dir} holds {', '.join(others)}: name the file with its "
-                            f"ending (--ckpt={others[0]})")
+                            f"ending ({others[0]})")
         raise UserError(f"no checkpoint at {path}; train one first (python train.py ... --out_dir={out_dir})")
     ckpt = read_tensors(path, map_location)
     if not isinstance(ckpt, dict) or "model" not in ckpt or "model_args" not in ckpt:

@@ -46,20 +46,25 @@ def missing_dataset(dataset):
     """What --dataset named instead of a prepared dataset (a text file, a folder without train.bin, nothing), the
     prepared dataset its name is closest to, and the command that prepares one."""
     stem = os.path.splitext(os.path.basename(os.path.normpath(dataset)))[0] or "mytext"
+    shown = lambda p: p if os.path.relpath(p).startswith("..") else os.path.relpath(p)  # noqa: E731  (from here)
+    prepare = shown(os.path.join(REPOSITORY, "data", "prepare.py"))
     if os.path.isfile(dataset):
         return UserError(f"--dataset={dataset} is a text file, not a prepared dataset; prepare it first: python "
-                         f"data/prepare.py --input {shlex.quote(dataset)} --out data/{stem}, then train with "
+                         f"{prepare} --input {shlex.quote(dataset)} --out data/{stem}, then train with "
                          f"--dataset=data/{stem}")
-    own = os.path.join(REPOSITORY, "data", stem, "prepare.py")
-    if os.path.sep not in dataset and os.path.isfile(own):  # a recipe's dataset: its own prepare script
-        shown = os.path.relpath(own)
-        how = f"python {own if shown.startswith('..') else shown}"
-    else:
-        out = dataset if os.path.sep in os.path.normpath(dataset) else os.path.join("data", dataset)
-        how = f"python data/prepare.py --input YOUR_TEXT --out {out}"
+    out = dataset if os.path.sep in os.path.normpath(dataset) else os.path.join("data", dataset)
+    how = f"python {prepare} --input YOUR_TEXT --out {out}"
     folder = find_folder(dataset, "data")
+    if folder is not None and os.path.isfile(os.path.join(folder, "prepare.py")):  # a recipe's: its own script
+        return UserError(f"--dataset={dataset}: {folder} holds no train.bin; prepare it (python "
+                         f"{shown(os.path.join(folder, 'prepare.py'))})")
+    if folder is not None and any(not n.startswith(".") for n in os.listdir(folder)):  # a folder of texts
+        return UserError(f"--dataset={dataset} is a folder without train.bin, not a prepared dataset; if it holds "
+                         f"your texts, prepare them first: python {prepare} --input {shlex.quote(dataset)} --out "
+                         f"data/{stem}, then train with --dataset=data/{stem}")
     if folder is not None:
-        return UserError(f"--dataset={dataset}: {folder} holds no train.bin; prepare it ({how})")
+        return UserError(f"--dataset={dataset}: {folder} holds no train.bin; prepare it (python {prepare} --input "
+                         f"YOUR_TEXT --out {folder})")
     # the prepared dataset nearest what was typed, by name (a long shared folder makes every path look alike)
     near = folders_near(dataset, "data", holding=["train.bin"])
     guess = closest(os.path.basename(os.path.normpath(dataset)), list(near), cutoff=0.75)
@@ -121,10 +126,22 @@ def list_inputs(path, log=print):
 ENCODING_GUESSES = ("gb18030", "big5")
 
 
-def conversion(path, sample=1 << 16):
-    """How to convert path to UTF-8: iconv from the encoding its first bytes decode as, or from the one to name."""
+def conversion(path, bad, sample=1 << 16):
+    """How to convert path to UTF-8: iconv from the encoding its first bytes decode as, or from the one to name; or,
+    where the text before the bad byte at offset `bad` is UTF-8 beyond ASCII, the stray byte to remove (é and ï
+    in UTF-8 also read as GB18030 ideographs: converting such a file would garble it)."""
     with open_regular(path) as f:
+        f.seek(max(0, bad - sample))
+        before = f.read(min(bad, sample)).lstrip(bytes(range(0x80, 0xC0)))  # from a character's first byte
+        f.seek(0)
         raw = f.read(sample)
+    if any(b > 127 for b in before):
+        try:
+            before.decode("utf-8")
+            return (f"the text before it is UTF-8, so that byte is stray: remove it, or save the file again as "
+                    f"UTF-8")
+        except UnicodeDecodeError:  # a character cut where `before` ends, or another encoding: guessed below
+            pass
     out = shlex.quote(os.path.splitext(path)[0] + ".utf8.txt")
     if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
         found = "UTF-16"
@@ -162,7 +179,7 @@ def read_text(path, chunk_bytes=None):
                                     f"head -c): drop its last {len(utf8.getstate()[0])} byte(s) or cut it at a "
                                     f"line end (head -n)") from None
                 raise UserError(f"{path} is not UTF-8 text (bad byte near offset {offset + e.start}); "
-                                f"{conversion(path)}") from None
+                                f"{conversion(path, offset + e.start)}") from None
             offset += len(raw)
             pending = ""
             if raw and text.endswith("\r"):
@@ -271,8 +288,7 @@ def prepare(input_path, tokenizer="char", out_dir=".", val_fraction=0.1, log=pri
             raise
     commit(out_dir, staged)
     if replacing:
-        log(f"note: replaced the dataset that was in {out_dir}; a checkpoint trained on it resumes only where the "
-            f"vocabulary is the same")
+        log(f"note: replaced the dataset that was in {out_dir}")
     log(f"vocab size: {tok.vocab_size:,}")
     log(f"train has {counts['train']:,} tokens")
     log(f"val has {counts['val']:,} tokens")

@@ -32,7 +32,8 @@ def folders_near(path, under="", holding=()):
     looks: in under/ here, in under/ beside the repository, and beside path itself (what a typo was meant to be)."""
     near = {}
     parent = os.path.dirname(os.path.normpath(path))
-    for base, shown in ((under, under), (os.path.join(REPOSITORY, under), under), (parent or ".", parent)):
+    # (one beside the repository by its name alone: under/name is found from its own directory only)
+    for base, shown in ((under, under), (os.path.join(REPOSITORY, under), ""), (parent or ".", parent)):
         if os.path.isdir(base):
             for name in sorted(os.listdir(base)):
                 if any(os.path.exists(os.path.join(base, name, held)) for held in holding):

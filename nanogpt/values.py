@@ -2,6 +2,7 @@
 its dataclass field's type, or a UserError naming the key and the type it expects; and the one line per
 value a user set that differs from what it overrides."""
 import math
+import re
 import types
 import typing
 
@@ -24,9 +25,11 @@ def convert(value, hint, key, source):
             continue
     shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
     expected = "a finite number" if float in options and isinstance(value, float) else type_name(hint)
-    comma = (float in options and isinstance(value, tuple) and len(value) == 2
-             and all(isinstance(v, int) and not isinstance(v, bool) for v in value))
-    hint_decimal = f" (a decimal is written with a point: {value[0]}.{value[1]})" if comma else ""
+    # a decimal comma: 1,5 reads as the tuple (1, 5); 0,0006 and 0,05 (no Python literal) stay text
+    text = (f"{value[0]},{value[1]}" if isinstance(value, tuple) and len(value) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in value) else value)
+    comma = float in options and isinstance(text, str) and re.fullmatch(r"-?\d+,\d+", text.strip())
+    hint_decimal = f" (a decimal is written with a point: {text.strip().replace(',', '.')})" if comma else ""
     raise UserError(f"{source}: {key} expects {expected}, got {shown}{hint_decimal}")
 
 

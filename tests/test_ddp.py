@@ -130,6 +130,25 @@ def test_a_signal_that_lands_during_the_ranks_agreement_is_kept_for_the_next(mon
         flag.restore()
 
 
+def test_a_signal_after_the_last_agreement_is_agreed_once_more_after_the_loop(monkeypatch):
+    """A run that ends at max_iters after a signal landed past its last agreement: only that rank had the flag, and
+    its save's collectives waited for ranks that never came. After the loop every rank agrees once more, on what the
+    all-reduce says, not on its own flag."""
+    from nanogpt.training import stopping
+    flag = stopping.StopFlag()
+    try:
+        flag.abandon = False
+        calls = []
+        monkeypatch.setattr(stopping, "any_rank", lambda local, world: calls.append(local) or True)
+        assert flag.final(2) and flag.set and calls == [False]  # another rank's signal: this one saves with it
+        flag.set = True
+        monkeypatch.setattr(stopping, "any_rank", lambda local, world: False)
+        assert not flag.final(2)  # (the all-reduce is what every rank acts on)
+        assert stopping.StopFlag.final(flag, 1) is True  # one process: its own flag
+    finally:
+        flag.restore()
+
+
 def test_an_evaluation_whose_batches_do_not_divide_among_the_ranks_ends(tmp_path, char_dataset):
     """One train batch for two ranks (a plan's eval_iters on a short budget): DDP broadcasts the rotary buffers in
     every forward, so a rank that ran one forward fewer left the other waiting in the broadcast for ever. Each rank

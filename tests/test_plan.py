@@ -717,8 +717,8 @@ def test_a_config_files_max_iters_is_a_ceiling_the_run_starts_below_and_its_deca
     iters = plan["iters"]
     assert iters < 100_000 and keys["max_iters"] == keys["lr_decay_iters"] == iters and "warmup_iters" not in keys
     assert plan["ceiling"] == 100_000 and plan["decay_follows"] and plan["kept"] == ["warmup_iters"]
-    assert (f"your max_iters=100,000 is a ceiling: the budget has time for {iters:,} iterations, and the decay "
-            f"ends with them") in plan["why"]
+    assert (f"your max_iters=100,000 is a ceiling: the run is the {iters:,} iterations the budget has time for, "
+            f"and the decay ends with them") in plan["why"]
     assert "kept as you set them: warmup_iters=100" in plan["why"]
     # a faster machine may run on, to yours or to the epochs the text is worth, whichever comes first
     assert iters < plan["most_iters"] < 100_000 and planning.deadline_ceiling(plan, iters) == plan["most_iters"]
@@ -729,6 +729,8 @@ def test_a_config_files_max_iters_is_a_ceiling_the_run_starts_below_and_its_deca
                            "lr_decay_iters": 2000}, small, torch.device("cpu"), torch.float32, elapsed=10.0,
                            log=lambda *a: None)
     assert plan["iters"] <= plan["most_iters"] < 2000
+    worth = "this text is worth" if plan["ends_early"] else "the budget has time for"
+    assert any(f"is a ceiling: the run is the {plan['iters']:,} iterations {worth}" in line for line in plan["why"])
     assert planning.deadline_ceiling(plan, keys["max_iters"]) == plan["most_iters"]
 
     # a decay of yours that ends elsewhere (a constant rate: far past the run) is kept, and the budget leaves it

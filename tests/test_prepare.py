@@ -118,10 +118,22 @@ def test_a_text_that_is_not_utf8_gets_the_iconv_command_that_converts_it(tmp_pat
         assert "iconv -f ITS_ENCODING -t UTF-8" in message
         return
     assert f"it reads as {named}: convert it first, iconv -f {named} -t UTF-8" in message
+    assert "stray" not in message
     if shutil.which("iconv"):
         command = message.split("convert it first, ", 1)[1]
         subprocess.run(command, shell=True, check=True, cwd=tmp_path)
         assert (tmp_path / "diary.utf8.txt").read_text(encoding="utf-8") == text
+
+
+def test_a_utf8_text_with_one_stray_byte_is_not_told_to_convert_from_another_encoding(tmp_path):
+    """é and ï in UTF-8 also read as GB18030 ideographs: a UTF-8 file with one cp1252 é in it was told to convert
+    from GB18030, which would have garbled every accent. Where the text before the bad byte is UTF-8 beyond ASCII,
+    the byte is named as stray."""
+    (tmp_path / "notes.txt").write_bytes(("café naïve " * 2000).encode() + b"\xe9x more\n")
+    with pytest.raises(prep.UserError) as e:
+        prep.prepare(str(tmp_path / "notes.txt"), "char", str(tmp_path / "o"), log=lambda *a: None)
+    assert str(e.value).endswith("(bad byte near offset 26000); the text before it is UTF-8, so that byte is stray: "
+                                 "remove it, or save the file again as UTF-8")
 
 
 @pytest.mark.skipif(not os.path.exists(SHAKESPEARE), reason="needs ../shared/data/tinyshakespeare")

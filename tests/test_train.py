@@ -215,9 +215,20 @@ def test_a_new_run_on_another_text_is_refused_an_out_dir_holding_a_model_of_one(
                                         rf"\(--out_dir=out-other\), or move that checkpoint away to replace it"):
         train(replace(tiny_cfg(tmp_path, char_dataset), dataset=str(other)), log=quiet)
     assert ckpt.read_bytes() == before
+    # a fine-tune of that very checkpoint into its own out_dir is refused, and not told to move it away
+    with pytest.raises(UserError, match=r"give it a folder of its own \(--out_dir=out-other\)$"):
+        train(replace(tiny_cfg(tmp_path, char_dataset), dataset=str(other), init_from=str(ckpt)), log=quiet)
+    assert ckpt.read_bytes() == before
+    # what is not a new model in that out_dir is not refused: an evaluation on the other folder, a resume on it
+    cfg, overrides = parse_args(TrainConfig, ["--init_from=resume", f"--out_dir={tmp_path / 'out'}",
+                                              f"--dataset={other}", "--eval_only=True"])
+    train(cfg, overrides, log=quiet)
     lines = []
     train(tiny_cfg(tmp_path, char_dataset), log=lines.append)  # the same text: replaced, and said
     assert any("holds an earlier run (iter 6" in line for line in lines)
+    cfg, overrides = parse_args(TrainConfig, ["--init_from=resume", f"--out_dir={tmp_path / 'out'}",
+                                              f"--dataset={other}", "--max_iters=8", "--lr_decay_iters=8"])
+    assert train(cfg, overrides, log=quiet)["iters"] == 8
 
 
 def test_notes_name_the_laptop_recipe_a_short_warmup_and_a_checkpoint_about_to_be_replaced(tmp_path):

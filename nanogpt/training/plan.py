@@ -796,7 +796,9 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
             why[-1] += (f"; the law says {one_run_law:.3f}, but counting which characters follow which over all "
                         f"of it (n-grams) already scores {corpus.hardness:.3f}, so that is its prediction")
     if ceiling is not None and iters < ceiling:
-        why.append(f"your max_iters={ceiling:,} is a ceiling: the budget has time for {iters:,} iterations"
+        why.append(f"your max_iters={ceiling:,} is a ceiling: the run is "
+                   + (f"the {iters:,} iterations this text is worth" if ends_early else
+                      f"the {iters:,} iterations the budget has time for")
                    + (", and the decay ends with them" if decay_follows else
                       f", and your lr_decay_iters={given['lr_decay_iters']:,} is kept"))
         given = {k: v for k, v in given.items() if k != "max_iters" and (k != "lr_decay_iters" or not decay_follows)}
@@ -831,7 +833,8 @@ def deadline_ceiling(plan, max_iters):
     limits = [plan.get("most_iters")]  # the epochs the text is worth bind every plan, a max_iters of yours too
     if plan.get("ceiling") is not None:
         limits.append(plan["ceiling"])
-    elif "max_iters" in plan.get("kept", []) or plan.get("ends_early"):  # a plan recorded before "ceiling" was
+    elif "max_iters" in plan.get("kept", []) or plan.get("ends_early"):  # its own length (or, recorded before
+        # "ceiling" was, a max_iters of yours)
         limits.append(max_iters)
     limits = [n for n in limits if n is not None]
     return min(limits) if limits else None

@@ -143,9 +143,11 @@ def start_run(cfg, overrides, rank, local_rank, world, log, lock, into=Start, el
         other = from_rank0(earlier_dataset(ckpt_path) if rank == 0 else None, world)
         if other is not None and os.path.realpath(other) != os.path.realpath(data_dir):
             name = os.path.basename(os.path.normpath(data_dir))
+            source = checkpoint_file(cfg.init_from)  # a fine-tune of that very checkpoint: it cannot be moved away
+            away = ("" if source is not None and os.path.realpath(source) == os.path.realpath(latest_form(ckpt_path))
+                    else ", or move that checkpoint away to replace it")
             raise UserError(f"{latest_form(ckpt_path)} holds a model of {other} ({earlier_run(ckpt_path)}), and this "
-                            f"run trains on {data_dir}: give it a folder of its own (--out_dir=out-{name}), or move "
-                            f"that checkpoint away to replace it")
+                            f"run trains on {data_dir}: give it a folder of its own (--out_dir=out-{name}){away}")
     meta = read_meta(data_dir)
     # a planned run is bound by the clock, not by reproducible sums: on a CPU its threads are the cores other
     # processes leave idle (two threads on two cores beside a busy process trained up to 78x slower), from the
@@ -250,8 +252,8 @@ def check_memory(config, batch_size, device, held=(), sized=False):
     check_fits(training_bytes(config, batch_size) - held_bytes, device,
                f"training {param_count(config) / 1e6:,.1f}M parameters on micro-batches of {batch_size} x "
                f"{config.block_size} tokens", "lower batch_size (raise gradient_accumulation_steps to keep the "
-               "batch), block_size, n_layer or n_embd" + (", or let --minutes=N choose a model this machine trains "
-                                                         "in N minutes" if sized else ""))
+               "batch), block_size, n_layer or n_embd" + (", or leave them unset and let --minutes=N choose a model "
+                                                         "this machine trains in N minutes" if sized else ""))
 
 
 def parallelize(model, cfg, device, dtype, compile, world, log):

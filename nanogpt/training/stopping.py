@@ -55,6 +55,17 @@ class StopFlag:
             self.set = True
         return agreed
 
+    def final(self, world):
+        """After the loop: whether a signal stopped the run, agreed by every rank once more (a signal that landed
+        after the last agreement, in a run that then ended at max_iters, was one rank's alone: it saved, and the
+        others never joined its save's collectives)."""
+        if world == 1:
+            return self.set
+        agreed = any_rank(self.set, world)
+        if agreed:
+            self.set = True
+        return agreed
+
     def restore(self):
         for s, handler in self.previous.items():
             signal.signal(s, handler)
