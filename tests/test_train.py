@@ -231,6 +231,23 @@ def test_a_new_run_on_another_text_is_refused_an_out_dir_holding_a_model_of_one(
     assert train(cfg, overrides, log=quiet)["iters"] == 8
 
 
+def test_a_resume_on_a_dataset_prepared_again_over_other_characters_is_refused(tmp_path, char_dataset):
+    """As many characters, other ones: the vocabulary's size passed, and the resumed model would have trained on ids
+    that now mean other characters."""
+    from conftest import CORPUS
+    from configurator import UserError
+    from data.prepare import prepare
+    train(tiny_cfg(tmp_path, char_dataset), log=quiet)
+    shifted = "".join(chr(ord(c) + 1) for c in CORPUS)  # every character another, as many of them
+    (tmp_path / "shifted.txt").write_text(shifted)
+    prepare(str(tmp_path / "shifted.txt"), "char", str(tmp_path / "shifted"), log=quiet)
+    cfg, overrides = parse_args(TrainConfig, ["--init_from=resume", f"--out_dir={tmp_path / 'out'}",
+                                              f"--dataset={tmp_path / 'shifted'}", "--max_iters=8"])
+    with pytest.raises(UserError, match=r"shifted's tokenizer is not the one .*ckpt.pt was trained with; resume with "
+                                        r"the dataset it was trained on \(--dataset\), prepared as it was"):
+        train(cfg, overrides, log=quiet)
+
+
 def test_notes_name_the_laptop_recipe_a_short_warmup_and_a_checkpoint_about_to_be_replaced(tmp_path):
     from nanogpt.training.notes import earlier_run, startup_notes
     from train import TrainConfig

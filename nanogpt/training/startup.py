@@ -193,11 +193,13 @@ def build_model(cfg, ckpt, meta, data_dir, overrides, device, ckpt_path, log):
         config = config_from_model_args(ckpt["model_args"], ckpt["sharded"],
                                         dict(attn_impl=cfg.attn_impl, dropout=cfg.dropout))
         check_vocab(config.vocab_size, meta, data_dir, ckpt["sharded"])
+        check_resumed_tokenizer(ckpt, meta, ckpt["sharded"], data_dir, log)
         check_memory(config, cfg.batch_size, device)
         return GPT(config), cfg
     if ckpt is not None:
         model = model_from_checkpoint(ckpt, ckpt_path, attn_impl=cfg.attn_impl, dropout=cfg.dropout)
         check_vocab(model.config.vocab_size, meta, data_dir, ckpt_path)
+        check_resumed_tokenizer(ckpt, meta, ckpt_path, data_dir, log)
         check_memory(model.config, cfg.batch_size, device, held=(ckpt, model.state_dict()))
         return model, cfg
     source = checkpoint_file(cfg.init_from)
@@ -328,6 +330,15 @@ def check_vocab(model_vocab, meta, data_dir, path):
     if vocab is not None and (vocab > model_vocab or (char and vocab != model_vocab)):
         raise UserError(f"{path} was trained on a vocabulary of {model_vocab} tokens but {data_dir} has {vocab}; "
                         f"resume with the dataset it was trained on (--dataset)")
+
+
+def check_resumed_tokenizer(ckpt, meta, path, data_dir, log):
+    """A resume reads its dataset as the checkpoint did: a dataset prepared again over other characters, as many of
+    them, passes the vocabulary's size and would train on ids that now mean other characters. (A checkpoint that
+    names no tokenizer, nanoGPT's, is taken as it is.)"""
+    if ckpt.get("tokenizer") is not None:
+        check_same_tokenizer(ckpt["tokenizer"], meta, path, data_dir, log,
+                             advice="resume with the dataset it was trained on (--dataset), prepared as it was")
 
 
 FINETUNE_ADVICE = ("prepare the fine-tuning data on the model's own dataset (python data/chat/prepare.py --base "
