@@ -78,35 +78,40 @@ def startup_notes(cfg, ckpt_path, iter_num=0, earlier=None, cpu_time=None, confi
     return notes
 
 
-def earlier_dataset(ckpt_path):
-    """The dataset folder the checkpoint at ckpt_path (its latest form) trained on, where it names one that is
-    there; None where there is no checkpoint, or it names none that can be found (only such a folder is compared)."""
-    from nanogpt.dataset import dataset_dir
+def earlier_checkpoint(ckpt_path):
+    """The fields of the checkpoint at ckpt_path (its latest form), its weights left on disk (mmap); None where there
+    is none, {} where it cannot be read (only for a note or a refusal that keeps it: what the file holds is checked
+    where it is loaded)."""
     path = latest_form(ckpt_path)
     if not os.path.exists(path):
         return None
     try:
         if os.path.isdir(path):
             path = os.path.join(path, "meta.pt")
-        dataset = torch_load(path, path, map_location="cpu", mmap=True)["config"]["dataset"]
-    except Exception:  # only for a refusal that keeps a checkpoint: what the file holds is checked where it is loaded
-        return None
+        ckpt = torch_load(path, path, map_location="cpu", mmap=True)
+    except Exception:
+        return {}
+    return ckpt if isinstance(ckpt, dict) else {}
+
+
+def earlier_dataset(ckpt_path):
+    """The dataset folder the checkpoint at ckpt_path trained on, where it names one that is there; None where there
+    is no checkpoint, or it names none that can be found (only such a folder is compared)."""
+    from nanogpt.dataset import dataset_dir
+    config = (earlier_checkpoint(ckpt_path) or {}).get("config")
+    dataset = config.get("dataset") if isinstance(config, dict) else None
     folder = dataset_dir(dataset) if isinstance(dataset, str) and dataset else None
     return folder if folder and os.path.isfile(os.path.join(folder, "train.bin")) else None
 
 
 def earlier_run(ckpt_path):
-    """'iter N, best val loss X' of the checkpoint at ckpt_path (its latest form), read without its weights;
-    None where there is none."""
-    path = latest_form(ckpt_path)
-    if not os.path.exists(path):
+    """'iter N, best val loss X' of the checkpoint at ckpt_path; None where there is none."""
+    ckpt = earlier_checkpoint(ckpt_path)
+    if ckpt is None:
         return None
     try:
-        if os.path.isdir(path):
-            path = os.path.join(path, "meta.pt")
-        ckpt = torch_load(path, path, map_location="cpu", mmap=True)  # mmap: the weights stay on disk
         return f"iter {int(ckpt['iter_num'])}, best val loss {float(ckpt['best_val_loss']):.4f}"
-    except Exception:  # only for a note: what the file holds is checked where it is loaded
+    except (KeyError, TypeError, ValueError):
         return "its iter and val loss could not be read"
 
 
