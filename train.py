@@ -171,8 +171,9 @@ class Run(Start):
         if self.iter_num % self.cfg.eval_interval or self.iter_num == self.start_iter:
             return False
         # a budget moves a planned run's end: an evaluation a few iterations before the last one is its twin
-        # (iter 180 and 181), at a share of the budget
-        return self.deadline is None or self.cfg.max_iters - self.iter_num > max(1, self.cfg.eval_interval // 4)
+        # (iter 180 and 181), at a share of the budget; a tenth of an interval before it (a config file's 250 of a
+        # run the budget ends at 307 is a point of its own)
+        return self.deadline is None or self.cfg.max_iters - self.iter_num > max(2, self.cfg.eval_interval // 10)
 
     def evaluate(self, last):
         """Losses now, logged; ckpt.pt and best.pt saved as configured. True when the run should end here."""

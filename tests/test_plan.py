@@ -995,6 +995,9 @@ def test_a_planned_run_skips_the_interval_evaluation_just_before_its_last():
     assert not Run.eval_due(run)
     run.iter_num = 135
     assert Run.eval_due(run)  # 46 iterations before the end: a point on the curve of its own
+    run.iter_num, run.cfg = 250, SimpleNamespace(eval_interval=250, max_iters=307)
+    assert Run.eval_due(run)  # a config file's interval in a run the budget ends at 307: 57 before it
+    run.iter_num, run.cfg = 180, SimpleNamespace(eval_interval=45, max_iters=181)
     run.iter_num, run.deadline = 180, None
     assert Run.eval_due(run)  # nanoGPT's rule where no budget moves the end
     run.iter_num, run.start_iter = 90, 90
