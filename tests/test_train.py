@@ -249,12 +249,12 @@ def test_a_resume_on_a_dataset_prepared_again_over_other_characters_is_refused(t
 
 
 def test_notes_name_the_laptop_recipe_a_short_warmup_and_a_checkpoint_about_to_be_replaced(tmp_path):
-    from nanogpt.training.notes import earlier_run, startup_notes
+    from nanogpt.training.notes import earlier_checkpoint, earlier_run, startup_notes
     from train import TrainConfig
     cfg = TrainConfig(dataset="shakespeare_char", batch_size=64, block_size=256, n_layer=6, n_head=6, n_embd=384,
                       max_iters=50, warmup_iters=100, learning_rate=1e-3, out_dir=str(tmp_path))
     (tmp_path / "ckpt.pt").write_bytes(b"an earlier run")
-    notes = startup_notes(cfg, str(tmp_path / "ckpt.pt"), earlier=earlier_run(str(tmp_path / "ckpt.pt")),
+    notes = startup_notes(cfg, str(tmp_path / "ckpt.pt"), earlier=earlier_run(earlier_checkpoint(str(tmp_path / "ckpt.pt"))),
                           cpu_time=(2.0, 30.0))
     assert "use config/shakespeare_char_cpu.py" in notes[0]
     # lr at iter 49 of a 100-iter warmup: 1e-3 * 50 / 101, worked by hand

@@ -94,19 +94,18 @@ def earlier_checkpoint(ckpt_path):
     return ckpt if isinstance(ckpt, dict) else {}
 
 
-def earlier_dataset(ckpt_path):
-    """The dataset folder the checkpoint at ckpt_path trained on, where it names one that is there; None where there
-    is no checkpoint, or it names none that can be found (only such a folder is compared)."""
+def earlier_dataset(ckpt):
+    """The dataset folder an earlier checkpoint's fields (earlier_checkpoint) say it trained on, where that folder is
+    there; None where there is no checkpoint, or it names none that can be found (only such a folder is compared)."""
     from nanogpt.dataset import dataset_dir
-    config = (earlier_checkpoint(ckpt_path) or {}).get("config")
+    config = (ckpt or {}).get("config")
     dataset = config.get("dataset") if isinstance(config, dict) else None
     folder = dataset_dir(dataset) if isinstance(dataset, str) and dataset else None
     return folder if folder and os.path.isfile(os.path.join(folder, "train.bin")) else None
 
 
-def earlier_run(ckpt_path):
-    """'iter N, best val loss X' of the checkpoint at ckpt_path; None where there is none."""
-    ckpt = earlier_checkpoint(ckpt_path)
+def earlier_run(ckpt):
+    """'iter N, best val loss X' of an earlier checkpoint's fields (earlier_checkpoint); None where there is none."""
     if ckpt is None:
         return None
     try:

@@ -28,7 +28,7 @@ from nanogpt.tokenizer import base_meta, read_meta, token_byte_lengths, tokenize
 from nanogpt.training.batches import make_batches
 from nanogpt.training.distill import Teachers, read_teachers, teacher_paths
 from nanogpt.training.distributed import barrier, from_rank0, micro_batches
-from nanogpt.training.notes import earlier_dataset, earlier_run
+from nanogpt.training.notes import earlier_checkpoint, earlier_dataset, earlier_run
 from nanogpt.training.optim import DAMAGED, restore_optimizer
 from nanogpt.training.plan import last_plan, plan_run
 from nanogpt.training.resume import saved_settings
@@ -139,15 +139,18 @@ def start_run(cfg, overrides, rank, local_rank, world, log, lock, into=Start, el
     data_dir = prepared_dir(cfg.dataset)
     # a new run into out_dir would replace, at its first evaluation, a model of another text (a recipe's out_dir
     # taken with a config file while --dataset names the user's own): refused, before a plan's probe spends time
-    if cfg.init_from != "resume" and not cfg.eval_only:
-        other = from_rank0(earlier_dataset(ckpt_path) if rank == 0 else None, world)
-        if other is not None and os.path.realpath(other) != os.path.realpath(data_dir):
-            name = os.path.basename(os.path.normpath(data_dir))
-            source = checkpoint_file(cfg.init_from)  # a fine-tune of that very checkpoint: it cannot be moved away
-            away = ("" if source is not None and os.path.realpath(source) == os.path.realpath(latest_form(ckpt_path))
-                    else ", or move that checkpoint away to replace it")
-            raise UserError(f"{latest_form(ckpt_path)} holds a model of {other} ({earlier_run(ckpt_path)}), and this "
-                            f"run trains on {data_dir}: give it a folder of its own (--out_dir=out-{name}){away}")
+    # (rank 0 reads the checkpoint's fields once, shared, so that every rank agrees on whether an interrupt saves:
+    # its dataset, and the earlier run this new one replaces)
+    earlier = earlier_checkpoint(ckpt_path) if rank == 0 and cfg.init_from != "resume" and not cfg.eval_only else None
+    other, replacing = from_rank0((earlier_dataset(earlier), earlier_run(earlier)), world)
+    if other is not None and os.path.realpath(other) != os.path.realpath(data_dir):
+        name = os.path.basename(os.path.normpath(data_dir))
+        source = checkpoint_file(cfg.init_from)  # a fine-tune of that very checkpoint: it cannot be moved away
+        away = ("" if source is not None and os.path.realpath(source) == os.path.realpath(latest_form(ckpt_path))
+                else ", or move that checkpoint away to replace it")
+        raise UserError(f"{latest_form(ckpt_path)} holds a model of {other} ({replacing}), and this run trains on "
+                        f"{data_dir}: give it a folder of its own (--out_dir=out-{name}){away}")
+    del earlier  # its tensors, mapped from the file, are not held while the run builds its own
     meta = read_meta(data_dir)
     # a planned run is bound by the clock, not by reproducible sums: on a CPU its threads are the cores other
     # processes leave idle (two threads on two cores beside a busy process trained up to 78x slower), from the
@@ -176,10 +179,6 @@ def start_run(cfg, overrides, rank, local_rank, world, log, lock, into=Start, el
     tasks = task_scores(cfg, model, meta, rank, sharded)
     teachers = (Teachers.load(teacher_ckpts, cfg.distill, meta, data_dir, model.config.vocab_size, cfg.block_size,
                               device, dtype, kernels, log, check_same_tokenizer) if teacher_ckpts else None)
-    # an earlier run's checkpoint that this new run replaces: rank 0's view, shared, so that every rank
-    # agrees on whether an interrupt saves
-    replacing = from_rank0(earlier_run(ckpt_path) if rank == 0 and cfg.init_from != "resume" and not cfg.eval_only
-                           else None, world)
     return into(cfg, model, device, dtype, batches, meta, sharded, compile, kernels, tasks, token_bytes,
                 ctx=nullcontext() if sharded else autocast(device, dtype),
                 peak=cfg.peak_flops or peak_flops_for(device, dtype), ckpt_path=ckpt_path,

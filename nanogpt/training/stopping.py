@@ -47,22 +47,20 @@ class StopFlag:
             return self.set
         if iter_num % log_interval:  # an all-reduce costs a sync: agree only on log iterations
             return False
-        # The agreement never clears the flag: a signal that lands while the all-reduce is in flight runs its
-        # handler before the result is stored, and storing a False over it lost the signal (the run trained on
-        # until torchrun killed it). Such a flag is agreed on at the next log iteration.
-        agreed = any_rank(self.set, world)
-        if agreed:  # a rank that saw no signal stops with the rest
-            self.set = True
-        return agreed
+        return self.agree(world)
 
     def final(self, world):
         """After the loop: whether a signal stopped the run, agreed by every rank once more (a signal that landed
         after the last agreement, in a run that then ended at max_iters, was one rank's alone: it saved, and the
         others never joined its save's collectives)."""
-        if world == 1:
-            return self.set
+        return self.set if world == 1 else self.agree(world)
+
+    def agree(self, world):
+        """Every rank's flag, all-reduced: what each rank acts on. It never clears the flag: a signal that lands
+        while the all-reduce is in flight runs its handler before the result is stored, and storing a False over it
+        lost the signal (the run trained on until torchrun killed it); such a flag is agreed on the next time."""
         agreed = any_rank(self.set, world)
-        if agreed:
+        if agreed:  # a rank that saw no signal stops with the rest
             self.set = True
         return agreed
 
