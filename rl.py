@@ -57,6 +57,7 @@ from nanogpt.training.optim import (DAMAGED, OptimizerSettings, Schedule, config
 from nanogpt.training.resume import names_code, resume_command, saved_settings
 from nanogpt.training.stopping import Interrupted, StopFlag
 from nanogpt.training.train_config import check_settings
+from nanogpt.values import how_many
 
 
 @dataclass
@@ -290,7 +291,7 @@ class Run:
         self.metrics = Metrics(os.path.join(cfg.out_dir, "log.jsonl"), cfg, log, record=self.master, iter=self.iter_num)
         report_overrides(overrides, base, log=log)
         log(f"{len(self.requests):,} train prompts, {len(self.eval_prompts)} held-out eval keys; "
-            f"{self.world} process(es) x {cfg.batch_size} prompts x {cfg.samples} samples per iter; from {path}")
+            f"{how_many(self.world, 'process')} x {cfg.batch_size} prompts x {cfg.samples} samples per iter; from {path}")
         self.bar = tqdm(total=cfg.max_iters, initial=self.iter_num, desc="rl", disable=not self.master or None)
 
     def restore(self, ckpt, path):

@@ -19,6 +19,7 @@ import time
 
 PROCESS_START = time.time()  # before the heavy imports: "training time" counts from here
 BUDGET_SAY = 0.05  # --minutes: a move of the iterations this large (from the last one said) is said, smaller ones logged
+CONSOLE_EVERY = 5  # --minutes: a plan's train lines on the console, one in this many (about 20 a run)
 
 from nanogpt import program
 
@@ -45,12 +46,13 @@ from nanogpt.training.metrics import Clock, Metrics
 from nanogpt.training.notes import cpu_time_of, startup_notes
 from nanogpt.training.parts import plan_in_parts, train_parts
 from nanogpt.training.optim import OptimizerSettings, configure_optimizers, lr_scale
-from nanogpt.training.plan import Deadline, deadline_ceiling, minutes_text, plan_summary
+from nanogpt.training.plan import Deadline, deadline_ceiling, halfway_revision, minutes_text, plan_summary
 from nanogpt.training.resume import resume_command
 from nanogpt.training.sharding import first_non_finite, held_bytes
 from nanogpt.training.startup import Start, start_run
 from nanogpt.training.stopping import Interrupted, StopFlag
 from nanogpt.training.train_config import TrainConfig
+from nanogpt.values import how_many
 
 
 def train(cfg, overrides=None, log=print, t_start=None, config_files=(), whole=None):
@@ -140,7 +142,7 @@ class Run(Start):
         self.accum = micro_batches(cfg.gradient_accumulation_steps, world)
         self.tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
         log(f"model: {self.raw_model.get_num_params() / 1e6:.2f}M parameters; device {self.device}, "
-            f"{str(self.dtype)[6:]}, {world} process(es); {self.tokens_per_iter:,} tokens per iter")
+            f"{str(self.dtype)[6:]}, {how_many(world, 'process')}; {self.tokens_per_iter:,} tokens per iter")
         cpu_time = (cpu_time_of(self, self.accum, self.iter_num)
                     if self.device.type == "cpu" and not cfg.eval_only and world == 1 else None)
         for note in startup_notes(cfg, self.ckpt_path, self.iter_num, self.replacing, cpu_time, config_files):
@@ -152,6 +154,10 @@ class Run(Start):
         ceiling = deadline_ceiling(self.plan or {}, cfg.max_iters)
         self.deadline = None if cfg.minutes is None else Deadline(t_start + cfg.minutes * 60 - trained, ceiling)
         self.budget_said = cfg.max_iters  # the iterations the console last heard of
+        # a plan logs (and checks its budget) about 100 times a run: the console shows every CONSOLE_EVERY-th line,
+        # log.jsonl all of them; a log_interval of yours is shown every time
+        planned_log = self.plan is not None and "log_interval" not in self.plan.get("kept", ())
+        self.console_every = CONSOLE_EVERY if planned_log else 1
         self.best_bpb = None
         if self.plan is not None and self.iter_num == 0 and writer:
             self.metrics.record(kind="plan", iter=0, **self.plan)
@@ -204,6 +210,8 @@ class Run(Start):
         self.best_val_loss = min(self.best_val_loss, losses["val"])
         if improved:
             self.best_bpb = bpb
+        if self.plan is not None and self.revision is None:
+            self.revise(it)
         if it > self.start_iter:
             # a planned run ends with ckpt.pt at its best val loss: a small corpus is overfitted by the end
             if improved or cfg.always_save_checkpoint or (last and cfg.minutes is None):
@@ -215,6 +223,17 @@ class Run(Start):
         if self.deadline is not None:
             self.deadline.evaluated(time.time() - began)
         return last
+
+    def revise(self, it):
+        """--minutes: the plan's prediction revised from the run's own val bpb, once, halfway (plan.py)."""
+        self.revision = halfway_revision(self.plan, asdict(self.cfg), it, self.cfg.max_iters, self.best_bpb)
+        if self.revision is not None:
+            value, sigma = self.revision
+            self.metrics.write(f"halfway (iteration {it:,} of {self.cfg.max_iters:,}): the best val bpb so far, "
+                               f"{self.best_bpb:.3f}, revises the prediction at the end to {value:.3f} +- {sigma:.3f} "
+                               f"(the plan's: {self.plan['predicted_val_bpb']:.3f} +- "
+                               f"{self.plan['predicted_sigma']:.3f})", kind="revision", iter=it,
+                               revised_val_bpb=value, revised_sigma=sigma, end=self.cfg.max_iters)
 
     def forward_backward(self):
         """One iteration's gradients, accumulated over its micro-batches; returns its mean loss (a tensor)."""
@@ -255,9 +274,10 @@ class Run(Start):
     def log_memory(self):
         """What this process holds for training, beside activations: its shards under FSDP."""
         held = held_bytes(self.raw_model, self.optimizer)
+        ran = how_many(self.world, "process") + ("" if self.world == 1 else f", {self.cfg.parallel}")
         self.metrics.write(f"memory per process: parameters {held['params'] / 2**20:,.1f} MiB, gradients "
-                           f"{held['grads'] / 2**20:,.1f} MiB, optimizer state {held['optimizer'] / 2**20:,.1f} MiB"
-                           + (" (one process)" if self.world == 1 else f" ({self.world} processes, {self.cfg.parallel})"),
+                           f"{held['grads'] / 2**20:,.1f} MiB, optimizer state {held['optimizer'] / 2**20:,.1f} MiB "
+                           f"({ran})",
                            kind="memory", iter=self.iter_num + 1,
                            world=self.world,
                            parallel=self.cfg.parallel, **held)
@@ -275,10 +295,13 @@ class Run(Start):
                                           self.peak) if self.peak else None
         if self.deadline is not None:
             self.keep_budget()
+        record = dict(kind="train", iter=self.iter_num, loss=lossf, lr=lr, ms=dt * 1000, tok_s=tok_s, mfu=mfu,
+                      time=self.clock.wall(), train_time=self.clock.train_time())
+        if self.iter_num // self.cfg.log_interval % self.console_every:
+            self.metrics.record(**record)
+            return
         self.metrics.write(f"iter {self.iter_num}: loss {lossf:.4f}, lr {lr:.2e}, {dt * 1000:.1f} ms/iter, "
-                           f"{tok_s:,.0f} tok/s" + (f", mfu {mfu * 100:.1f}%" if mfu is not None else ""),
-                           kind="train", iter=self.iter_num, loss=lossf, lr=lr, ms=dt * 1000, tok_s=tok_s, mfu=mfu,
-                           time=self.clock.wall(), train_time=self.clock.train_time())
+                           f"{tok_s:,.0f} tok/s" + (f", mfu {mfu * 100:.1f}%" if mfu is not None else ""), **record)
 
     def keep_budget(self):
         """--minutes: the iterations left fitted to the time left, as measured so far (rank 0's, on every rank);
@@ -349,9 +372,10 @@ class Run(Start):
             if self.plan is not None:  # recorded however it ended: a resume that improved nothing is done too
                 if self.best_bpb is not None:
                     log(plan_summary(self.plan, self.best_bpb, self.iter_num, self.clock.before + summary["time"],
-                                     cfg.minutes, reached=self.reached is not None))
+                                     cfg.minutes, reached=self.reached is not None, revision=self.revision))
                 self.metrics.record(kind="plan_result", iter=self.iter_num, measured_val_bpb=self.best_bpb,
-                                    predicted_val_bpb=self.plan["predicted_val_bpb"], budget=cfg.minutes * 60,
+                                    predicted_val_bpb=self.plan["predicted_val_bpb"],
+                                    revised_val_bpb=self.revision and self.revision[0], budget=cfg.minutes * 60,
                                     seconds=self.clock.before + summary["time"])
         return summary
 

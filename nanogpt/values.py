@@ -1,6 +1,6 @@
 """Typed values: a value from a config file, the command line or a checkpoint's model_args, converted to
 its dataclass field's type, or a UserError naming the key and the type it expects; and the one line per
-value a user set that differs from what it overrides."""
+value a user set that differs from what it overrides; and a count in words (how_many)."""
 import math
 import re
 import types
@@ -103,3 +103,8 @@ def report_overrides(overrides, base, log=print):
         old = getattr(base, key)
         if value != old:
             log(f"override: {key} = {value!r} (was {old!r})")
+
+
+def how_many(n, noun):
+    """n of noun in words: "one process", "2 processes", "one thread", "4 threads"."""
+    return f"one {noun}" if n == 1 else f"{n} {noun}{'es' if noun.endswith('s') else 's'}"

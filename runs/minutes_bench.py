@@ -21,9 +21,9 @@ text is used up well before it (from 4.5 minutes); --distil splits any budget, f
 exit; then train.py --dataset=DIR --minutes=(that time) runs, timed the same way. --budgets: one plan per budget.
 Every best.pt is then scored over the whole val split in consecutive windows of --context tokens (64: the shortest
 context of the recipes compared), each token predicted from the window before it, in bits per byte: the same
-tokens and the same contexts for every model. Results go to OUT/results.jsonl, one line a run, and a table; a plan
-in parts' row also shows its prediction as its teachers' measurements revised it (parts.revised), and how far that is
-off its own evaluation. Run it on a quiet machine: the budgets are wall time.
+tokens and the same contexts for every model. Results go to OUT/results.jsonl, one line a run, and a table; a plan's
+row also shows its prediction revised, halfway by the run's own val bpb (plan.halfway_revision) or, for a plan in
+parts, by its teachers' measurements (parts.revised), and how far that is off its own evaluation (--rescore too). Run it on a quiet machine: the budgets are wall time.
 """
 import argparse
 import contextlib
@@ -136,10 +136,29 @@ def plan_of(out_dir, found=None):
     found = latest_run(out_dir) if found is None else found
     plan = next(r for r in found if r.get("kind") == "plan")  # the first: a plan in parts' own, then its model's
     results = [r for r in found if r.get("kind") == "plan_result"]  # the last: a plan in parts' result
+    revised = results[-1].get("revised_val_bpb") if results else None
     return {"shape": plan["shape"], "iters": plan["iters"], "epochs": plan["epochs"], "dropout": plan["dropout"],
             "predicted_val_bpb": plan["predicted_val_bpb"], "parts": bool(plan.get("parts")),
             "measured_val_bpb": results[-1].get("measured_val_bpb") if results else None,
-            "revised_val_bpb": results[-1].get("revised_val_bpb") if results else None}
+            "revised_val_bpb": revised or (None if plan.get("parts") else halfway_of(found, plan))}
+
+
+def halfway_of(found, plan):
+    """The val bpb a run's halfway revision predicts: as it recorded it, or for a run from before train.py revised,
+    as it would have (plan.halfway_revision at its evaluations, the end moved as its budget records moved it)."""
+    from nanogpt.training.plan import halfway_revision
+    cfg, end, best = next(r for r in found if r.get("kind") == "config"), plan["iters"], None
+    for r in found:
+        if r.get("kind") == "revision":
+            return r.get("revised_val_bpb")
+        if r.get("kind") == "budget":
+            end = r["max_iters"]
+        elif r.get("kind") == "eval" and r.get("val_bpb") is not None:
+            best = r["val_bpb"] if best is None else min(best, r["val_bpb"])
+            revision = halfway_revision(plan, cfg, r["iter"], end, best)
+            if revision is not None:
+                return revision[0]
+    return None
 
 
 def rescore(root):
@@ -168,9 +187,12 @@ def rescore(root):
                          "whole_val_bpb": whole})
             out.write(json.dumps(rows[-1]) + "\n")
             out.flush()
+            revised = row["revised_val_bpb"]
             print(f"{name:50s} {os.path.basename(dataset):12s} predicted {row['predicted_val_bpb']:.4f}  its eval "
                   f"{row['measured_val_bpb']:.4f} ({(row['predicted_val_bpb'] / row['measured_val_bpb'] - 1) * 100:+.1f}%)"
-                  f"  whole val {whole:.4f} ({(row['predicted_val_bpb'] / whole - 1) * 100:+.1f}%)", flush=True)
+                  f"  whole val {whole:.4f} ({(row['predicted_val_bpb'] / whole - 1) * 100:+.1f}%)"
+                  + (f"  revised {revised:.4f} ({(revised / row['measured_val_bpb'] - 1) * 100:+.1f}%)" if revised
+                     else ""), flush=True)
     return rows
 
 

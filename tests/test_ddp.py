@@ -20,7 +20,7 @@ def test_two_processes_equal_one_process_with_two_micro_batches(tmp_path, char_d
     result = torchrun("train.py", f"--dataset={char_dataset}", f"--out_dir={tmp_path / 'ddp'}",
                       "--gradient_accumulation_steps=2")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "2 process(es)" in result.stdout
+    assert "2 processes" in result.stdout
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as torchrun's workers: matmuls then sum in the same order
     try:

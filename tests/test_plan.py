@@ -482,7 +482,7 @@ def test_too_short_a_budget_names_the_shortest_one_and_that_one_plans(fixed_spee
     with pytest.raises(UserError, match=r"the shortest budget this machine allows for it is --minutes=") as e:
         make_plan(cfg, {}, corpus(), torch.device("cpu"), torch.float32, elapsed=3.0, log=lambda *a: None)
     shortest = float(re.search(r"--minutes=([0-9.]+) \(2 x 64, the smallest shape, takes 130 ms an iteration on "
-                               r"\d+ thread\(s\)\)$", str(e.value)).group(1))  # 5 ms + 1e-10 s x 1.25 GFLOP
+                               r"(one thread|\d+ threads)\)$", str(e.value)).group(1))  # 5 ms + 1e-10 s x 1.25 GFLOP
     keys, plan = make_plan(TrainConfig(minutes=shortest, device="cpu"), {}, corpus(), torch.device("cpu"),
                            torch.float32, elapsed=3.0, log=lambda *a: None)
     assert plan["iters"] >= planning.MIN_ITERS
@@ -497,7 +497,7 @@ def test_too_short_a_budget_is_said_after_timing_the_smallest_shape_alone_and_na
         timed.append(cfg.n_embd)
         return 0.5
     monkeypatch.setattr(planning, "iteration_seconds", seconds)
-    with pytest.raises(UserError, match=r"too short .* takes 500 ms an iteration on \d+ thread\(s\), most of it the "
+    with pytest.raises(UserError, match=r"too short .* takes 500 ms an iteration on (one thread|\d+ threads), most of it the "
                                         r"output layer over a vocabulary of 50,257\)$"):
         make_plan(TrainConfig(minutes=0.25, device="cpu"), {}, corpus(vocab=50257), torch.device("cpu"),
                   torch.float32, elapsed=3.0, log=lambda *a: None)
@@ -534,7 +534,7 @@ def test_a_planned_run_on_a_busy_cpu_probes_and_trains_on_the_idle_cores(tmp_pat
         [plan] = records(out, "plan")
         assert len(looks) > 3 and looks[-1][2] > looks[0][2] + plan["planned_at"]  # looked at again while training
         assert torch.get_num_threads() == 2  # given back
-        assert any("ms an iteration of" in line and "on 1 thread(s)" in line for line in lines)
+        assert any("ms an iteration of" in line and "on one thread" in line for line in lines)
     finally:
         torch.set_num_threads(given)
 
@@ -564,7 +564,41 @@ def test_the_summary_says_when_a_run_fell_short_of_its_plan():
     assert planning.plan_summary(plan, 2.1, 260, 59.0, 1) == (
         "plan: predicted val bpb 2.000 +- 0.200, measured 2.100 (the best checkpoint's); 59 s of the 60 s budget so far")
     assert "it ran 10 of the 268 iterations planned" in planning.plan_summary(plan, 3.0, 10, 44.0, 1)
+    assert planning.plan_summary(plan, 2.1, 260, 59.0, 1, revision=(2.08, 0.04)).startswith(
+        "plan: predicted val bpb 2.000 +- 0.200, revised halfway to 2.080 +- 0.040, measured 2.100")
     assert "planned" not in planning.plan_summary(plan, 1.5, 10, 44.0, 1, reached=True)  # a target_loss ended it
+
+
+def test_halfway_the_prediction_is_carried_from_the_runs_own_val_bpb_along_the_laws_curve():
+    """A text the law reads right is not revised, one 7% harder than it reads (西游记) is revised 7% up: the
+    measurement halfway, carried to the end by the law's fall from there."""
+    text = corpus(train_tokens=300_000, hardness=2.4)
+    keys = {**LADDER["S3"], "batch_size": 4, "block_size": 128, "gradient_accumulation_steps": 3, "dropout": 0.0,
+            "teacher": ""}
+    plan = {"corpus": vars(text)}
+    per_iter = 4 * 128 * 3
+    at_end, at_120 = predict_bpb(keys, 200 * per_iter, text), predict_bpb(keys, 120 * per_iter, text)
+    assert at_120 > at_end  # the law still falls from halfway
+    value, sigma = planning.halfway_revision(plan, keys, 120, 200, at_120)
+    assert value == pytest.approx(at_end) and sigma == pytest.approx(at_end * planning.HALFWAY_SIGMA)
+    value, _ = planning.halfway_revision(plan, keys, 120, 200, 1.07 * at_120)
+    assert value == pytest.approx(1.07 * at_end)
+    assert planning.halfway_revision(plan, keys, 99, 200, at_120) is None  # before halfway
+    assert planning.halfway_revision(plan, keys, 200, 200, at_120) is None  # the end is measured, not predicted
+    assert planning.halfway_revision(plan, keys, 120, 200, None) is None  # no val bpb (a tokenizer without bytes)
+    assert planning.halfway_revision(plan, {**keys, "teacher": "t"}, 120, 200, at_120) is None  # the parts' own
+
+
+def test_a_resumed_run_keeps_its_plans_revision_and_a_new_plan_none(tmp_path):
+    def log(*rows):
+        (tmp_path / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return planning.planned(str(tmp_path))
+    plan = {"kind": "plan", "iter": 0, "iters": 200}
+    revision = {"kind": "revision", "iter": 120, "revised_val_bpb": 2.31, "revised_sigma": 0.046}
+    assert log(plan, {"kind": "eval", "iter": 100}, revision) == (plan, (2.31, 0.046))
+    assert log(plan, revision, {**plan, "iters": 300}) == ({**plan, "iters": 300}, None)  # the later plan has none
+    assert log(plan, {**revision, "revised_val_bpb": float("nan")}) == (plan, None)
+    assert log({"kind": "eval", "iter": 0}) == (None, None) and planning.last_plan(str(tmp_path / "none")) is None
 
 
 def test_no_prediction_is_worse_than_a_uniform_guess_and_a_tiny_text_is_told_it_will_be_memorized(fixed_speed):
@@ -668,6 +702,29 @@ def test_planned_run_holds_its_budget_logs_its_plan_and_keeps_the_best_checkpoin
     [result] = records(out, "plan_result")
     assert result["measured_val_bpb"] == pytest.approx(best["val_bpb"])
     assert summary["best_val_loss"] == pytest.approx(best["val_loss"])
+    # halfway, once: the prediction revised from the best val bpb so far, said, logged and in the summary
+    [revision] = records(out, "revision")
+    assert revision["end"] / 2 <= revision["iter"] < revision["end"]
+    assert min(r["val_bpb"] for r in evals if r["iter"] <= revision["iter"]) >= revision["revised_val_bpb"] > 0
+    assert result["revised_val_bpb"] == revision["revised_val_bpb"]
+    assert sum(line.startswith(f"halfway (iteration {revision['iter']:,} of {revision['end']:,}): the best val bpb "
+                               f"so far") for line in lines) == 1
+    assert any(f"revised halfway to {revision['revised_val_bpb']:.3f}" in line for line in lines)
+    # runs/minutes_bench.py revises a log from before the revision as the run does: replayed from its records
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("minutes_bench", os.path.join(os.path.dirname(planning.__file__),
+                                                                                 "..", "..", "runs", "minutes_bench.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    with open(os.path.join(out, "log.jsonl")) as f:
+        found = [r for r in map(json.loads, f) if r["kind"] != "revision"]
+    assert bench.halfway_of(found, plan) == pytest.approx(revision["revised_val_bpb"])
+    # the console shows one train line in CONSOLE_EVERY of a plan's; log.jsonl has all of them
+    import train as train_py
+    every = train_py.CONSOLE_EVERY * ckpt["config"]["log_interval"]
+    shown = [int(m.group(1)) for m in map(re.compile(r"iter (\d+): loss ").match, lines) if m]
+    assert shown and all(i % every == 0 for i in shown)
+    assert shown == [r["iter"] for r in records(out, "train") if r["iter"] % every == 0]
 
     # a resume keeps the plan: the checkpoint's shape and schedule, no second plan
     r = run_script(["train.py", "--init_from=resume", f"--out_dir={out}", f"--dataset={char_dataset}"])
@@ -836,7 +893,7 @@ def test_a_plan_under_torchrun_is_rank_0s_on_every_rank_and_holds_the_budget(tmp
                     f"--dataset={char_dataset}", f"--out_dir={out}", "--minutes=0.4", "--device=cpu"], timeout=120)
     took = time.time() - start
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "2 process(es)" in r.stdout and r.stdout.count("plan: 0.4 minutes on") == 1  # rank 0 speaks
+    assert "2 processes" in r.stdout and r.stdout.count("plan: 0.4 minutes on") == 1  # rank 0 speaks
     [plan] = records(out, "plan")
     ckpt = torch.load(out / "ckpt.pt", map_location="cpu", weights_only=False)
     # the micro-batches split over the two processes: 2 of 6 rows, the 1,536 tokens of an iteration kept

@@ -204,7 +204,7 @@ def test_the_printed_resume_command_continues_the_run_with_its_own_settings(star
     assert printed[:2] == ["python", "rl.py"] and f"--reward_file={start / 'many_a.py'}" in printed
     lines = []
     rl(*parse_args(RLConfig, printed[2:] + ["--max_iters=4"]), log=lines.append)
-    assert "override: max_iters = 4 (was 2)" in lines and any("1 process(es) x 4 prompts x 4 samples" in line for line in lines)
+    assert "override: max_iters = 4 (was 2)" in lines and any("one process x 4 prompts x 4 samples" in line for line in lines)
     whole, half = load_checkpoint(str(start / "whole" / "ckpt.pt")), load_checkpoint(str(start / "half" / "ckpt.pt"))
     assert half["config"]["learning_rate"] == QUICK["learning_rate"] and half["config"]["init_from"] == "resume"
     for key, value in whole["model"].items():
@@ -277,7 +277,7 @@ def test_two_processes_under_torchrun_train_what_one_process_of_both_batches_doe
     ddp = run_script(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "rl.py", *args,
                       f"--out_dir={start / 'ddp'}"], timeout=300)
     assert ddp.returncode == 0, ddp.stderr[-3000:]
-    assert "2 process(es) x 2 prompts x 4 samples per iter" in ddp.stdout
+    assert "2 processes x 2 prompts x 4 samples per iter" in ddp.stdout
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as torchrun's workers: the same order of sums
     try:

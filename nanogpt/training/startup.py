@@ -30,7 +30,7 @@ from nanogpt.training.distill import Teachers, read_teachers, teacher_paths
 from nanogpt.training.distributed import barrier, from_rank0, micro_batches
 from nanogpt.training.notes import earlier_checkpoint, earlier_dataset, earlier_run
 from nanogpt.training.optim import DAMAGED, restore_optimizer
-from nanogpt.training.plan import last_plan, plan_run
+from nanogpt.training.plan import plan_run, planned
 from nanogpt.training.resume import saved_settings
 from nanogpt.training.sharding import checkpoint_activations, first_non_finite, load_optimizer_state, shard
 from nanogpt.training.train_config import TrainConfig
@@ -71,6 +71,7 @@ class Start:
     plan: dict | None = None  # --minutes: what the plan chose and predicted (plan.py)
     teachers: Teachers | None = None  # --teacher: the models whose predictions the run distills (distill.py)
     threads: Threads | None = None  # --minutes on a CPU: the thread count, fitted to the load as the run goes
+    revision: tuple | None = None  # --minutes: the plan's prediction revised halfway, (val bpb, sigma) (plan.py)
 
     def restore(self, optimizer, scaler):
         """(iter_num, best_val_loss, train_time) of the run: a resumed one's from its checkpoint, with the
@@ -156,13 +157,13 @@ def start_run(cfg, overrides, rank, local_rank, world, log, lock, into=Start, el
     # processes leave idle (two threads on two cores beside a busy process trained up to 78x slower), from the
     # probe on; not under torchrun, whose ranks would each count the others as load and step at the slowest's pace
     threads = Threads() if cfg.minutes is not None and device.type == "cpu" and world == 1 else None
-    plan = None
+    plan = revision = None
     if cfg.minutes is not None:
         if ckpt is None:
             shapes = [ckpt["model_args"] for _, ckpt in teacher_ckpts]  # their forward passes, planned
             cfg, plan = plan_run(cfg, overrides, meta, data_dir, device, dtype, rank, world, elapsed, log, shapes)
         else:
-            plan = last_plan(cfg.out_dir)
+            plan, revision = planned(cfg.out_dir)
     batches = make_batches(data_dir, cfg.block_size, cfg.batch_size, device, cfg.seed, meta, log)
     batches.check_windows("val", cfg.eval_windows)
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
@@ -183,7 +184,7 @@ def start_run(cfg, overrides, rank, local_rank, world, log, lock, into=Start, el
                 ctx=nullcontext() if sharded else autocast(device, dtype),
                 peak=cfg.peak_flops or peak_flops_for(device, dtype), ckpt_path=ckpt_path,
                 replacing=replacing, ckpt=ckpt, rank=rank, world=world, log=log, plan=plan, threads=threads,
-                teachers=teachers)
+                teachers=teachers, revision=revision)
 
 
 def build_model(cfg, ckpt, meta, data_dir, overrides, device, ckpt_path, log):
