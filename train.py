@@ -99,6 +99,12 @@ def train(cfg, overrides=None, log=print, t_start=None, config_files=(), whole=N
         teardown(world)
 
 
+def console_every(plan):
+    """One train line in this many goes to the console: a plan logs (and checks its budget) about 100 times a run,
+    and the console shows every CONSOLE_EVERY-th, log.jsonl all of them; a log_interval of yours, every one."""
+    return CONSOLE_EVERY if plan is not None and "log_interval" not in plan.get("kept", ()) else 1
+
+
 def loop(run, stop):
     """Evaluate when due, then one iteration, until max_iters, the target loss, or a signal."""
     run.clock.lap(run.iter_num)
@@ -131,7 +137,7 @@ class Run(Start):
         self.stop, self.lock, self.master = stop, lock, self.rank == 0
         self.optimizer = configure_optimizers(self.raw_model, OptimizerSettings.of(cfg, self.kernels.ns_dtype))
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.dtype == torch.float16)
-        self.iter_num, self.best_val_loss, trained = self.restore(self.optimizer, self.scaler)
+        self.iter_num, self.best_val_loss, self.best_bpb, trained = self.restore(self.optimizer, self.scaler)
         self.model = self.raw_model
         if self.compile:
             log("compiling the model... (takes a minute)")
@@ -154,11 +160,7 @@ class Run(Start):
         ceiling = deadline_ceiling(self.plan or {}, cfg.max_iters)
         self.deadline = None if cfg.minutes is None else Deadline(t_start + cfg.minutes * 60 - trained, ceiling)
         self.budget_said = cfg.max_iters  # the iterations the console last heard of
-        # a plan logs (and checks its budget) about 100 times a run: the console shows every CONSOLE_EVERY-th line,
-        # log.jsonl all of them; a log_interval of yours is shown every time
-        planned_log = self.plan is not None and "log_interval" not in self.plan.get("kept", ())
-        self.console_every = CONSOLE_EVERY if planned_log else 1
-        self.best_bpb = None
+        self.console_every = console_every(self.plan)
         if self.plan is not None and self.iter_num == 0 and writer:
             self.metrics.record(kind="plan", iter=0, **self.plan)
         if writer:
@@ -331,7 +333,8 @@ class Run(Start):
             raise UserError(f"the weights are not finite at iter {self.iter_num} ({bad}); not saving {name}: the last "
                             f"good checkpoint is kept (lower learning_rate or raise warmup_iters)")
         meta = {"model_args": model_args(self.raw_model.config), "iter_num": self.iter_num,
-                "best_val_loss": self.best_val_loss, "config": asdict(self.cfg), "scaler": self.scaler.state_dict(),
+                "best_val_loss": self.best_val_loss, "best_val_bpb": self.best_bpb, "config": asdict(self.cfg),
+                "scaler": self.scaler.state_dict(),
                 "rng": rng or gather_rng(self.world), "tokenizer": self.tokenizer_meta,
                 "train_time": self.clock.train_time()}
         with self.stop.finishing():

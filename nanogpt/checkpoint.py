@@ -161,7 +161,7 @@ def check_fields(ckpt, path):
 # the types of a checkpoint's fields (nanoGPT writes best_val_loss as a 0-d tensor)
 FIELD_TYPES = {"model": (dict,), "model_args": (dict,), "optimizer": (dict,), "config": (dict,), "scaler": (dict,),
                "iter_num": (int, torch.Tensor), "best_val_loss": (int, float, torch.Tensor), "rng": (list,),
-               "tokenizer": (dict,)}
+               "tokenizer": (dict,), "best_val_bpb": (int, float)}
 
 
 def clean_state_dict(state_dict):

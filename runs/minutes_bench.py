@@ -145,17 +145,20 @@ def plan_of(out_dir, found=None):
 
 def halfway_of(found, plan):
     """The val bpb a run's halfway revision predicts: as it recorded it, or for a run from before train.py revised,
-    as it would have (plan.halfway_revision at its evaluations, the end moved as its budget records moved it)."""
+    as it would have (plan.halfway_revision at its evaluations, with the val bpb of the best val loss so far, the
+    end moved as its budget records moved it)."""
     from nanogpt.training.plan import halfway_revision
+    recorded = [r for r in found if r.get("kind") == "revision"]
+    if recorded:
+        return recorded[0].get("revised_val_bpb")
     cfg, end, best = next(r for r in found if r.get("kind") == "config"), plan["iters"], None
     for r in found:
-        if r.get("kind") == "revision":
-            return r.get("revised_val_bpb")
         if r.get("kind") == "budget":
             end = r["max_iters"]
         elif r.get("kind") == "eval" and r.get("val_bpb") is not None:
-            best = r["val_bpb"] if best is None else min(best, r["val_bpb"])
-            revision = halfway_revision(plan, cfg, r["iter"], end, best)
+            if best is None or r["val_loss"] < best["val_loss"]:
+                best = r
+            revision = halfway_revision(plan, cfg, r["iter"], end, best["val_bpb"])
             if revision is not None:
                 return revision[0]
     return None

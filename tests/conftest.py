@@ -74,6 +74,15 @@ STARTUP_VARIABLES = ("PYTHON", "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "DN
                      "CUDA_", "NCCL_", "LD_", "LANG", "LC_", "MALLOC_", "TMPDIR", "TMP", "TEMP")
 
 
+def runs_module(name):
+    """A script of runs/ (runs/NAME.py), imported as a module: runs/ is not a package."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "runs", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def run_script(args, cwd=ROOT, timeout=300, env=None):
     """Run a repository script as a user would: `python args...` in cwd; returns the CompletedProcess. A script run
     is a child of the fork server (tests/forkserver.py), which has imported torch once for all of them."""

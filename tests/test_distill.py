@@ -142,13 +142,9 @@ def test_a_resume_reads_the_same_teachers_from_anywhere_and_says_where_their_nam
 def test_the_benchmarks_ensemble_predicts_the_mean_of_its_models_probabilities(tiny_config):
     """runs/minutes_bench.py's Ensemble, which scores two plans together: its logits' softmax is the mean of the
     models' probabilities, worked in numpy."""
-    import importlib.util
-
-    from conftest import ROOT
+    from conftest import runs_module
     from model import GPT
-    spec = importlib.util.spec_from_file_location("minutes_bench", f"{ROOT}/runs/minutes_bench.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = runs_module("minutes_bench")
     models = []
     for seed in (1, 2):
         torch.manual_seed(seed)
@@ -166,13 +162,10 @@ def test_the_benchmark_reads_the_latest_run_of_a_log_that_holds_several(tmp_path
     """runs/minutes_bench.py's plan_of and --rescore read the plan of the run whose best.pt is there: a log.jsonl only
     grows, so an out_dir used again holds the runs before it; a plan in parts' third run writes into the same log and
     is part of its run."""
-    import importlib.util
     import json
 
-    from conftest import ROOT
-    spec = importlib.util.spec_from_file_location("minutes_bench", f"{ROOT}/runs/minutes_bench.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    from conftest import runs_module
+    bench = runs_module("minutes_bench")
     plan = {"kind": "plan", "iter": 0, "iters": 100, "epochs": 2.0, "dropout": 0.0}
     third = {"kind": "config", "iter": 0, "plan_teachers": False,
              "teacher": f"{tmp_path}/teacher-a/ckpt.pt,{tmp_path}/teacher-b/ckpt.pt"}

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from conftest import run_script
+from conftest import run_script, runs_module
 from nanogpt.errors import UserError
 from nanogpt.training import plan as planning
 from nanogpt.training.plan import (LAW, LADDER, Corpus, Deadline, Speed, blocks_params, flops_per_iter,
@@ -170,11 +170,7 @@ def test_the_laws_constants_are_the_fit_of_the_committed_study_points():
     """LAW is what runs/study_fit.py fits to docs/minutes_points.jsonl: a constant edited by hand, or points added
     without refitting, fail here."""
     pytest.importorskip("scipy")
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("study_fit", os.path.join(os.path.dirname(planning.__file__),
-                                                                            "..", "..", "runs", "study_fit.py"))
-    study_fit = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(study_fit)
+    study_fit = runs_module("study_fit")
     runs = study_fit.read_points(study_fit.POINTS)
     points, beyond = study_fit.fitted(runs)
     assert len({p["dataset"] for p in points}) >= 20 and beyond  # the corpora, and runs the law leaves out
@@ -584,6 +580,8 @@ def test_halfway_the_prediction_is_carried_from_the_runs_own_val_bpb_along_the_l
     value, _ = planning.halfway_revision(plan, keys, 120, 200, 1.07 * at_120)
     assert value == pytest.approx(1.07 * at_end)
     assert planning.halfway_revision(plan, keys, 99, 200, at_120) is None  # before halfway
+    assert planning.halfway_revision(plan, keys, 100, 200, at_120) is not None  # half is halfway
+    assert planning.halfway_revision(plan, keys, 100, 201, at_120) is None
     assert planning.halfway_revision(plan, keys, 200, 200, at_120) is None  # the end is measured, not predicted
     assert planning.halfway_revision(plan, keys, 120, 200, None) is None  # no val bpb (a tokenizer without bytes)
     assert planning.halfway_revision(plan, {**keys, "teacher": "t"}, 120, 200, at_120) is None  # the parts' own
@@ -598,7 +596,7 @@ def test_a_resumed_run_keeps_its_plans_revision_and_a_new_plan_none(tmp_path):
     assert log(plan, {"kind": "eval", "iter": 100}, revision) == (plan, (2.31, 0.046))
     assert log(plan, revision, {**plan, "iters": 300}) == ({**plan, "iters": 300}, None)  # the later plan has none
     assert log(plan, {**revision, "revised_val_bpb": float("nan")}) == (plan, None)
-    assert log({"kind": "eval", "iter": 0}) == (None, None) and planning.last_plan(str(tmp_path / "none")) is None
+    assert log({"kind": "eval", "iter": 0}) == (None, None) and planning.planned(str(tmp_path / "none")) == (None, None)
 
 
 def test_no_prediction_is_worse_than_a_uniform_guess_and_a_tiny_text_is_told_it_will_be_memorized(fixed_speed):
@@ -711,16 +709,18 @@ def test_planned_run_holds_its_budget_logs_its_plan_and_keeps_the_best_checkpoin
                                f"so far") for line in lines) == 1
     assert any(f"revised halfway to {revision['revised_val_bpb']:.3f}" in line for line in lines)
     # runs/minutes_bench.py revises a log from before the revision as the run does: replayed from its records
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("minutes_bench", os.path.join(os.path.dirname(planning.__file__),
-                                                                                 "..", "..", "runs", "minutes_bench.py"))
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = runs_module("minutes_bench")
     with open(os.path.join(out, "log.jsonl")) as f:
-        found = [r for r in map(json.loads, f) if r["kind"] != "revision"]
-    assert bench.halfway_of(found, plan) == pytest.approx(revision["revised_val_bpb"])
-    # the console shows one train line in CONSOLE_EVERY of a plan's; log.jsonl has all of them
+        found = list(map(json.loads, f))
+    replayed = [r for r in found if r["kind"] != "revision"]
+    assert bench.halfway_of(replayed, plan) == pytest.approx(revision["revised_val_bpb"])
+    said = [{**r, "revised_val_bpb": 9.0} if r["kind"] == "revision" else r for r in found]
+    assert bench.halfway_of(said, plan) == 9.0  # a recorded revision is taken as the run said it
+    # the console shows one train line in CONSOLE_EVERY of a plan's; log.jsonl has all of them; a log_interval
+    # of yours is shown every time
     import train as train_py
+    assert train_py.console_every(plan) == train_py.CONSOLE_EVERY > 1
+    assert train_py.console_every({**plan, "kept": ["log_interval"]}) == train_py.console_every(None) == 1
     every = train_py.CONSOLE_EVERY * ckpt["config"]["log_interval"]
     shown = [int(m.group(1)) for m in map(re.compile(r"iter (\d+): loss ").match, lines) if m]
     assert shown and all(i % every == 0 for i in shown)
@@ -730,6 +730,11 @@ def test_planned_run_holds_its_budget_logs_its_plan_and_keeps_the_best_checkpoin
     r = run_script(["train.py", "--init_from=resume", f"--out_dir={out}", f"--dataset={char_dataset}"])
     assert r.returncode == 0, r.stderr
     assert len(records(out, "plan")) == 1 and "plan:" not in r.stdout.split("resuming")[0]
+    # and its halfway revision and its best val bpb (the checkpoint's), though this resume improves on neither
+    again = records(out, "plan_result")[-1]
+    assert again["measured_val_bpb"] == pytest.approx(best["val_bpb"])
+    assert again["revised_val_bpb"] == revision["revised_val_bpb"]
+    assert f"revised halfway to {revision['revised_val_bpb']:.3f}" in r.stdout
     # and a different budget on resume is one line
     r = run_script(["train.py", "--init_from=resume", f"--out_dir={out}", "--minutes=5"])
     assert r.returncode == 2 and "a resumed run keeps its plan" in r.stderr and "Traceback" not in r.stderr

@@ -11,7 +11,6 @@ out_dir (--init_from=resume --out_dir=OUT) goes on from where the parts stopped:
 interrupted is resumed (keeping its plan), one not begun is planned anew with its share of the budget. A later run
 of its own in out_dir (a config record that is not the third part's) ends the plan in parts: a resume is that run's.
 """
-import math
 import os
 import time
 from dataclasses import asdict, replace
@@ -25,7 +24,8 @@ from nanogpt.source import checkpoint_file
 from nanogpt.tokenizer import read_meta
 from nanogpt.training.batches import Batches, split_loss
 from nanogpt.training.metrics import Metrics, read_log
-from nanogpt.training.plan import MIN_WINDOWS, TEACHER_DIRS, WARM_EPOCHS, last_plan, minutes_text, plan_parts
+from nanogpt.training.plan import (MIN_WINDOWS, TEACHER_DIRS, WARM_EPOCHS, minutes_text, plan_parts, planned,
+                                   positive)
 from nanogpt.training.resume import resume_command, saved_settings
 from nanogpt.training.startup import LOCAL_FIELDS, bytes_per_token
 from nanogpt.training.stopping import Interrupted, StopFlag
@@ -62,7 +62,7 @@ def checked(plan, path):
     """The recorded plan in parts, its fields checked (a log may come from anyone): one line where one is wrong."""
     def number(key):
         value = plan.get(key)
-        if type(value) not in (int, float) or not math.isfinite(value) or value <= 0:
+        if positive(value) is None:
             raise UserError(f"{path}: the plan in parts records {key}={str(value)[:40]!r}, not a positive number; "
                             f"train anew in a new --out_dir")
         return value
@@ -145,18 +145,14 @@ REVISED_SIGMA = 0.020
 def law_of(plan):
     """A plan's prediction by the law alone (law_val_bpb: before a small text's cap at its hardness), else its
     prediction (a plan from before the cap); None where it records neither as a positive number."""
-    for key in ("law_val_bpb", "predicted_val_bpb"):
-        value = (plan or {}).get(key)
-        if type(value) in (int, float) and math.isfinite(value) and value > 0:
-            return value
-    return None
+    return positive((plan or {}).get("law_val_bpb")) or positive((plan or {}).get("predicted_val_bpb"))
 
 
 def revised(plan, teachers):
     """(val bpb, sigma, the teachers' (predicted, measured)): the plan in parts' prediction revised by its teachers'
     measurements (REVISED_SIGMA): the law's, scaled by how the teachers measured against the law's for them, so
     that the law's error on this text cancels; None where a teacher has no plan of its own or no score."""
-    pairs = [(law_of(last_plan(d)), measured(d)) for d in teachers]
+    pairs = [(law_of(planned(d)[0]), measured(d)) for d in teachers]
     if not pairs or any(p is None or m is None for p, m in pairs):
         return None
     value = law_of(plan) * sum(m for _, m in pairs) / sum(p for p, _ in pairs)

@@ -957,20 +957,19 @@ def plan_summary(plan, measured, iters, seconds, minutes, reached=False, revisio
     return line
 
 
-def last_plan(out_dir):
-    """The plan a resumed run keeps: the last one out_dir/log.jsonl records, or None."""
-    return planned(out_dir)[0]
-
-
 def planned(out_dir):
-    """(plan, revision): the last plan out_dir/log.jsonl records, and the halfway revision recorded after it as
-    (val bpb, sigma); None for either it lacks."""
+    """(plan, revision): what a resumed run keeps, the last plan out_dir/log.jsonl records and the halfway revision
+    recorded after it as (val bpb, sigma); None for either it lacks."""
     path = os.path.join(out_dir, "log.jsonl")
     records = read_log(path, note=lambda *a: None) if os.path.isfile(path) else []
     starts = [i for i, r in enumerate(records) if r.get("kind") == "plan"]
     if not starts:
         return None, None
     revisions = [r for r in records[starts[-1]:] if r.get("kind") == "revision"]
-    numbers = [revisions[-1].get(k) for k in ("revised_val_bpb", "revised_sigma")] if revisions else ()
-    ok = len(numbers) == 2 and all(type(v) in (int, float) and math.isfinite(v) and v > 0 for v in numbers)
-    return records[starts[-1]], tuple(numbers) if ok else None
+    numbers = tuple(positive(revisions[-1].get(k)) for k in ("revised_val_bpb", "revised_sigma")) if revisions else ()
+    return records[starts[-1]], numbers if numbers and None not in numbers else None
+
+
+def positive(value):
+    """value where a log holds it as a positive finite number, else None."""
+    return value if type(value) in (int, float) and math.isfinite(value) and value > 0 else None

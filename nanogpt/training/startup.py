@@ -74,11 +74,11 @@ class Start:
     revision: tuple | None = None  # --minutes: the plan's prediction revised halfway, (val bpb, sigma) (plan.py)
 
     def restore(self, optimizer, scaler):
-        """(iter_num, best_val_loss, train_time) of the run: a resumed one's from its checkpoint, with the
+        """(iter_num, best_val_loss, best_val_bpb, train_time) of the run: a resumed one's from its checkpoint, with the
         optimizer, scaler and RNG state loaded (and a sharded checkpoint's weights); (0, inf, 0) for a new one."""
         ckpt, self.ckpt = self.ckpt, None  # its weights are the model's now: nothing here keeps them alive
         if ckpt is None:
-            return 0, float("inf"), 0.0
+            return 0, float("inf"), None, 0.0
         path = ckpt.get("sharded", self.ckpt_path)
         if "sharded" in ckpt:  # whatever number of processes wrote it; the weights load with the state
             load = lambda: load_sharded(self.raw_model, optimizer, path)  # noqa: E731
@@ -109,7 +109,10 @@ class Start:
         if not has_rng:
             self.log(f"note: {path} has no RNG state (a nanoGPT checkpoint?): resuming with fresh dropout RNG")
         self.log(f"resuming from {path} at iter {iter_num}")
-        return iter_num, best_val_loss, trained_before(ckpt, path)
+        best_bpb = ckpt.get("best_val_bpb")  # the val bpb at best_val_loss; None: no val bpb, or an older checkpoint
+        if best_bpb is not None and (not math.isfinite(best_bpb) or best_val_loss == math.inf):
+            best_bpb = None
+        return iter_num, best_val_loss, best_bpb, trained_before(ckpt, path)
 
 
 def start_run(cfg, overrides, rank, local_rank, world, log, lock, into=Start, elapsed=lambda: 0.0):
