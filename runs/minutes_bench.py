@@ -14,16 +14,17 @@ of the whole text. Nothing is trained; one line a run, also to DIR/rescored.json
 --distil M: M minutes as three runs by hand (docs/minutes.md, "More minutes than a text is worth"): a plan of 0.3 M,
 the same with --seed=2, and a plan of 0.4 M that distils both (--teacher); each scored, the first two's ensemble too
 (the mean of their probabilities), with the three runs' time in all. A plan splits its budget so by itself where its
-text is used up well before it (from 4.5 minutes); --distil splits any budget, for a text where the plan does not, and
+text is used up well before it (from 2 minutes); --distil splits any budget, for a text where the plan does not, and
 --budgets scores a plan's teachers and their ensemble where it did.
 
 --against: the recipe retargeted to DIR (--dataset, its own out_dir) runs to completion, timed from process start to
 exit; then train.py --dataset=DIR --minutes=(that time) runs, timed the same way. --budgets: one plan per budget.
 Every best.pt is then scored over the whole val split in consecutive windows of --context tokens (64: the shortest
 context of the recipes compared), each token predicted from the window before it, in bits per byte: the same
-tokens and the same contexts for every model. Results go to OUT/results.jsonl, one line a run, and a table; a plan's
-row also shows its prediction revised, halfway by the run's own val bpb (plan.halfway_revision) or, for a plan in
-parts, by its teachers' measurements (parts.revised), and how far that is off its own evaluation (--rescore too). Run it on a quiet machine: the budgets are wall time.
+tokens and the same contexts for every model. Results go to OUT/results.jsonl, one line a run, and a table; a
+plan's row also shows its prediction revised, halfway by the run's own val bpb (plan.halfway_revision) or, for a
+plan in parts, by its teachers' measurements (parts.revised), and how far that is off its own evaluation (--rescore
+too). Run it on a quiet machine: the budgets are wall time.
 """
 import argparse
 import contextlib

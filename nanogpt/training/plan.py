@@ -454,16 +454,22 @@ EXIT_SECONDS = 2.0  # the final save, the summary and the interpreter's exit
 # of 0.4 into out_dir that distils both (train.py --teacher), each part to the end of its share from process start.
 # Against one run of 10 minutes the plan's three ended 3.3% lower on Pride and Prejudice's first 100 KB, 3.4% on
 # 100 KB of Don Quijote and 2.5% on the study's Shakespeare (1 MB, which one run sees 3.8 times; docs/minutes.md):
-# the prediction is one run's less their mean. Split shorter on a 2-core AMD EPYC: 4.55 minutes of 300 KB of a
-# vernacular Chinese novel, 1.3% below one run of 3 epochs (by hand, 3.4% below one of 4), and 5 minutes of Pride and
-# Prejudice's 100 KB, 3.0% below one run; shorter budgets are not split (each part would be a minute or so).
+# the prediction is one run's less their mean. Split shorter on a 2-core AMD EPYC (Zen 3): 4.55 minutes of 300 KB of
+# a vernacular Chinese novel, 1.3% below one run of 3 epochs (by hand, 3.4% below one of 4), and 5 minutes of Pride
+# and Prejudice's 100 KB, 3.0% below one run. On a faster one (Zen 4, bfloat16 products), which uses that novel's
+# 300 KB up in 1.5 minutes: 2.9 and 2 minutes 2.5% and 2.4% below one run, 1.5 minutes 1.2% (and tiny Shakespeare's
+# first 100 KB 1.7%). What the text is worth, not the clock, says when to split; the clock says only whether parts of
+# a few tens of seconds each pay for their start-up, probe and evaluations: from 2 minutes, a margin above the
+# shortest measured for a slower machine's fixed costs (docs/results.md, "Three runs from 2 minutes")
 DISTILL_SHARES = (0.3, 0.3, 0.4)
-DISTILL_MINUTES = 4.5  # the shortest budget split: about the shortest measured
-DISTILL_GAINS = (0.033, 0.034, 0.025, 0.030, 0.013)  # 10 minutes: two texts of 100 KB, then the 1 MB; then 5 minutes
-# of Pride and Prejudice's 100 KB and 4.55 of 300 KB of 西游记 (an AMD EPYC), each against one run of the same budget
+DISTILL_MINUTES = 2.0  # the shortest budget split
+DISTILL_GAINS = (0.033, 0.034, 0.025, 0.030, 0.013, 0.025, 0.024)  # 10 minutes: two texts of 100 KB, then the 1 MB;
+# then 5 minutes of Pride and Prejudice's 100 KB and 4.55 of 300 KB of 西游记 (Zen 3), and 2.9 and 2 minutes of the
+# same 300 KB (Zen 4), each against one run of the same budget
 DISTILL_GAIN = f"{DISTILL_GAINS[0]:.1%} and {DISTILL_GAINS[1]:.1%}"
 DISTILL_GAIN_1MB = f"{DISTILL_GAINS[2]:.1%}"
 DISTILL_GAIN_SHORT = f"{DISTILL_GAINS[3]:.1%} and {DISTILL_GAINS[4]:.1%}"
+DISTILL_GAIN_FAST = f"{DISTILL_GAINS[5]:.1%} and {DISTILL_GAINS[6]:.1%}"
 DISTILL_MEAN_GAIN = sum(DISTILL_GAINS) / len(DISTILL_GAINS)  # what a plan in parts predicts below one run
 HAND_GAIN = "0.7% and 2.1%"  # the same three by hand, 3, 3 and 4 minutes each from its own start (torchrun's line)
 USED_UP = 0.9  # of the epochs a model learns from (max_epochs): a budget that buys this many is split
@@ -526,8 +532,9 @@ def parts_lines(parts, minutes, out_dir, seed, world):
     first, second, third = plan_parts(seed)
     a, b, c = (f"{part['share'] * minutes:.3g}" for part in (first, second, third))
     if parts:
-        measured = (f"{DISTILL_GAIN} below one run of 10 minutes on two texts of 100 KB, {DISTILL_GAIN_1MB} on 1 MB, and "
-                    f"{DISTILL_GAIN_SHORT} below one run of 5 and 4.55 minutes on 100 KB and 300 KB")
+        measured = (f"{DISTILL_GAIN} below one run of 10 minutes on two texts of 100 KB, {DISTILL_GAIN_1MB} on 1 MB, "
+                    f"{DISTILL_GAIN_SHORT} below one run of 5 and 4.55 minutes on 100 KB and 300 KB, and "
+                    f"{DISTILL_GAIN_FAST} at 2.9 and 2 minutes on the 300 KB with a faster CPU")
         return [f"the {minutes_text(minutes)} go to three runs instead: a text used up gives more to three shorter "
                 f"runs than to one (they ended {measured}; docs/minutes.md, \"More minutes than a text is worth\")",
                 f"plans of {a} and {b} minutes into {out_dir}/{first['dir']} and {out_dir}/{second['dir']} (seeds "
@@ -921,19 +928,20 @@ def plan_run(cfg, given, meta, data_dir, device, dtype, rank, world, elapsed, lo
     return replace(cfg, **keys), plan
 
 
-# Halfway through, a planned run has measured its text: the law reads the text only through its n-gram hardness,
-# which misses 西游记 and 红楼梦 by 7%. At the first evaluation at or past half the iterations then planned, the
-# best val bpb so far is carried to the end along the law's own curve for this run (its prediction at the end over
-# its prediction at as many tokens as trained so far): the end's prediction, revised. Over 25 planned runs of 0.3 to
-# 8 minutes on two AMD EPYCs (12 texts) the plans were off by 5.3% rms (-7.6% to +15.4%), the revisions by 1.6% rms
-# (-2.7% to +3.1%; on average -0.04%: the curve needs no factor of its own); said as +-2% (docs/minutes.md)
+# Halfway through, a planned run has measured its text, which the law reads only through its n-gram hardness (6-8%
+# off on 西游记, 红楼梦 and 古文觀止). At the first evaluation at or past half the iterations then planned, the best
+# val bpb so far times the law's prediction for a run to the end over its prediction for a run of the tokens
+# trained so far: the end's prediction, revised. The law predicts whole runs, each with its decay, not a point
+# mid-schedule: that the ratio carries is measured, not derived (docs/results.md, "Halfway, a run revises its
+# prediction": 1.6% rms over 25 runs, -0.04% on average, so no factor of its own); stated as 2%
 HALFWAY_SIGMA = 0.02
 
 
 def halfway_revision(plan, keys, iter_num, end, best):
     """(val bpb, sigma): the prediction for a run of keys that ends at iteration `end`, revised from the best val
     bpb it measured by iteration iter_num (HALFWAY_SIGMA); None before halfway, at the end, or for a run that
-    learns from teachers (their revision is the plan in parts')."""
+    learns from teachers, whose curve is not the law's (a plan in parts' third is revised by its teachers'
+    measurements instead, parts.revised; a run you give --teacher is not revised)."""
     halfway = 0 < iter_num < end <= 2 * iter_num
     if keys.get("teacher") or not halfway or not best:
         return None
