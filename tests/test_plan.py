@@ -1028,7 +1028,13 @@ def test_a_run_that_starts_from_a_teacher_takes_its_shape_for_up_to_5_epochs(fix
     assert len(timed) == 1  # the teachers timed once, not again for the plan from scratch
     free, _ = make_plan(long, {}, *args, elapsed=3.0, log=lambda *a: None, teachers=[teacher, teacher])
     assert plan["epochs"] > planning.WARM_EPOCHS and keys == {**free, "init_from": "scratch"}
-    assert plan["why"][3].startswith("from scratch, not from the better teacher's weights: past 5 epochs")
+    assert plan["why"][3].startswith("from scratch, not from the better teacher's weights: from 5 epochs on")
+    # Chinese text's cap for a taught run is those 5 epochs (rounded up to whole iterations): from scratch too, as
+    # measured there, not from a teacher by a rounding's chance
+    chinese = Corpus("data/x", 153_600, 10_000, 65, 2.9, 2.7, ideographs=0.9)
+    keys, plan = make_plan(long, {}, chinese, *args[1:], elapsed=3.0, log=lambda *a: None,
+                           teachers=[teacher, teacher], start=teacher)
+    assert plan["epochs"] == pytest.approx(planning.TAUGHT_CHINESE_EPOCHS, rel=0.01) and keys["init_from"] == "scratch"
 
 
 def test_minutes_from_a_checkpoint_is_refused_unless_it_is_a_teacher(tmp_path, char_dataset, monkeypatch):

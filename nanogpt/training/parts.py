@@ -138,7 +138,8 @@ def better(teachers, cfg, log):
 # rule reads is so for all three runs, so the prediction takes the ratio of the teachers' measured val bpb to what
 # their own plans predicted. Over the 22 plans in parts run on the AMD EPYC (西游记's and 三国演义's first 300 KB,
 # Pride and Prejudice's first 100 KB; 4.55 to 10 minutes) the plan's prediction was off by 5.5% rms (-10.2% to
-# +0.8%: vernacular Chinese reads easier to the rule than it is), the revision by 2.0% rms (-4.4% to +3.0%)
+# +0.8%: vernacular Chinese reads easier to the rule than it is), the revision by 2.0% rms (-4.4% to +3.0%). Plans in
+# parts from 1.5 to 10 minutes on a faster EPYC (Zen 4; eight, most of them 西游记's 300 KB): -3.7% to +1.5%
 REVISED_SIGMA = 0.020
 
 
@@ -258,7 +259,7 @@ def run_parts(train, cfg, user, given, overrides, plan, t_start, log, config_fil
             part_cfg, part_overrides = replace(user, **keys), {**given, **keys}
             log(f"part {number} of 3 ({what}): a plan of {minutes_text(minutes)} into {out_dir}, seed "
                 f"{part['seed']}" + (f", teachers {teachers}, from {keys['init_from']}'s weights if it is planned "
-                                     f"{WARM_EPOCHS:g} epochs or fewer" if part["distils"] else ""))
+                                     f"fewer than {WARM_EPOCHS:g} epochs" if part["distils"] else ""))
         summary = train(part_cfg, part_overrides, quiet, t_start=t_start if number == 1 and not resuming else begin,
                         config_files=config_files, whole=whole)
         if summary.get("interrupted"):
