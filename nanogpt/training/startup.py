@@ -30,7 +30,7 @@ from nanogpt.training.distill import Teachers, read_teachers, teacher_paths
 from nanogpt.training.distributed import barrier, from_rank0, micro_batches
 from nanogpt.training.notes import earlier_checkpoint, earlier_dataset, earlier_run
 from nanogpt.training.optim import DAMAGED, restore_optimizer
-from nanogpt.training.plan import plan_run, planned
+from nanogpt.training.plan import plan_run, planned, positive
 from nanogpt.training.resume import saved_settings
 from nanogpt.training.sharding import checkpoint_activations, first_non_finite, load_optimizer_state, shard
 from nanogpt.training.train_config import TrainConfig
@@ -109,9 +109,8 @@ class Start:
         if not has_rng:
             self.log(f"note: {path} has no RNG state (a nanoGPT checkpoint?): resuming with fresh dropout RNG")
         self.log(f"resuming from {path} at iter {iter_num}")
-        best_bpb = ckpt.get("best_val_bpb")  # the val bpb at best_val_loss; None: no val bpb, or an older checkpoint
-        if best_bpb is not None and (not math.isfinite(best_bpb) or best_val_loss == math.inf):
-            best_bpb = None
+        # the val bpb at best_val_loss; None: no val bpb, no best yet, or an older checkpoint
+        best_bpb = positive(ckpt.get("best_val_bpb")) if best_val_loss < math.inf else None
         return iter_num, best_val_loss, best_bpb, trained_before(ckpt, path)
 
 
