@@ -149,8 +149,9 @@ class Run(Start):
         self.tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
         log(f"model: {self.raw_model.get_num_params() / 1e6:.2f}M parameters; device {self.device}, "
             f"{str(self.dtype)[6:]}, {how_many(world, 'process')}; {self.tokens_per_iter:,} tokens per iter")
+        # (a planned run was timed and fitted to its minutes already: the note's smaller recipe is the plan's to choose)
         cpu_time = (cpu_time_of(self, self.accum, self.iter_num)
-                    if self.device.type == "cpu" and not cfg.eval_only and world == 1 else None)
+                    if self.device.type == "cpu" and not cfg.eval_only and world == 1 and cfg.minutes is None else None)
         for note in startup_notes(cfg, self.ckpt_path, self.iter_num, self.replacing, cpu_time, config_files):
             log(f"note: {note}")
         writer = self.master and not cfg.eval_only  # eval_only only reads out_dir

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-from nanogpt.dataset import context_that_fits
+from nanogpt.dataset import DEFAULT_BPE_VOCAB, context_that_fits
 from nanogpt.device import sync
 from nanogpt.errors import UserError
 from nanogpt.source import checkpoint_file, init_from_kind
@@ -600,17 +600,40 @@ def dropout_reason(dropout, corpus, keys, epochs, taught=False):
     return ": no dropout (over so few epochs it slows learning more than it saves)"
 
 
+def head_share(keys, vocab_size):
+    """The output layer's share of an iteration's training FLOPs (flops_per_iter): 96% for 2 x 64 over GPT-2's 50,257
+    tokens, 24% for 4 x 192 over the 3,261 characters of 西游记's first 300 KB."""
+    head = 6 * keys["n_embd"] * vocab_size * keys["block_size"] * keys["batch_size"] * keys["gradient_accumulation_steps"]
+    return head / flops_per_iter(keys, vocab_size)
+
+
+# A vocabulary larger than this was not made for the text (data/prepare.py's BPE has 4,096 tokens, the characters of
+# 30 MB of Song poems 10,919): GPT-2's 50,257. A plan whose output layer is most of its work on one says what to use.
+BORROWED_VOCAB = 16_384
+
+
 def why_slow(cfg, seconds, vocab_size, device):
     """What the too-short error says of the smallest shape: its time, its threads, and a large vocabulary."""
     keys = vars(cfg)
-    head = 6 * keys["n_embd"] * vocab_size  # the output layer's training FLOPs a token, of flops_per_iter's
     text = f"{keys['n_layer']} x {keys['n_embd']}, the smallest shape, takes {seconds * 1000:,.0f} ms an iteration"
     if device.type == "cpu":
         text += f" on {how_many(torch.get_num_threads(), 'thread')}"
-    if head * keys["block_size"] * keys["batch_size"] * keys["gradient_accumulation_steps"] > flops_per_iter(
-            keys, vocab_size) / 2:
+    if head_share(keys, vocab_size) > 0.5:
         text += f", most of it the output layer over a vocabulary of {vocab_size:,}"
     return text
+
+
+def vocabulary_line(keys, vocab_size):
+    """The plan's line where the output layer is most of an iteration's work, and what to prepare instead where the
+    vocabulary was not made for the text; None where it is not most of it."""
+    share = head_share(keys, vocab_size)
+    if share <= 0.5:
+        return None
+    line = f"the output layer over a vocabulary of {vocab_size:,} is {share:.0%} of an iteration's work"
+    if vocab_size > BORROWED_VOCAB:
+        line += (": a vocabulary made for this text trains on more of it in these minutes (data/prepare.py --input "
+                 f"YOUR_TEXT --tokenizer char, or --tokenizer bpe --vocab_size {DEFAULT_BPE_VOCAB:,})")
+    return line
 
 
 def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, teachers=(), start=None, teaching=None):
@@ -775,6 +798,7 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
            + ("" if name in speed.probed or name in speed.timed else
               f"; {size_of(name)} estimated from its FLOPs between them")
            + (f"; dropout takes {speed.dropout_factor:.2f}x as long" if speed.dropout_factor != 1.0 else "") + ")",
+           *filter(None, [vocabulary_line(final, corpus.vocab_size)]),
            f"{final['n_layer']} layers x {final['n_embd']} ({params / 1e6:.2f}M in the blocks): "
            + (f"the lowest predicted val bpb of {len(candidates)} shapes at this budget" if len(candidates) > 1
               else "the shape of the teacher whose weights it starts from" + WARM_START if pinned
