@@ -15,6 +15,7 @@ from nanogpt.errors import UserError
 from nanogpt.files import find_folder, open_regular, open_to_write
 from nanogpt.source import checkpoint_file
 from nanogpt.tokenizer import ROLES, chat_meta, read_meta, tokenizer_from_meta
+from nanogpt.values import how_many
 
 SHOWN = 5  # bad lines reported one by one; the rest are counted
 MAX_LINE_BYTES = 1 << 24  # a line longer than this is not a conversation of any context
@@ -92,7 +93,7 @@ def read_conversations(path, tokenizer, block_size, log):
     for line in bad[:SHOWN]:
         log(f"skipped {line}")
     if len(bad) > SHOWN:
-        log(f"skipped {len(bad) - SHOWN:,} more bad lines")
+        log(f"skipped {how_many(len(bad) - SHOWN, 'more bad line')}")
     if not good:
         raise UserError(f"{path} has no usable conversation ({len(bad):,} bad lines); see the lines above and "
                         f"OpenAI's fine-tuning format: {{\"messages\": [{{\"role\": \"user\", \"content\": ...}}, ...]}}")
@@ -133,8 +134,8 @@ def prepare_chat(input_path, base, out_dir, block_size=1024, val_fraction=0.1, l
     conversations, skipped = read_conversations(input_path, tokenizer, block_size, log)
     n_val = max(1, round(len(conversations) * val_fraction))
     if n_val >= len(conversations):
-        raise UserError(f"{input_path} has {len(conversations)} usable conversation(s): too few for a train and a "
-                        f"val split; give more")
+        raise UserError(f"{input_path} has {how_many(len(conversations), 'usable conversation')}: too few for a "
+                        f"train and a val split; give more")
     # a fresh name beside out_dir: a fixed one could be a directory the user keeps (even --base itself)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.normpath(out_dir))}.", suffix=".tmp",
                            dir=os.path.dirname(os.path.abspath(out_dir)))

@@ -34,6 +34,7 @@ from pydivsufsort import divsufsort
 from nanogpt.errors import UserError
 from nanogpt.files import find_folder, open_regular, open_to_write
 from nanogpt.tokenizer import CharTokenizer, ChatTokenizer, read_meta, tokenizer_from_meta
+from nanogpt.values import how_many
 
 INDEX_FILE = "train.sa"
 MAGIC = b"NGCOPIES"
@@ -411,7 +412,7 @@ def marked(text, copies, colour=False, start=0):
 
 def report(copies):
     """Lines for a console: the copied share, the longest span, and where each span comes from."""
-    lines = [f"copied: {copies.copied:.0%} of the characters in {len(copies.spans)} span(s), the longest "
+    lines = [f"copied: {copies.copied:.0%} of the characters in {how_many(len(copies.spans), 'span')}, the longest "
              f"{copies.longest} characters"]
     for s in copies.spans:
         lines.append(f"  {one_line(s.text)}  <- {s.part} {s.where} ({s.count}x): "

@@ -18,6 +18,7 @@ from nanogpt.errors import UserError, closest
 from nanogpt.files import find_folder, folders_near, open_regular, open_to_write
 from nanogpt.settings import read_config_file  # a recipe's assignments: what train.py would run
 from nanogpt.tokenizer import GPT2BPE, CharTokenizer, TrainedBPE, ranks_text, write_meta
+from nanogpt.values import how_many
 
 CHUNK_BYTES = 1 << 22  # 4 MiB of text per read
 DEFAULT_BPE_VOCAB = 4096
@@ -176,8 +177,8 @@ def read_text(path, chunk_bytes=None):
             except UnicodeDecodeError as e:
                 if not raw:  # the bytes held back at the end never completed a character
                     raise UserError(f"{path} ends in the middle of a UTF-8 character (the file was cut, e.g. by "
-                                    f"head -c): drop its last {len(utf8.getstate()[0])} byte(s) or cut it at a "
-                                    f"line end (head -n)") from None
+                                    f"head -c): drop its last {how_many(len(utf8.getstate()[0]), 'byte')} or cut "
+                                    f"it at a line end (head -n)") from None
                 raise UserError(f"{path} is not UTF-8 text (bad byte near offset {offset + e.start}); "
                                 f"{conversion(path, offset + e.start)}") from None
             offset += len(raw)

@@ -12,6 +12,7 @@ import stat
 
 from nanogpt import REPOSITORY
 from nanogpt.errors import UserError
+from nanogpt.values import how_many
 
 NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # a FIFO's open returns at once instead of waiting for a writer
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -122,8 +123,8 @@ def open_fd_to_write(path, append=False, truncate=True, perms=0o644):
             raise UserError(f"refusing to write {path}: it is not a regular file (it is {kind_of(st.st_mode)}); "
                             f"remove it")
         if st.st_nlink > 1:
-            raise UserError(f"refusing to write {path}: it has {st.st_nlink - 1} other name(s) (a hard link), so "
-                            f"the write would change a file elsewhere; remove it")
+            raise UserError(f"refusing to write {path}: it has {how_many(st.st_nlink - 1, 'other name')} (a hard "
+                            f"link), so the write would change a file elsewhere; remove it")
         os.set_blocking(fd, True)
         if truncate and not append:
             os.ftruncate(fd, 0)

@@ -22,6 +22,7 @@ from functools import cache, cached_property
 from nanogpt.errors import UserError
 from nanogpt.files import open_to_write, read_regular
 from nanogpt.pickles import load_pickle
+from nanogpt.values import how_many
 
 BPE_ENCODING = "r50k_base"  # the same 50,257-token vocabulary as tiktoken's "gpt2"
 # the split patterns a trained BPE may have: what data/prepare.py writes (rustbpe's, GPT-4's with possessive
@@ -49,7 +50,7 @@ class CharTokenizer:
         missing = sorted(set(text) - self.stoi.keys())
         if missing:
             shown = " ".join(repr(c) for c in missing[:20])
-            raise UserError(f"the text has {len(missing)} character(s) outside the vocabulary: {shown}; "
+            raise UserError(f"the text has {how_many(len(missing), 'character')} outside the vocabulary: {shown}; "
                             f"use only characters of the training data")
         return [self.stoi[c] for c in text]
 
@@ -108,10 +109,11 @@ class Fitted:
         parts = []
         if self.converted:
             shown = ", ".join(f"{c} as {f}" for c, f in dict(self.converted).items())
-            parts.append(f"{len(self.converted)} character(s) written in the vocabulary's form ({shown[:200]})")
+            parts.append(f"{how_many(len(self.converted), 'character')} written in the vocabulary's form "
+                         f"({shown[:200]})")
         if self.dropped:
             shown = " ".join(repr(c) for c in dict.fromkeys(self.dropped))
-            parts.append(f"{len(self.dropped)} character(s) outside the vocabulary left out ({shown[:200]})")
+            parts.append(f"{how_many(len(self.dropped), 'character')} outside the vocabulary left out ({shown[:200]})")
         return f"note: {what}: " + "; ".join(parts) if parts else ""
 
 

@@ -109,9 +109,9 @@ def test_bad_lines_are_skipped_with_their_line_numbers(tmp_path, base):
     assert counts["skipped"] == 6 and counts["train"]["conversations"] + counts["val"]["conversations"] == 3
     reported = {int(line.split("c.jsonl:")[1].split(":")[0]): line for line in lines if "c.jsonl:" in line}
     for number, why in [(2, "not JSON"), (3, "unknown role 'robot'"), (4, "a user message with empty or non-text content"),
-                        (5, "1 character(s) outside the vocabulary: 'Z'"), (6, "49 tokens, longer than the context (block_size 32 + 1)")]:
+                        (5, "one character outside the vocabulary: 'Z'"), (6, "49 tokens, longer than the context (block_size 32 + 1)")]:
         assert why in reported[number], (number, lines)
-    assert "skipped 1 more bad lines" in lines  # line 7 (no answer): five are shown, the rest counted
+    assert "skipped one more bad line" in lines  # line 7 (no answer): five are shown, the rest counted
 
 
 def test_a_file_of_only_bad_lines_is_refused_in_one_line(tmp_path, base):

@@ -140,8 +140,8 @@ def test_text_outside_a_latin_vocabulary_is_converted_where_it_can_be_else_left_
     assert fitted.text == "Cafe   naive AB!"
     assert fitted.converted == [("é", "e"), ("ï", "i"), ("Ａ", "A"), ("Ｂ", "B")]
     assert fitted.dropped == ["—", "2"]
-    assert fitted.note("the prompt") == ("note: the prompt: 4 character(s) written in the vocabulary's form (é as e, "
-                                         "ï as i, Ａ as A, Ｂ as B); 2 character(s) outside the vocabulary left out "
+    assert fitted.note("the prompt") == ("note: the prompt: 4 characters written in the vocabulary's form (é as e, "
+                                         "ï as i, Ａ as A, Ｂ as B); 2 characters outside the vocabulary left out "
                                          "('—' '2')")
     assert CharTokenizer(SHAKESPEARE_CHARS).fit("ROMEO:").note() == ""
     assert CharTokenizer(SHAKESPEARE_CHARS).fit("2024").text == "\n"  # nothing left: a line break starts the text
@@ -195,7 +195,7 @@ def test_sample_py_writes_a_prompt_outside_the_vocabulary_with_a_note(tmp_path, 
                  "--device=cpu"])
     captured = capsys.readouterr()
     assert captured.out.startswith("Cafe   ROMEO:")
-    assert "note: the prompt: 1 character(s) written in the vocabulary's form (é as e); 5 character(s) outside " \
+    assert "note: the prompt: one character written in the vocabulary's form (é as e); 5 characters outside " \
            "the vocabulary left out ('1' '9' '—')" in captured.err
 
 
@@ -205,7 +205,7 @@ def test_chat_py_answers_simplified_chinese_and_english_to_a_tang_model(tmp_path
     out = save_char_checkpoint(tmp_path / "sft", "\n，。藏頭詩：春江花月夜", chat=True)
     chat.main([f"--out_dir={out}", "-p", "藏头诗：春江花月 please", "--max_new_tokens=4", "--device=cpu"])
     err = capsys.readouterr().err
-    assert "note: your message: 2 character(s) written in the vocabulary's form (头 as 頭, 诗 as 詩); 7 character(s) " \
+    assert "note: your message: 2 characters written in the vocabulary's form (头 as 頭, 诗 as 詩); 7 characters " \
            "outside the vocabulary left out (' ' 'p' 'l' 'e' 'a' 's')" in err
 
 

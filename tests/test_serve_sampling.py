@@ -95,7 +95,7 @@ def test_text_outside_the_vocabulary_is_answered_with_a_count(tmp_path, capsys):
         assert (r.usage.prompt_characters_converted, r.usage.prompt_characters_dropped) == (1, 5)
         plain = client.completions.create(model="out-latin", prompt="ROMEO:", max_tokens=5, temperature=0)
         assert "prompt_characters_dropped" not in plain.usage.model_dump()
-    assert "1 character(s) written in the vocabulary's form (é as e); 5 character(s) outside the vocabulary left " \
+    assert "one character written in the vocabulary's form (é as e); 5 characters outside the vocabulary left " \
            "out ('2' '0' '4' '—')" in capsys.readouterr().err
 
 

@@ -23,6 +23,7 @@ from tqdm import tqdm  # noqa: E402
 from nanogpt.errors import UserError  # noqa: E402
 from nanogpt.program import run_main  # noqa: E402
 from nanogpt.tokenizer import BPE_ENCODING, write_meta  # noqa: E402
+from nanogpt.values import how_many  # noqa: E402
 
 _encoding = None
 
@@ -93,7 +94,7 @@ def main(argv):
     if "text" not in dataset.column_names:
         raise UserError(f"{args.input} has no 'text' column (columns: {dataset.column_names})")
     if len(dataset) < 2:
-        raise UserError(f"{args.input} has {len(dataset)} document(s); train and val need at least 2")
+        raise UserError(f"{args.input} has {how_many(len(dataset), 'document')}; train and val need at least 2")
     split = dataset.train_test_split(test_size=args.val_fraction, seed=2357, shuffle=True)
     os.makedirs(args.out, exist_ok=True)
     for name, dset in (("train", split["train"]), ("val", split["test"])):

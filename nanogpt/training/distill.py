@@ -124,8 +124,8 @@ class Teachers:
             models.append(model)
             log(f"teacher: {path} ({model.get_num_params() / 1e6:.2f}M parameters)")
         ctx = teacher_context(device, dtype, kernels)
-        log(f"distilling: {1 - weight:g} of the loss from the text, {weight:g} from the mean of {len(models)} "
-            f"teacher(s)' predictions")
+        log(f"distilling: {1 - weight:g} of the loss from the text, {weight:g} from "
+            + (f"the mean of {len(models)} teachers' predictions" if len(models) > 1 else "its teacher's predictions"))
         return cls(models, weight, ctx)
 
     def loss(self, x, y, logits, ce):
