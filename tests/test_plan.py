@@ -517,7 +517,8 @@ def test_a_used_up_text_is_split_only_where_a_teachers_share_ends_near_one_run(f
     _, teacher = make_plan(TrainConfig(minutes=0.6, device="cpu"), {}, c, torch.device("cpu"), torch.float32,
                            elapsed=0.0, log=lambda *a: None)
     gap = teacher["law_val_bpb"] / one["law_val_bpb"] - 1
-    assert gap > planning.TEACHER_GAP and one["parts"] is None
+    assert gap > planning.TEACHER_GAP and one["parts"] is None and one["teacher_gap"] == pytest.approx(gap, abs=5e-4)
+    assert teacher["teacher_gap"] is None  # 0.6 minutes: below DISTILL_MINUTES, never split
     assert one["epochs"] >= planning.USED_UP * planning.max_epochs(one["dropout"])  # used up: only the gap keeps it one
     assert f"one run, not three: in a teacher's 30% of the budget the law puts it {gap:.1%} above one run" in " ".join(
         one["why"])

@@ -880,6 +880,7 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
             "probe": speed.probed, "timed": speed.timed, "teaching": speed.teaching,
             "corpus": {k: v for k, v in vars(corpus).items()},
             "kept": sorted(given), "parts": plan_parts(cfg.seed) if parts else None,
+            "teacher_gap": gap,  # the law's first teacher against one run where the text is used up, else None
             "ceiling": ceiling, "decay_follows": decay_follows,
             # the epochs a model learns from, in iterations: a deadline that finds more time never runs past them
             "most_iters": useful_iters(dropout, corpus, tokens_per_iter, taught),
