@@ -737,8 +737,7 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
             return None
         return min(c[0] for c in weighed(share) if c[6] >= MIN_ITERS) / prediction - 1
 
-    def used_up(name, dropout, iters, prediction):
-        gap = teacher_gap(name, dropout, iters, prediction)
+    def splits(gap):  # the budget goes to three runs
         return gap is not None and gap <= TEACHER_GAP
 
     # the line through the probed shapes is optimistic between them (a shape in the middle ran 10-25% slower here),
@@ -749,7 +748,7 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
     for _ in range(TIMED_CHOICES):
         prediction, _, pick, pick_dropout, iters, per_iter, _ = choose()
         if (pick in speed.probed or pick in speed.timed or PROBE_ITERS * per_iter > PROBE_SHARE * budget
-                or (used_up(pick, pick_dropout, iters, prediction) and world == 1)):
+                or (world == 1 and splits(teacher_gap(pick, pick_dropout, iters, prediction)))):
             break
         t0 = time.time()
         speed.timed[pick] = iteration_seconds(candidates[pick], corpus.vocab_size, device, dtype)
@@ -807,7 +806,7 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
     finish = elapsed + EXIT_SECONDS + iters * per_iter / (1 - EVAL_SHARE)  # seconds from start to exit, about
     early = ends_early and finish < 0.9 * budget
     gap = teacher_gap(name, dropout, iters, predicted)
-    split_up = gap is not None and gap <= TEACHER_GAP
+    split_up = splits(gap)
     parts = split_up and world == 1
     size = f"{corpus.train_bytes / 1e6:.2f} MB" if corpus.train_bytes >= 10_000 else f"{corpus.train_bytes:,.0f} bytes"
     why = [f"{corpus.train_tokens:,} train tokens ({size}), vocabulary {corpus.vocab_size:,}"
