@@ -626,9 +626,9 @@ def test_a_plan_says_where_the_output_layer_is_most_of_the_work_and_what_to_prep
     """GPT-2's 50,257 tokens on a 2 x 64 model are 96% of each iteration: a plan on a text prepared with them says so,
     and that a vocabulary made for the text trains more of it; a text's own 6,552 characters get the share alone,
     and tiny Shakespeare's 65 no line."""
-    def why(vocab, minutes=1):
-        _, plan = make_plan(TrainConfig(minutes=minutes, device="cpu"), {}, corpus(vocab=vocab), torch.device("cpu"),
-                            torch.float32, elapsed=3.0, log=lambda *a: None)
+    def why(vocab, minutes=1, tokenizer=None):
+        _, plan = make_plan(TrainConfig(minutes=minutes, device="cpu"), {}, replace(corpus(vocab=vocab),
+                            tokenizer=tokenizer), torch.device("cpu"), torch.float32, elapsed=3.0, log=lambda *a: None)
         share = planning.head_share({**LADDER[plan["shape"]], "block_size": 128}, vocab)
         return [line for line in plan["why"] if "the output layer" in line], share
     lines, share = why(50257, minutes=10)  # 3 s an iteration of 2 x 64 at this fixed speed
@@ -638,6 +638,10 @@ def test_a_plan_says_where_the_output_layer_is_most_of_the_work_and_what_to_prep
     lines, share = why(6552)
     assert (lines == [f"the output layer over a vocabulary of 6,552 is {share:.0%} of an iteration's work"]) == (
         share > 0.5)
+    # the characters of a text in many scripts: its tokenizer is char already, and a BPE is the one remedy
+    [line], share = why(20_000, minutes=10, tokenizer="char")
+    assert line.endswith(": a BPE of 4,096 tokens trains on more of its 20,000 characters in these minutes "
+                         "(data/prepare.py --input YOUR_TEXT --tokenizer bpe --vocab_size 4,096)") and share > 0.5
     assert why(65)[0] == []
 
 

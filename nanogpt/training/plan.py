@@ -16,7 +16,7 @@ from nanogpt.dataset import DEFAULT_BPE_VOCAB, context_that_fits
 from nanogpt.device import sync
 from nanogpt.errors import UserError
 from nanogpt.source import checkpoint_file, init_from_kind
-from nanogpt.tokenizer import token_byte_strings, tokenizer_from_meta
+from nanogpt.tokenizer import token_byte_strings, tokenizer_from_meta, tokenizer_kind
 from nanogpt.training.distributed import from_rank0
 from nanogpt.training.metrics import read_log
 from nanogpt.training.train_config import TrainConfig
@@ -137,6 +137,7 @@ class Corpus:
     ideographs: float = 0.0  # the share of its characters (spaces aside) that are CJK ideographs: 0 for English
     repeats: float | None = None  # bits per byte lzma spends on the same val sample after the train sample (None:
     # a plan recorded before it was read, which the law reads by its n-grams alone)
+    tokenizer: str | None = None  # "char", "bpe" or "gpt2" (nanogpt.tokenizer.tokenizer_kind); None: not recorded
 
     @property
     def train_bytes(self):
@@ -189,7 +190,7 @@ def read_corpus(data_dir, meta, token_bytes, sample=HARDNESS_SAMPLE, pieces=8):
     hardness = max(0.0, ngram_bits_per_byte(text(some_train), text(some_val))) if len(some_val) else 8.0
     repeats = lzma_bits_per_byte(text(some_train), text(some_val)) if len(some_val) else 8.0
     return Corpus(data_dir, len(train), len(val), len(lengths), float(lengths[some_train].mean()), hardness,
-                  ideograph_share(text(some_train)), repeats)
+                  ideograph_share(text(some_train)), repeats, tokenizer_kind(meta))
 
 
 def lzma_bits_per_byte(train, val):
@@ -679,8 +680,9 @@ def head_share(keys, vocab_size):
     return head / flops_per_iter(keys, vocab_size)
 
 
-# A vocabulary larger than this was not made for the text (data/prepare.py's BPE has 4,096 tokens, the characters of
-# 30 MB of Song poems 10,919): GPT-2's 50,257. A plan whose output layer is most of its work on one says what to use.
+# A vocabulary larger than this is more than a text of these minutes needs (data/prepare.py's BPE has 4,096 tokens,
+# the characters of 30 MB of Song poems 10,919): GPT-2's 50,257, a BPE trained larger, or the characters of a text
+# in many scripts. A plan whose output layer is most of its work on one says what to prepare instead.
 BORROWED_VOCAB = 16_384
 
 
@@ -695,16 +697,20 @@ def why_slow(cfg, seconds, vocab_size, device):
     return text
 
 
-def vocabulary_line(keys, vocab_size):
+def vocabulary_line(keys, vocab_size, tokenizer=None):
     """The plan's line where the output layer is most of an iteration's work, and what to prepare instead where the
-    vocabulary was not made for the text; None where it is not most of it."""
+    vocabulary is larger than BORROWED_VOCAB (tokenizer: the dataset's, whose own remedy is not offered); None where
+    it is not most of it."""
     share = head_share(keys, vocab_size)
     if share <= 0.5:
         return None
     line = f"the output layer over a vocabulary of {vocab_size:,} is {share:.0%} of an iteration's work"
     if vocab_size > BORROWED_VOCAB:
-        line += (": a vocabulary made for this text trains on more of it in these minutes (data/prepare.py --input "
-                 f"YOUR_TEXT --tokenizer char, or --tokenizer bpe --vocab_size {DEFAULT_BPE_VOCAB:,})")
+        bpe = f"--tokenizer bpe --vocab_size {DEFAULT_BPE_VOCAB:,}"
+        line += (f": a BPE of {DEFAULT_BPE_VOCAB:,} tokens trains on more of its {vocab_size:,} characters in these "
+                 f"minutes (data/prepare.py --input YOUR_TEXT {bpe})" if tokenizer == "char" else
+                 ": a vocabulary made for this text trains on more of it in these minutes (data/prepare.py --input "
+                 f"YOUR_TEXT --tokenizer char, or {bpe})")
     return line
 
 
@@ -882,7 +888,7 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
            + ("" if name in speed.probed or name in speed.timed else
               f"; {size_of(name)} estimated from its FLOPs between them")
            + (f"; dropout takes {speed.dropout_factor:.2f}x as long" if speed.dropout_factor != 1.0 else "") + ")",
-           *filter(None, [vocabulary_line(final, corpus.vocab_size)]),
+           *filter(None, [vocabulary_line(final, corpus.vocab_size, corpus.tokenizer)]),
            f"{final['n_layer']} layers x {final['n_embd']} ({params / 1e6:.2f}M in the blocks): "
            + (f"the lowest predicted val bpb of {len(candidates)} shapes at this budget" if len(candidates) > 1
               else "the shape of the teacher whose weights it starts from" + WARM_START if pinned
