@@ -739,12 +739,25 @@ def test_a_resumed_run_keeps_its_plans_revision_and_a_new_plan_none(tmp_path):
     def log(*rows):
         (tmp_path / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         return planning.planned(str(tmp_path))
-    plan = {"kind": "plan", "iter": 0, "iters": 200}
+    plan = {"kind": "plan", "iter": 0, "iters": 200, "predicted_val_bpb": 2.2, "predicted_sigma": 0.1,
+            "corpus": vars(corpus()), "most_iters": 2600, "ceiling": None, "kept": ["max_iters"]}
     revision = {"kind": "revision", "iter": 120, "revised_val_bpb": 2.31, "revised_sigma": 0.046}
     assert log(plan, {"kind": "eval", "iter": 100}, revision) == (plan, (2.31, 0.046))
     assert log(plan, revision, {**plan, "iters": 300}) == ({**plan, "iters": 300}, None)  # the later plan has none
     assert log(plan, {**revision, "revised_val_bpb": float("nan")}) == (plan, None)
     assert log({"kind": "eval", "iter": 0}) == (None, None) and planning.planned(str(tmp_path / "none")) == (None, None)
+    old = {k: v for k, v in plan["corpus"].items() if k not in ("repeats", "tokenizer")}  # recorded before them
+    assert log({**plan, "corpus": old})[0]["corpus"] == old
+    # a log may come from anyone: each field a resumed run reads, damaged, is one line naming it
+    for key, value in (("predicted_val_bpb", "big"), ("predicted_sigma", -1), ("iters", 2.5), ("most_iters", "9"),
+                       ("ceiling", True), ("kept", "max_iters"), ("corpus", None),
+                       ("corpus", {**plan["corpus"], "extra": 1}), ("corpus.repeats", "x"),
+                       ("corpus.hardness", float("nan")), ("corpus.train_tokens", 1.5), ("corpus.path", 3),
+                       ("corpus.tokenizer", 4)):
+        damaged = ({**plan, "corpus": {**plan["corpus"], key[7:]: value}} if key.startswith("corpus.")
+                   else {**plan, key: value})
+        with pytest.raises(UserError, match=rf"log.jsonl: its plan records {re.escape(key)}=.*not a"):
+            log(damaged)
 
 
 def test_no_prediction_is_worse_than_a_uniform_guess_and_a_tiny_text_is_told_it_will_be_memorized(fixed_speed):
@@ -895,6 +908,15 @@ def test_planned_run_holds_its_budget_logs_its_plan_and_keeps_the_best_checkpoin
     # and a different budget on resume is one line
     r = run_script(["train.py", "--init_from=resume", f"--out_dir={out}", "--minutes=5"])
     assert r.returncode == 2 and "a resumed run keeps its plan" in r.stderr and "Traceback" not in r.stderr
+    # and a plan damaged in log.jsonl is one line before the run, not a traceback at its end; the checkpoint is kept
+    with open(os.path.join(out, "log.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    with open(os.path.join(out, "log.jsonl"), "w") as f:
+        f.writelines(json.dumps({**r, "predicted_val_bpb": "big"} if r["kind"] == "plan" else r) + "\n" for r in rows)
+    before = os.path.getmtime(os.path.join(out, "ckpt.pt"))
+    r = run_script(["train.py", "--init_from=resume", f"--out_dir={out}", f"--dataset={char_dataset}"])
+    assert r.returncode == 2 and "its plan records predicted_val_bpb='big', not a positive number" in r.stderr
+    assert "Traceback" not in r.stderr and os.path.getmtime(os.path.join(out, "ckpt.pt")) == before
 
 
 def test_a_corpus_worth_more_than_the_budget_gets_all_of_it(tmp_path):

@@ -24,8 +24,8 @@ from nanogpt.source import checkpoint_file
 from nanogpt.tokenizer import read_meta
 from nanogpt.training.batches import Batches, split_loss
 from nanogpt.training.metrics import Metrics, read_log
-from nanogpt.training.plan import (MIN_WINDOWS, TEACHER_DIRS, WARM_EPOCHS, minutes_text, plan_parts, planned,
-                                   positive)
+from nanogpt.training.plan import (MIN_WINDOWS, TEACHER_DIRS, WARM_EPOCHS, minutes_text, plan_parts,
+                                   positive, recorded_plan)
 from nanogpt.training.resume import resume_command, saved_settings
 from nanogpt.training.startup import LOCAL_FIELDS, bytes_per_token
 from nanogpt.training.stopping import Interrupted, StopFlag
@@ -153,7 +153,7 @@ def revised(plan, teachers):
     """(val bpb, sigma, the teachers' (predicted, measured)): the plan in parts' prediction revised by its teachers'
     measurements (REVISED_SIGMA): the law's, scaled by how the teachers measured against the law's for them, so
     that the law's error on this text cancels; None where a teacher has no plan of its own or no score."""
-    pairs = [(law_of(planned(d)[0]), measured(d)) for d in teachers]
+    pairs = [(law_of(recorded_plan(d)[0]), measured(d)) for d in teachers]
     if not pairs or any(p is None or m is None for p, m in pairs):
         return None
     value = law_of(plan) * sum(m for _, m in pairs) / sum(p for p, _ in pairs)

@@ -7,7 +7,7 @@ import lzma
 import math
 import os
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 import torch
@@ -1105,9 +1105,9 @@ def plan_summary(plan, measured, iters, seconds, minutes, reached=False, revisio
     return line
 
 
-def planned(out_dir):
-    """(plan, revision): what a resumed run keeps, the last plan out_dir/log.jsonl records and the halfway revision
-    recorded after it as (val bpb, sigma); None for either it lacks."""
+def recorded_plan(out_dir):
+    """(plan, revision): the last plan out_dir/log.jsonl records, as it is, and the halfway revision recorded after
+    it as (val bpb, sigma); None for either it lacks."""
     path = os.path.join(out_dir, "log.jsonl")
     records = read_log(path, note=lambda *a: None) if os.path.isfile(path) else []
     starts = [i for i, r in enumerate(records) if r.get("kind") == "plan"]
@@ -1116,6 +1116,42 @@ def planned(out_dir):
     revisions = [r for r in records[starts[-1]:] if r.get("kind") == "revision"]
     numbers = tuple(positive(revisions[-1].get(k)) for k in ("revised_val_bpb", "revised_sigma")) if revisions else ()
     return records[starts[-1]], numbers if numbers and None not in numbers else None
+
+
+def planned(out_dir):
+    """(plan, revision): what a resumed run keeps, recorded_plan with the plan's fields checked."""
+    plan, revision = recorded_plan(out_dir)
+    return plan and checked_plan(plan, os.path.join(out_dir, "log.jsonl")), revision
+
+
+def checked_plan(plan, path):
+    """The plan a resumed run keeps, the fields it reads checked (a log may come from anyone): one line where one
+    is wrong, before the run, not a traceback at its halfway or its end."""
+    def wrong(key, value, what):
+        raise UserError(f"{path}: its plan records {key}={str(value)[:40]!r}, not {what}; a resumed run keeps the plan "
+                        f"it began with: restore the file, or train anew in a new --out_dir")
+    for key in ("predicted_val_bpb", "predicted_sigma"):
+        if positive(plan.get(key)) is None:
+            wrong(key, plan.get(key), "a positive number")
+    for key in ("iters", "most_iters", "ceiling"):
+        value = plan.get(key)
+        if (key != "iters" and value is None) or (type(value) is int and value > 0):
+            continue
+        wrong(key, value, "a positive whole number")
+    kept = plan.get("kept", [])
+    if not isinstance(kept, list) or not all(isinstance(k, str) for k in kept):
+        wrong("kept", kept, "a list of keys")
+    corpus = plan.get("corpus")
+    named = {f.name: f.type for f in fields(Corpus)}
+    if not isinstance(corpus, dict) or set(corpus) - set(named) or {"path", "hardness"} - set(corpus):
+        wrong("corpus", corpus, f"a corpus of {', '.join(named)}")
+    for key, value in corpus.items():
+        kinds = getattr(named[key], "__args__", (named[key],))  # float | None: (float, NoneType)
+        number = type(value) in (int, float) and math.isfinite(value) and value >= 0
+        if not (value is None and type(None) in kinds or type(value) is str and str in kinds
+                or number and (float in kinds or type(value) is int and int in kinds)):
+            wrong(f"corpus.{key}", value, f"a {' or '.join(k.__name__ for k in kinds)}")
+    return plan
 
 
 def positive(value):
