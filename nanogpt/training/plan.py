@@ -7,7 +7,7 @@ import lzma
 import math
 import os
 import time
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 
 import numpy as np
 import torch
@@ -1143,7 +1143,8 @@ def checked_plan(plan, path):
         wrong("kept", kept, "a list of keys")
     corpus = plan.get("corpus")
     named = {f.name: f.type for f in fields(Corpus)}
-    if not isinstance(corpus, dict) or set(corpus) - set(named) or {"path", "hardness"} - set(corpus):
+    needed = {f.name for f in fields(Corpus) if f.default is MISSING}
+    if not isinstance(corpus, dict) or set(corpus) - set(named) or needed - set(corpus):
         wrong("corpus", corpus, f"a corpus of {', '.join(named)}")
     for key, value in corpus.items():
         kinds = getattr(named[key], "__args__", (named[key],))  # float | None: (float, NoneType)
