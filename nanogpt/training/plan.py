@@ -296,7 +296,7 @@ UNSTUDIED_SIGMA = 0.12  # the relative uncertainty of a text read past the study
 # A text that reads easier than the study's easiest is predicted by a scaling no run measured, and eight such texts
 # ended from 0.12 to 1.12 times it: JSON schemas of long repeated lists measured 0.094 where it said 0.79, apt and
 # dpkg logs 0.54 times it, the HTML, C headers, man pages and dpkg's records within 12% of it. Its uncertainty is
-# the prediction itself: it says at most how hard the text is, and the run's halfway revision says more.
+# the prediction itself, and the run's halfway revision says more.
 EASIER_SIGMA = 1.0
 
 
@@ -930,8 +930,8 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
     sigma = LAW["rel_sigma"]
     if easier(corpus) < 1:
         sigma = EASIER_SIGMA
-        why.append("a text easier than the study's: its prediction is a guess, at most what it will reach (eight "
-                   "texts of code, markup and records read so ended at 0.12 to 1.12 times it)")
+        why.append("a text easier than the study's: its prediction is a guess (eight texts of code, markup and "
+                   "records read so ended at 0.12 to 1.12 times it)")
     elif unstudied(corpus):
         sigma = UNSTUDIED_SIGMA
         why.append(f"a text unlike the study's: its prediction is less certain (+-{sigma:.0%}: six texts of code, "
