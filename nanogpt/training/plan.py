@@ -1109,8 +1109,9 @@ def plan_summary(plan, measured, iters, seconds, minutes, reached=False, revisio
             + f", measured {measured:.3f} (the best checkpoint's); {seconds:.0f} s of the {minutes * 60:.0f} s "
             f"budget so far")
     if iters < 0.8 * plan["iters"] and not reached:
-        line += (f"; it ran {iters:,} of the {plan['iters']:,} iterations planned, as this machine ran slower than "
-                 f"its probe (busy?), so the prediction was for a longer run")
+        line += (f"; it ran {iters:,} of the {plan['iters']:,} iterations planned, as they ran slower than the few "
+                 f"the probe timed (a busy machine, or a probe that caught it at its fastest), so the prediction was "
+                 f"for a longer run")
     return line
 
 
