@@ -24,7 +24,7 @@ from nanogpt.source import checkpoint_file
 from nanogpt.tokenizer import read_meta
 from nanogpt.training.batches import Batches, split_loss
 from nanogpt.training.metrics import Metrics, read_log
-from nanogpt.training.plan import (MIN_WINDOWS, TEACHER_DIRS, WARM_EPOCHS, minutes_text, plan_parts,
+from nanogpt.training.plan import (MIN_WINDOWS, TEACHER_DIRS, WARM_EPOCHS, damaged, minutes_text, plan_parts,
                                    positive, recorded_plan)
 from nanogpt.training.resume import resume_command, saved_settings
 from nanogpt.training.startup import LOCAL_FIELDS, bytes_per_token
@@ -60,14 +60,9 @@ def plan_in_parts(out_dir):
 
 def checked(plan, path):
     """The recorded plan in parts, its fields checked (a log may come from anyone): one line where one is wrong."""
-    def number(key):
-        value = plan.get(key)
-        if positive(value) is None:
-            raise UserError(f"{path}: the plan in parts records {key}={str(value)[:40]!r}, not a positive number; "
-                            f"train anew in a new --out_dir")
-        return value
     for key in ("minutes", "started", "predicted_val_bpb", "predicted_sigma"):
-        number(key)
+        if positive(plan.get(key)) is None:
+            raise damaged(path, "the plan in parts", key, plan.get(key), "a positive number")
     if not isinstance(plan.get("config"), dict) or not isinstance(plan.get("given"), dict):
         raise UserError(f"{path}: the plan in parts records no config of yours to plan its parts from; train anew in "
                         f"a new --out_dir")

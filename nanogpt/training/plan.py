@@ -185,12 +185,12 @@ def read_corpus(data_dir, meta, token_bytes, sample=HARDNESS_SAMPLE, pieces=8):
     per_token = max(1.0, float(lengths[some].mean()))
     some_train = known(spread(train, int(sample / per_token), pieces))
     some_val = known(spread(val, int(sample / 4 / per_token), pieces))
-    text = lambda ids: b"".join(token_bytes[i] for i in ids.tolist())  # noqa: E731
+    train_text, val_text = (b"".join(token_bytes[i] for i in ids.tolist()) for ids in (some_train, some_val))
     # (at least 0: a text of one character repeated scored -0.00)
-    hardness = max(0.0, ngram_bits_per_byte(text(some_train), text(some_val))) if len(some_val) else 8.0
-    repeats = lzma_bits_per_byte(text(some_train), text(some_val)) if len(some_val) else 8.0
+    hardness = max(0.0, ngram_bits_per_byte(train_text, val_text)) if val_text else 8.0
+    repeats = lzma_bits_per_byte(train_text, val_text) if val_text else 8.0
     return Corpus(data_dir, len(train), len(val), len(lengths), float(lengths[some_train].mean()), hardness,
-                  ideograph_share(text(some_train)), repeats, tokenizer_kind(meta))
+                  ideograph_share(train_text), repeats, tokenizer_kind(meta))
 
 
 def lzma_bits_per_byte(train, val):
@@ -295,8 +295,8 @@ REPEATS_NOTED = 0.05  # bits a byte lzma's repeats move a reading by, from which
 UNSTUDIED_SIGMA = 0.12  # the relative uncertainty of a text read past the study's: the six above were up to 12.4% off
 # A text that reads easier than the study's easiest is predicted by a scaling no run measured, and seven such texts
 # ended from 0.12 to 1.12 times it: JSON schemas of long repeated lists measured 0.094 where it said 0.79, apt and
-# dpkg logs 0.54 times it, the HTML, C headers, man pages, dpkg's records and PyTorch's Python within 12% of it. Its uncertainty is
-# the prediction itself, and the run's halfway revision says more.
+# dpkg logs 0.54 times it, the HTML, C headers, man pages, dpkg's records and PyTorch's Python within 12% of it.
+# Its uncertainty is the prediction itself, and the run's halfway revision says more.
 EASIER_SIGMA = 1.0
 
 
@@ -1138,8 +1138,7 @@ def checked_plan(plan, path):
     """The plan a resumed run keeps, the fields it reads checked (a log may come from anyone): one line where one
     is wrong, before the run, not a traceback at its halfway or its end."""
     def wrong(key, value, what):
-        raise UserError(f"{path}: its plan records {key}={str(value)[:40]!r}, not {what}; a resumed run keeps the plan "
-                        f"it began with: restore the file, or train anew in a new --out_dir")
+        raise damaged(path, "its plan", key, value, what)
     for key in ("predicted_val_bpb", "predicted_sigma"):
         if positive(plan.get(key)) is None:
             wrong(key, plan.get(key), "a positive number")
@@ -1163,6 +1162,12 @@ def checked_plan(plan, path):
                 or number and (float in kinds or type(value) is int and int in kinds)):
             wrong(f"corpus.{key}", value, f"a {' or '.join(k.__name__ for k in kinds)}")
     return plan
+
+
+def damaged(path, whose, key, value, what):
+    """The error for a plan's field that a log records wrong (a log may come from anyone)."""
+    return UserError(f"{path}: {whose} records {key}={str(value)[:40]!r}, not {what}; a resumed run keeps the plan it "
+                     f"began with: restore the file, or train anew in a new --out_dir")
 
 
 def positive(value):
