@@ -35,6 +35,7 @@ from model import GPT
 from nanogpt import cpu
 from nanogpt.checkpoint import model_args, save_checkpoint
 from nanogpt.cpu import native
+from nanogpt.cpu.heap import keep_freed_memory
 from nanogpt.cpu.kernels import bfloat16_products_supported, onednn_available, pack, packed_product
 from nanogpt.dataset import dataset_dir
 from nanogpt.device import autocast, resolve_device, resolve_dtype, should_compile, sync, training_kernels
@@ -135,6 +136,8 @@ def plain_loop_ms(cfg, model, device, dtype, log=print):
     None means on CUDA), the same training products (device.training_kernels) and the same optimizer, so
     that train.py's figure against this one is the cost of its loop alone (batches, logging, checkpoints).
     """
+    if device.type == "cpu":
+        keep_freed_memory()  # as train.py's run does
     compile = should_compile(cfg.compile, device)
     step_model = torch.compile(model) if compile else model
     kernels = training_kernels(cfg, device, dtype, compile, log=log)

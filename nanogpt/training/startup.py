@@ -16,6 +16,7 @@ import torch
 from model import GPT, GPTConfig
 from nanogpt.checkpoint import (RUNTIME_FIELDS, config_from_model_args, load_checkpoint, load_sharded,
                                 model_from_checkpoint, set_rng_state)
+from nanogpt.cpu.heap import keep_freed_memory
 from nanogpt.cpu.threads import Threads
 from nanogpt.dataset import prepared_dir
 from nanogpt.device import autocast, peak_flops_for, resolve_device, resolve_dtype, should_compile, training_kernels
@@ -138,6 +139,8 @@ def start_run(cfg, overrides, rank, local_rank, world, log, lock, into=Start, el
         cfg = replace(cfg, teacher=",".join(teacher_files))
     teacher_ckpts = read_teachers(teacher_files)
     device = resolve_device(cfg.device, local_rank)
+    if device.type == "cpu":
+        keep_freed_memory()  # before a plan's probe, which times the iterations the run will take
     dtype = resolve_dtype(cfg.dtype, device)
     data_dir = prepared_dir(cfg.dataset)
     # a new run into out_dir would replace, at its first evaluation, a model of another text (a recipe's out_dir
