@@ -13,7 +13,7 @@ kernel zeroed the logits every iteration"): 2 x 64 over GPT-2's vocabulary 2.15x
 32 MiB). The price is memory: the heap holds what it freed, and reuses its pieces less tightly than fresh mappings,
 so the process's peak grew by 5% (the BPE), 7% (124M) and 60% (2 x 64: 1.7 to 2.7 GB).
 
-Only a CPU run sets it (its probe included), once per process: the setting is the process's, not a run's.
+Each CPU run sets it, before its plan's probe; the setting is the process's, and setting it again changes nothing.
 """
 import ctypes
 import os
