@@ -4,14 +4,15 @@ glibc's malloc serves a block larger than its mmap threshold (which it moves bet
 fresh mapping and unmaps it when it is freed. A training step makes and frees the same large tensors every
 iteration: the logits, batch x block x vocabulary floats, and their gradient, 309 MB each for 6 x 256 tokens over
 GPT-2's 50,257. Each iteration the kernel maps them again and faults in and zeroes every 4 KiB page: at that
-vocabulary a 2 x 64 model spent as much time in the kernel as in its own arithmetic. keep_freed_memory moves both
-thresholds to 1 GiB, so those blocks come from the heap and go back to it, and the next iteration finds them there.
+vocabulary a 2 x 64 model spent as much time in the kernel as in its own arithmetic. keep_freed_memory has blocks
+of up to 2 GiB come from the heap and never trims it, so the next iteration finds them there. (A trim threshold of
+1 GiB was not enough: a plan's model over that vocabulary frees more than that at once, and ran twice as slow.)
 
 Measured on 2 cores of an AMD EPYC (Zen 4), train.py's median iteration (runs/heap_ab.py; docs/results.md, "The
-kernel zeroed the logits every iteration"): 2 x 64 over GPT-2's vocabulary 2.15x faster, GPT-2's 124M shape 1.35x,
-4 x 192 over a BPE of 2,048 1.21x, and the character recipe within the machine's noise (its tensors stay under
-32 MiB). The price is memory: the heap holds what it freed, and reuses its pieces less tightly than fresh mappings,
-so the process's peak grew by 5% (the BPE), 7% (124M) and 60% (2 x 64: 1.7 to 2.7 GB).
+kernel zeroed the logits every iteration"): a plan's 2 x 64 over GPT-2's vocabulary 2.69x faster, GPT-2's 124M
+shape 1.22x, 4 x 192 over a BPE of 2,048 1.21x, and the character recipe within the machine's noise (its tensors
+stay under 32 MiB). The price is memory: the heap holds what it freed, and reuses its pieces less tightly than
+fresh mappings, so the process's peak grew by 5% (the BPE), 7% (124M) and 85% (the plan's 2 x 64: 2.1 to 3.9 GB).
 
 Each CPU run sets it, before its plan's probe; the setting is the process's, and setting it again changes nothing.
 """
@@ -20,13 +21,14 @@ import os
 
 M_TRIM_THRESHOLD = -1  # mallopt's parameters (glibc's malloc.h)
 M_MMAP_THRESHOLD = -3
-KEEP_BYTES = 1 << 30  # blocks up to this come from the heap, and this much freed memory stays in it
+MMAP_BYTES = (1 << 31) - 1  # blocks up to this (the largest int mallopt takes) come from the heap
+NEVER_TRIM = -1  # as the trim threshold: freed memory stays in the heap, however much (mallopt(3))
 
 
 def keep_freed_memory():
-    """Have glibc's malloc keep freed blocks of up to KEEP_BYTES for reuse. True where it did; False elsewhere (not
-    glibc: macOS, Windows, musl), or where MALLOC_MMAP_THRESHOLD_ or MALLOC_TRIM_THRESHOLD_ in the environment say
-    how the user wants it."""
+    """Have glibc's malloc serve blocks of up to MMAP_BYTES from its heap, and keep what is freed there. True where
+    it did; False elsewhere (not glibc: macOS, Windows, musl), or where MALLOC_MMAP_THRESHOLD_ or
+    MALLOC_TRIM_THRESHOLD_ in the environment say how the user wants it."""
     if any(name in os.environ for name in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")):
         return False
     try:
@@ -35,4 +37,4 @@ def keep_freed_memory():
         mallopt = ctypes.CDLL(None).mallopt
     except (ValueError, OSError, AttributeError):  # no such confstr name (not glibc), no mallopt
         return False
-    return bool(mallopt(M_MMAP_THRESHOLD, KEEP_BYTES)) and bool(mallopt(M_TRIM_THRESHOLD, KEEP_BYTES))
+    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_BYTES)) and bool(mallopt(M_TRIM_THRESHOLD, NEVER_TRIM))
