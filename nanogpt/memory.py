@@ -10,10 +10,17 @@ from dataclasses import replace
 import torch
 
 from model import GPT
+from nanogpt.cpu.heap import MMAP_BYTES
 from nanogpt.errors import UserError
 
 # AdamW training in float32: weights, gradients and two moments, 4 bytes each
 TRAIN_BYTES_PER_PARAM = 16
+# The logits of a training step in float32 copies of batch x block x vocabulary: the head's output, the soft-cap's
+# tanh, the log-softmax and their gradients. The most live at once measured 4.8 (train.py's peak memory against its
+# batch over GPT-2's vocabulary, two runs); with glibc's heap keeping what each step frees (nanogpt/cpu/heap.py),
+# which reuses its pieces less tightly, the process held 9 to 12.7: the most counts (docs/results.md).
+LOGITS_COPIES = 5
+KEPT_LOGITS_COPIES = 13
 
 
 def param_count(config):
@@ -28,11 +35,19 @@ def param_count(config):
     return shallow + (config.n_layer - base) * (count(base + 1) - shallow)
 
 
-def training_bytes(config, batch_size):
-    """Memory of a float32 AdamW training step: 16 bytes per parameter, plus the activations kept for the
-    backward pass, about (34 C + 5 nh T) x 4 bytes per token and layer (Korthikanti et al., 2022, in float32)."""
+def training_bytes(config, batch_size, kept=False):
+    """Memory of a float32 AdamW training step: 16 bytes per parameter, the activations kept for the backward
+    pass, about (34 C + 5 nh T) x 4 bytes per token and layer (Korthikanti et al., 2022, in float32), and the
+    logits (logits_bytes). kept: freed blocks stay in the process's heap (heap.keep_freed_memory)."""
     activations = config.n_layer * batch_size * config.block_size * (34 * config.n_embd + 5 * config.n_head * config.block_size) * 4
-    return TRAIN_BYTES_PER_PARAM * param_count(config) + activations
+    return TRAIN_BYTES_PER_PARAM * param_count(config) + activations + logits_bytes(config, batch_size, kept)
+
+
+def logits_bytes(config, batch_size, kept=False):
+    """The logits of a training step on micro-batches of batch_size and their gradients: LOGITS_COPIES float32
+    copies, or KEPT_LOGITS_COPIES where the heap keeps freed blocks of their size (heap.MMAP_BYTES at most)."""
+    one = batch_size * config.block_size * config.vocab_size * 4
+    return (KEPT_LOGITS_COPIES if kept and one <= MMAP_BYTES else LOGITS_COPIES) * one
 
 
 def kv_cache_bytes(config, batch, element_size=4):

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from conftest import ROOT
 
@@ -55,6 +56,37 @@ def test_the_users_own_malloc_settings_are_kept():
     assert after > 3 * PAGES  # glibc's own behaviour, at the user's threshold: each tensor mapped afresh
 
 
+# Six 64 MiB tensors at once from the kept heap, then freed: the process's resident memory above where it began,
+# kept, then after release_freed_memory: "kept released" in MiB
+RELEASE = """
+import re, sys, torch
+sys.path.insert(0, sys.argv[1])
+from nanogpt.cpu.heap import keep_freed_memory, release_freed_memory
+
+def resident():
+    return int(re.search(r"VmRSS:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) // 1024
+
+assert keep_freed_memory()
+start = resident()
+tensors = [torch.ones(1 << 24) for _ in range(6)]
+del tensors
+kept = resident() - start
+release_freed_memory()
+print(kept, resident() - start)
+"""
+
+
+@glibc
+def test_released_the_heap_hands_its_free_memory_back():
+    """A run that fits only without the kept heap (startup.check_memory) gives back what the heap held (a probe's
+    tensors) and keeps no more."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "THP_"))}
+    out = subprocess.run([sys.executable, "-c", RELEASE, ROOT], capture_output=True, text=True, env=env, check=True)
+    kept, released = map(int, out.stdout.split())
+    assert kept > 5 * 64  # freed, and held by the heap
+    assert released < 64  # handed back to the kernel
+
+
 def test_a_cpu_training_run_keeps_freed_memory_before_its_first_iteration(tmp_path, char_dataset, monkeypatch):
     from nanogpt.training import startup
     from train import TrainConfig, train
@@ -66,3 +98,34 @@ def test_a_cpu_training_run_keeps_freed_memory_before_its_first_iteration(tmp_pa
                       eval_interval=100, device="cpu", dataset=str(char_dataset), out_dir=str(tmp_path / "out")),
           log=lambda *a: None)
     assert calls == ["heap", "model"]
+
+
+@pytest.mark.parametrize("room", ["kept", "released", "neither"])
+def test_a_run_that_fits_only_without_the_kept_heap_gives_it_up(monkeypatch, room):
+    """Over GPT-2's vocabulary the plan's smallest model keeps 13 float32 copies of its logits where 5 are live at
+    once: with memory free between the two, the run hands freed blocks back (slower) instead of swapping; with less
+    than the live, it stops before allocating anything, and says the least it needs."""
+    import nanogpt.memory
+    from nanogpt.errors import UserError
+    from nanogpt.memory import fmt_bytes, training_bytes
+    from nanogpt.training import startup
+    from nanogpt.training.plan import LADDER
+    from nanogpt.training.train_config import TrainConfig
+    config = TrainConfig(**LADDER["S0"]).model_config(vocab_size=50257)
+    live, kept = training_bytes(config, 12), training_bytes(config, 12, kept=True)
+    assert kept > 2 * live  # the logits (1,536 tokens x 50,257 floats) are most of it
+    free = {"kept": kept, "released": (live + kept) // 2, "neither": live - 1}[room]
+    for module in (startup, nanogpt.memory):
+        monkeypatch.setattr(module, "available_bytes", lambda device: free)
+    heap = ["kept"]
+    monkeypatch.setattr(startup, "freed_memory_kept", lambda: heap[-1] == "kept")
+    monkeypatch.setattr(startup, "release_freed_memory", lambda: heap.append("released"))
+    lines = []
+    if room == "neither":
+        with pytest.raises(UserError, match=rf"needs about {fmt_bytes(live)}, more than the .* free on cpu; lower"):
+            startup.check_memory(config, 12, torch.device("cpu"), log=lines.append)
+    else:
+        startup.check_memory(config, 12, torch.device("cpu"), log=lines.append)
+    assert heap[-1] == ("kept" if room == "kept" else "released")
+    assert bool(lines) == (room == "released")
+    assert all("they go back to the kernel" in line for line in lines)

@@ -1262,3 +1262,21 @@ def test_a_planned_run_skips_the_interval_evaluation_just_before_its_last():
     assert Run.eval_due(run)  # nanoGPT's rule where no budget moves the end
     run.iter_num, run.start_iter = 90, 90
     assert not Run.eval_due(run)  # a resumed run does not evaluate again where it was saved
+
+
+def test_the_plan_weighs_only_the_shapes_whose_training_fits_in_memory(fixed_speed, monkeypatch):
+    """On a machine whose free memory fits the plan's third shape over GPT-2's vocabulary and not its fourth, the
+    larger ones are neither probed nor chosen; with room for none, one line names the smallest's need."""
+    from nanogpt.memory import fmt_bytes, training_bytes
+    text = corpus(train_tokens=10_000_000, vocab=50257, per_token=4.0)
+    need = {name: training_bytes(TrainConfig(**LADDER[name]).model_config(vocab_size=50257), 12) for name in LADDER}
+    assert list(need.values()) == sorted(need.values())
+    free = [need["S2"]]
+    monkeypatch.setattr(planning, "available_bytes", lambda device: free[0])
+    _, plan = make_plan(TrainConfig(minutes=600, device="cpu", plan_teachers=False), {}, text, torch.device("cpu"),
+                        torch.float32, elapsed=3.0, log=lambda *a: None)
+    assert fixed_speed[0] == ["S0", "S1", "S2"] and plan["shape"] in ("S0", "S1", "S2")
+    free[0] = need["S0"] - 1
+    with pytest.raises(UserError, match=rf"2 x 64 .* over a vocabulary of 50,257, needs about {fmt_bytes(need['S0'])}"):
+        make_plan(TrainConfig(minutes=600, device="cpu"), {}, text, torch.device("cpu"), torch.float32,
+                  elapsed=3.0, log=lambda *a: None)

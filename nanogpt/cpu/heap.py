@@ -15,6 +15,8 @@ stay under 32 MiB). The price is memory: the heap holds what it freed, and reuse
 fresh mappings, so the process's peak grew by 5% (the BPE), 7% (124M) and 85% (the plan's 2 x 64: 2.1 to 3.9 GB).
 
 Each CPU run sets it, before its plan's probe; the setting is the process's, and setting it again changes nothing.
+A run that fits in the memory free only with glibc's own behaviour gives it up again (release_freed_memory, from
+startup.check_memory): slower, where the other way it would swap or be killed.
 """
 import ctypes
 import os
@@ -23,6 +25,12 @@ M_TRIM_THRESHOLD = -1  # mallopt's parameters (glibc's malloc.h)
 M_MMAP_THRESHOLD = -3
 MMAP_BYTES = (1 << 31) - 1  # blocks up to this (the largest int mallopt takes) come from the heap
 NEVER_TRIM = -1  # as the trim threshold: freed memory stays in the heap, however much (mallopt(3))
+# glibc's own thresholds once its dynamic mmap threshold has grown to its ceiling (32 MiB on 64-bit), where a
+# training loop takes it: blocks larger than that mapped afresh, and the heap trimmed past twice as much free
+GLIBC_MMAP_BYTES = 32 << 20
+GLIBC_TRIM_BYTES = 64 << 20
+
+_kept = False  # keep_freed_memory has set the process's malloc, and release_freed_memory has not undone it
 
 
 def keep_freed_memory():
@@ -37,4 +45,26 @@ def keep_freed_memory():
         mallopt = ctypes.CDLL(None).mallopt
     except (ValueError, OSError, AttributeError):  # no such confstr name (not glibc), no mallopt
         return False
-    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_BYTES)) and bool(mallopt(M_TRIM_THRESHOLD, NEVER_TRIM))
+    global _kept
+    _kept = bool(mallopt(M_MMAP_THRESHOLD, MMAP_BYTES)) and bool(mallopt(M_TRIM_THRESHOLD, NEVER_TRIM))
+    return _kept
+
+
+def freed_memory_kept():
+    """True while this process's heap keeps what it frees (keep_freed_memory, not released since)."""
+    return _kept
+
+
+def release_freed_memory():
+    """Undo keep_freed_memory: the heap's free memory (what a probe left) handed back to the kernel now, and as
+    glibc does by default from then on; a large block the heap has no room for is mapped afresh again. True where
+    it had been kept."""
+    global _kept
+    if not _kept:
+        return False
+    libc = ctypes.CDLL(None)
+    libc.mallopt(M_MMAP_THRESHOLD, GLIBC_MMAP_BYTES)
+    libc.mallopt(M_TRIM_THRESHOLD, GLIBC_TRIM_BYTES)
+    libc.malloc_trim(0)
+    _kept = False
+    return True

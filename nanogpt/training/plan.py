@@ -15,6 +15,7 @@ import torch
 from nanogpt.dataset import DEFAULT_BPE_VOCAB, context_that_fits
 from nanogpt.device import sync
 from nanogpt.errors import UserError
+from nanogpt.memory import available_bytes, fmt_bytes, training_bytes
 from nanogpt.source import checkpoint_file, init_from_kind
 from nanogpt.tokenizer import token_byte_strings, tokenizer_from_meta, tokenizer_kind
 from nanogpt.training.distributed import from_rank0
@@ -719,6 +720,23 @@ def vocabulary_line(keys, vocab_size, tokenizer=None):
     return line
 
 
+def in_memory(candidates, corpus, device):
+    """The candidates whose training fits in the memory the device has free (the probe would build them), or a
+    UserError naming the smallest's need. Counted as glibc's heap gives memory back: where only that fits, the run
+    does so (startup.check_memory)."""
+    free = available_bytes(device)
+    needs = {name: training_bytes(c.model_config(vocab_size=corpus.vocab_size), c.batch_size)
+             for name, c in candidates.items()}
+    fitting = {name: c for name, c in candidates.items() if free is None or needs[name] <= free}
+    if not fitting:
+        name, c = next(iter(candidates.items()))
+        raise UserError(f"--minutes: the smallest planned model, {c.n_layer} x {c.n_embd} on micro-batches of "
+                        f"{c.batch_size} x {c.block_size} tokens over a vocabulary of {corpus.vocab_size:,}, needs about "
+                        f"{fmt_bytes(needs[name])} to train, more than the {fmt_bytes(free)} free on "
+                        f"{torch.device(device).type}; close other programs, or set a smaller --batch_size")
+    return fitting
+
+
 def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, teachers=(), start=None, teaching=None):
     """(keys, plan): the config keys of the best run of cfg.minutes for corpus on this machine, and the plan's
     record (what it chose, why, and its prediction). given: the keys the user set, which stay as they are;
@@ -744,6 +762,7 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
     if not candidates:
         raise UserError("--minutes: the keys you set fit none of the planned shapes; set n_layer, n_embd and n_head "
                         "together, or leave them to the plan")
+    candidates = in_memory(candidates, corpus, device)
     t0 = time.time()
     taught = bool(cfg.teacher)  # a run that learns from teachers: no dropout, and more epochs
     # a dropout of yours is in the candidates, so their timing holds it (and the factor stays 1)

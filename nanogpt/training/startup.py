@@ -16,13 +16,13 @@ import torch
 from model import GPT, GPTConfig
 from nanogpt.checkpoint import (RUNTIME_FIELDS, config_from_model_args, load_checkpoint, load_sharded,
                                 model_from_checkpoint, set_rng_state)
-from nanogpt.cpu.heap import keep_freed_memory
+from nanogpt.cpu.heap import freed_memory_kept, keep_freed_memory, release_freed_memory
 from nanogpt.cpu.threads import Threads
 from nanogpt.dataset import prepared_dir
 from nanogpt.device import autocast, peak_flops_for, resolve_device, resolve_dtype, should_compile, training_kernels
 from nanogpt.errors import UserError
 from nanogpt.interop.hf import load_pretrained
-from nanogpt.memory import check_fits, param_count, training_bytes
+from nanogpt.memory import available_bytes, check_fits, fmt_bytes, param_count, training_bytes
 from nanogpt.out_dir import interrupted_save, latest_form
 from nanogpt.source import checkpoint_file
 from nanogpt.tokenizer import base_meta, read_meta, token_byte_lengths, tokenizer_from_meta, tokenizer_kind
@@ -199,13 +199,13 @@ def build_model(cfg, ckpt, meta, data_dir, overrides, device, ckpt_path, log):
                                         dict(attn_impl=cfg.attn_impl, dropout=cfg.dropout))
         check_vocab(config.vocab_size, meta, data_dir, ckpt["sharded"])
         check_resumed_tokenizer(ckpt, meta, ckpt["sharded"], data_dir, log)
-        check_memory(config, cfg.batch_size, device)
+        check_memory(config, cfg.batch_size, device, log=log)
         return GPT(config), cfg
     if ckpt is not None:
         model = model_from_checkpoint(ckpt, ckpt_path, attn_impl=cfg.attn_impl, dropout=cfg.dropout)
         check_vocab(model.config.vocab_size, meta, data_dir, ckpt_path)
         check_resumed_tokenizer(ckpt, meta, ckpt_path, data_dir, log)
-        check_memory(model.config, cfg.batch_size, device, held=(ckpt, model.state_dict()))
+        check_memory(model.config, cfg.batch_size, device, held=(ckpt, model.state_dict()), log=log)
         return model, cfg
     source = checkpoint_file(cfg.init_from)
     if source is not None:
@@ -215,7 +215,7 @@ def build_model(cfg, ckpt, meta, data_dir, overrides, device, ckpt_path, log):
         check_vocab(model.config.vocab_size, meta, data_dir, cfg.init_from)
         return fit_context(model, cfg, cfg.init_from, device, log)
     config = cfg.model_config(vocab_size=(meta or {}).get("vocab_size", cfg.vocab_size))
-    check_memory(config, cfg.batch_size, device, sized=cfg.minutes is None)
+    check_memory(config, cfg.batch_size, device, sized=cfg.minutes is None, log=log)
     return GPT(config), replace(cfg, vocab_size=config.vocab_size)
 
 
@@ -242,7 +242,7 @@ def fit_context(model, cfg, source, device, log):
         raise UserError(f"block_size ({cfg.block_size}) is longer than {source}'s context "
                         f"({model.config.block_size}); use --block_size={model.config.block_size} or less")
     model.crop_block_size(cfg.block_size)
-    check_memory(model.config, cfg.batch_size, device, held=model.state_dict())
+    check_memory(model.config, cfg.batch_size, device, held=model.state_dict(), log=log)
     shape = {k: getattr(model.config, k) for k in SHAPE_FIELDS}
     changed = [f"{k}={v}" for k, v in shape.items() if getattr(cfg, k) != v]
     if changed:
@@ -250,14 +250,24 @@ def fit_context(model, cfg, source, device, log):
     return model, replace(cfg, **shape)
 
 
-def check_memory(config, batch_size, device, held=(), sized=False):
+def check_memory(config, batch_size, device, held=(), sized=False, log=print):
     """Training config on micro-batches of batch_size fits in what the device has free, before training
     allocates it; held: tensors already in memory (a loaded checkpoint) that training's own take over; sized: a new
     model whose size --minutes could choose instead (the defaults are GPT-2's, which a learner meets by leaving out
-    a config file)."""
+    a config file). Where it fits only with freed blocks handed back to the kernel, the heap stops keeping them."""
     held_bytes = tensor_bytes(held) if device.type == "cpu" else 0  # on a GPU they are not there yet
-    check_fits(training_bytes(config, batch_size) - held_bytes, device,
-               f"training {param_count(config) / 1e6:,.1f}M parameters on micro-batches of {batch_size} x "
+    kept = device.type == "cpu" and freed_memory_kept()
+    free = available_bytes(device)
+    needed = training_bytes(config, batch_size, kept) - held_bytes
+    if kept and free is not None and needed > free:
+        release_freed_memory()  # the error below, if any, then names the least the run needs
+        kept = False
+        if training_bytes(config, batch_size) - held_bytes <= free:
+            log(f"memory: training keeps the blocks each iteration frees only in about {fmt_bytes(needed)}, more "
+                f"than the {fmt_bytes(free)} free; they go back to the kernel instead (each iteration slower, most "
+                f"over a large vocabulary: docs/speed.md)")
+    check_fits(training_bytes(config, batch_size, kept) - held_bytes,
+               device, f"training {param_count(config) / 1e6:,.1f}M parameters on micro-batches of {batch_size} x "
                f"{config.block_size} tokens", "lower batch_size (raise gradient_accumulation_steps to keep the "
                "batch), block_size, n_layer or n_embd" + (", or leave them unset and let --minutes=N choose a model "
                                                          "this machine trains in N minutes" if sized else ""))
