@@ -12,7 +12,9 @@
 
 --books FOLDER adds the second round's books and classical Chinese; --novels CHECKOUT (git clone --depth 1
 https://github.com/tennessine/corpus) adds four vernacular Chinese novels and the first 300 KB of three of them
-(sanguo300k, shuihu300k, xiyou300k), prepared the same way.
+(sanguo300k, shuihu300k, xiyou300k), prepared the same way. --luxun CHECKOUT (git clone --depth 1
+https://github.com/tallusil/luxun-novel-analysis) adds three texts of 鲁迅, held out from every fit: luxun_small,
+luxun_fiction and luxun_essays.
 
 Writes shijing.txt (詩經, 115 KB), songshi.txt (the first 30 MB of the Song poems in 全唐诗/poet.song.*.json) and
 songshi1m.txt (its first 1 MB), songci.txt (宋詞, 5.7 MB), warpeace.txt (3.3 MB), pride.txt (690 KB), and the first
@@ -98,6 +100,20 @@ def novel(path, out):
         f.write(text)
 
 
+# 鲁迅 (Lu Xun, 1881-1936; modern vernacular, essays and stories), from github.com/tallusil/luxun-novel-analysis's
+# data/combined: held out from every fit, the sixth round's check of the plan on text unlike the novels
+LUXUN = {"luxun_small": ("朝花夕拾", "野草"), "luxun_fiction": ("呐喊", "彷徨", "故事新编"),
+         "luxun_essays": ("坟", "热风", "华盖集", "华盖集续编", "而已集", "三闲集", "二心集")}
+
+
+def collections(folder, names, out):
+    """The collections names/*.txt in folder joined as they are (hard-wrapped lines, the footnote marks kept)."""
+    with open(out, "w", encoding="utf-8") as f:
+        for name in names:
+            with open(os.path.join(folder, f"{name}.txt"), encoding="utf-8") as g:
+                f.write(g.read())
+
+
 def numbered(folder, pattern):
     """folder's files matching pattern (one group: their number), in numeric order."""
     names = [n for n in os.listdir(folder) if re.fullmatch(pattern, n)]
@@ -114,6 +130,8 @@ def main():
                    ", ".join(f"{f} ({n})" for n, (f, _) in BOOKS.items()))
     p.add_argument("--novels", help="a checkout of github.com/tennessine/corpus, for the vernacular novels: " +
                    ", ".join(f"{f} ({n})" for n, f in NOVELS.items()))
+    p.add_argument("--luxun", help="a checkout of github.com/tallusil/luxun-novel-analysis, for 鲁迅: " +
+                   "; ".join(f"{n} ({', '.join(c)})" for n, c in LUXUN.items()))
     p.add_argument("--out", required=True)
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -145,6 +163,9 @@ def main():
             novel(os.path.join(args.novels, file), out(f"{name}.txt"))
         for name in ("sanguo", "shuihu", "xiyou"):
             head(out(f"{name}.txt"), 300_000, out(f"{name}300k.txt"))
+    if args.luxun:  # the sixth round: modern vernacular Chinese, 200 KB to 2 MB
+        for name, names in LUXUN.items():
+            collections(os.path.join(args.luxun, "data", "combined"), names, out(f"{name}.txt"))
     for name in sorted(os.listdir(args.out)):
         print(f"{name}: {os.path.getsize(out(name)):,} bytes")
 
