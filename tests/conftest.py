@@ -12,6 +12,16 @@ if "PYTEST_XDIST_WORKER" in os.environ:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def on_glibc():
+    """True under glibc's malloc (Linux), whose mallopt nanogpt/cpu/heap.py sets."""
+    try:
+        return sys.platform == "linux" and bool(os.confstr("CS_GNU_LIBC_VERSION"))
+    except (ValueError, OSError):  # no such name (musl, macOS)
+        return False
+
+
 # a suite started in the background by a shell without job control inherits SIGINT ignored, and so would every
 # program it starts: the Ctrl-C tests need the signal delivered, as it is in a terminal
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:

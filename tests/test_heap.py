@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT
+from conftest import ROOT, on_glibc
 
 # Makes and frees a 64 MiB tensor six times, counting the minor page faults (pages the kernel mapped and zeroed
 # for it), then the same after keep_freed_memory: "faults before after applied"
@@ -30,7 +30,7 @@ print(before, faults(), applied)
 """
 PAGES = (64 << 20) // os.sysconf("SC_PAGE_SIZE")  # the tensor's pages
 
-glibc = pytest.mark.skipif(sys.platform != "linux" or not os.confstr("CS_GNU_LIBC_VERSION"), reason="glibc's malloc")
+glibc = pytest.mark.skipif(not on_glibc(), reason="glibc's malloc")
 
 
 def faults(env=None):
@@ -56,35 +56,42 @@ def test_the_users_own_malloc_settings_are_kept():
     assert after > 3 * PAGES  # glibc's own behaviour, at the user's threshold: each tensor mapped afresh
 
 
-# Six 64 MiB tensors at once from the kept heap, then freed: the process's resident memory above where it began,
-# kept, then after release_freed_memory: "kept released" in MiB
+# Six 64 MiB tensors at once from the kept heap, then freed: the process's resident memory above where it began
+# (MiB) with them kept, after trim_freed_memory, kept again by the same tensors made and freed (the heap still keeps),
+# and after release_freed_memory: "kept trimmed again released"
 RELEASE = """
 import re, sys, torch
 sys.path.insert(0, sys.argv[1])
-from nanogpt.cpu.heap import keep_freed_memory, release_freed_memory
+from nanogpt.cpu.heap import keep_freed_memory, release_freed_memory, trim_freed_memory
 
 def resident():
     return int(re.search(r"VmRSS:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) // 1024
 
+def kept():
+    tensors = [torch.ones(1 << 24) for _ in range(6)]
+    del tensors
+    return resident() - start
+
 assert keep_freed_memory()
 start = resident()
-tensors = [torch.ones(1 << 24) for _ in range(6)]
-del tensors
-kept = resident() - start
+first = kept()
+trim_freed_memory()
+trimmed = resident() - start
+again = kept()
 release_freed_memory()
-print(kept, resident() - start)
+print(first, trimmed, again, resident() - start)
 """
 
 
 @glibc
-def test_released_the_heap_hands_its_free_memory_back():
-    """A run that fits only without the kept heap (startup.check_memory) gives back what the heap held (a probe's
-    tensors) and keeps no more."""
+def test_the_heaps_free_memory_goes_back_trimmed_and_released():
+    """Before the memory free is read (startup.check_memory, plan.in_memory) the heap hands back what a probe freed,
+    and goes on keeping; a run that fits only without the kept heap gives it up, and what it held."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "THP_"))}
     out = subprocess.run([sys.executable, "-c", RELEASE, ROOT], capture_output=True, text=True, env=env, check=True)
-    kept, released = map(int, out.stdout.split())
-    assert kept > 5 * 64  # freed, and held by the heap
-    assert released < 64  # handed back to the kernel
+    kept, trimmed, again, released = map(int, out.stdout.split())
+    assert kept > 5 * 64 and again > 5 * 64  # freed, and held by the heap
+    assert trimmed < 64 and released < 64  # handed back to the kernel
 
 
 def test_a_cpu_training_run_keeps_freed_memory_before_its_first_iteration(tmp_path, char_dataset, monkeypatch):
@@ -118,7 +125,7 @@ def test_a_run_that_fits_only_without_the_kept_heap_gives_it_up(monkeypatch, roo
     for module in (startup, nanogpt.memory):
         monkeypatch.setattr(module, "available_bytes", lambda device: free)
     heap = ["kept"]
-    monkeypatch.setattr(startup, "freed_memory_kept", lambda: heap[-1] == "kept")
+    monkeypatch.setattr(startup, "trim_freed_memory", lambda: heap[-1] == "kept")
     monkeypatch.setattr(startup, "release_freed_memory", lambda: heap.append("released"))
     lines = []
     if room == "neither":

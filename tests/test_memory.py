@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, on_glibc
 from model import GPT
 from nanogpt.memory import param_count
 
@@ -71,7 +71,7 @@ def test_training_bytes_holds_what_a_step_takes_over_a_large_vocabulary(heap):
     add to a process is about what training_bytes says, logits included (left out, it said an eighth of it), and
     with freed blocks kept (heap.keep_freed_memory) twice as much again, which the kept count holds (counted as
     live, it said half)."""
-    if heap == "kept" and not os.confstr("CS_GNU_LIBC_VERSION"):
+    if heap == "kept" and not on_glibc():
         pytest.skip("glibc's malloc")
     grew, estimate = growth_and_estimate(36, heap)
     assert 0.6 < grew / estimate < 1.1

@@ -50,8 +50,11 @@ def keep_freed_memory():
     return _kept
 
 
-def freed_memory_kept():
-    """True while this process's heap keeps what it frees (keep_freed_memory, not released since)."""
+def trim_freed_memory():
+    """Hand the heap's free memory back to the kernel now, keeping the thresholds: before the memory free is read
+    (a probe's or an earlier part's freed tensors would otherwise read as taken). True where there was a kept heap."""
+    if _kept:
+        ctypes.CDLL(None).malloc_trim(0)
     return _kept
 
 

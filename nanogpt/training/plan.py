@@ -14,6 +14,7 @@ import torch
 
 from nanogpt.dataset import DEFAULT_BPE_VOCAB, context_that_fits
 from nanogpt.device import sync
+from nanogpt.cpu.heap import release_freed_memory, trim_freed_memory
 from nanogpt.errors import UserError
 from nanogpt.memory import available_bytes, fmt_bytes, training_bytes
 from nanogpt.source import checkpoint_file, init_from_kind
@@ -722,19 +723,31 @@ def vocabulary_line(keys, vocab_size, tokenizer=None):
 
 def in_memory(candidates, corpus, device):
     """The candidates whose training fits in the memory the device has free (the probe would build them), or a
-    UserError naming the smallest's need. Counted as glibc's heap gives memory back: where only that fits, the run
-    does so (startup.check_memory)."""
+    UserError naming the smallest's need. On a CPU whose heap keeps freed blocks (heap.keep_freed_memory) they are
+    counted so; where none fits so but some fit as glibc gives memory back, the heap stops keeping it first, so that
+    the probe times what the run will do (startup.check_memory decides the same for the run)."""
+    kept = device.type == "cpu" and trim_freed_memory()
     free = available_bytes(device)
-    needs = {name: training_bytes(c.model_config(vocab_size=corpus.vocab_size), c.batch_size)
-             for name, c in candidates.items()}
-    fitting = {name: c for name, c in candidates.items() if free is None or needs[name] <= free}
-    if not fitting:
-        name, c = next(iter(candidates.items()))
+
+    def fitting(kept):
+        needs = {name: training_bytes(c.model_config(vocab_size=corpus.vocab_size), c.batch_size, kept)
+                 for name, c in candidates.items()}
+        return {name: c for name, c in candidates.items() if free is None or needs[name] <= free}, needs
+
+    fits, needs = fitting(kept)
+    if not fits and kept:
+        release_freed_memory()
+        free = available_bytes(device)
+        fits, needs = fitting(False)
+    if not fits:
+        name = min(needs, key=needs.get)
+        c = candidates[name]
         raise UserError(f"--minutes: the smallest planned model, {c.n_layer} x {c.n_embd} on micro-batches of "
                         f"{c.batch_size} x {c.block_size} tokens over a vocabulary of {corpus.vocab_size:,}, needs about "
-                        f"{fmt_bytes(needs[name])} to train, more than the {fmt_bytes(free)} free on "
-                        f"{torch.device(device).type}; close other programs, or set a smaller --batch_size")
-    return fitting
+                        f"{fmt_bytes(needs[name])} to train, more than the {fmt_bytes(free)} free on {device.type}; "
+                        f"close other programs, or set a smaller --batch_size or --block_size (over a large vocabulary "
+                        f"the logits take most of it: prepare the text with a smaller one)")
+    return fits
 
 
 def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, teachers=(), start=None, teaching=None):

@@ -16,7 +16,7 @@ import torch
 from model import GPT, GPTConfig
 from nanogpt.checkpoint import (RUNTIME_FIELDS, config_from_model_args, load_checkpoint, load_sharded,
                                 model_from_checkpoint, set_rng_state)
-from nanogpt.cpu.heap import freed_memory_kept, keep_freed_memory, release_freed_memory
+from nanogpt.cpu.heap import keep_freed_memory, release_freed_memory, trim_freed_memory
 from nanogpt.cpu.threads import Threads
 from nanogpt.dataset import prepared_dir
 from nanogpt.device import autocast, peak_flops_for, resolve_device, resolve_dtype, should_compile, training_kernels
@@ -256,12 +256,13 @@ def check_memory(config, batch_size, device, held=(), sized=False, log=print):
     model whose size --minutes could choose instead (the defaults are GPT-2's, which a learner meets by leaving out
     a config file). Where it fits only with freed blocks handed back to the kernel, the heap stops keeping them."""
     held_bytes = tensor_bytes(held) if device.type == "cpu" else 0  # on a GPU they are not there yet
-    kept = device.type == "cpu" and freed_memory_kept()
+    kept = device.type == "cpu" and trim_freed_memory()  # what a probe freed is free again
     free = available_bytes(device)
     needed = training_bytes(config, batch_size, kept) - held_bytes
     if kept and free is not None and needed > free:
         release_freed_memory()  # the error below, if any, then names the least the run needs
         kept = False
+        free = available_bytes(device)
         if training_bytes(config, batch_size) - held_bytes <= free:
             log(f"memory: training keeps the blocks each iteration frees only in about {fmt_bytes(needed)}, more "
                 f"than the {fmt_bytes(free)} free; they go back to the kernel instead (each iteration slower, most "
