@@ -10,7 +10,7 @@ from dataclasses import replace
 import torch
 
 from model import GPT
-from nanogpt.cpu.heap import MMAP_BYTES
+from nanogpt.cpu.heap import MMAP_BYTES, release_freed_memory, trim_freed_memory
 from nanogpt.errors import UserError
 
 # AdamW training in float32: weights, gradients and two moments, 4 bytes each
@@ -71,6 +71,19 @@ def available_bytes(device):
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
         return None  # unknown (e.g. Windows): nothing is refused
+
+
+def settle_heap(device, kept_need):
+    """(free, kept, given_up): the bytes free on device for training, and whether glibc's heap keeps what each step
+    frees (nanogpt/cpu/heap.py), settled before training allocates anything. The heap first hands back what it holds
+    free (a probe's tensors would read as taken); where kept_need, what training needs with the heap kept, does not
+    fit, it stops keeping (given_up): slower, where the other way the run would swap."""
+    kept = torch.device(device).type == "cpu" and trim_freed_memory()
+    free = available_bytes(device)
+    if not kept or free is None or kept_need <= free:
+        return free, kept, False
+    release_freed_memory()
+    return available_bytes(device), False, True
 
 
 def check_fits(needed, device, what, hint):

@@ -85,7 +85,7 @@ print(first, trimmed, again, resident() - start)
 
 @glibc
 def test_the_heaps_free_memory_goes_back_trimmed_and_released():
-    """Before the memory free is read (startup.check_memory, plan.in_memory) the heap hands back what a probe freed,
+    """Before the memory free is read (memory.settle_heap) the heap hands back what a probe freed,
     and goes on keeping; a run that fits only without the kept heap gives it up, and what it held."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "THP_"))}
     out = subprocess.run([sys.executable, "-c", RELEASE, ROOT], capture_output=True, text=True, env=env, check=True)
@@ -122,11 +122,10 @@ def test_a_run_that_fits_only_without_the_kept_heap_gives_it_up(monkeypatch, roo
     live, kept = training_bytes(config, 12), training_bytes(config, 12, kept=True)
     assert kept > 2 * live  # the logits (1,536 tokens x 50,257 floats) are most of it
     free = {"kept": kept, "released": (live + kept) // 2, "neither": live - 1}[room]
-    for module in (startup, nanogpt.memory):
-        monkeypatch.setattr(module, "available_bytes", lambda device: free)
+    monkeypatch.setattr(nanogpt.memory, "available_bytes", lambda device: free)
     heap = ["kept"]
-    monkeypatch.setattr(startup, "trim_freed_memory", lambda: heap[-1] == "kept")
-    monkeypatch.setattr(startup, "release_freed_memory", lambda: heap.append("released"))
+    monkeypatch.setattr(nanogpt.memory, "trim_freed_memory", lambda: heap[-1] == "kept")
+    monkeypatch.setattr(nanogpt.memory, "release_freed_memory", lambda: heap.append("released"))
     lines = []
     if room == "neither":
         with pytest.raises(UserError, match=rf"needs about {fmt_bytes(live)}, more than the .* free on cpu; lower"):

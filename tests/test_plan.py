@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from conftest import run_script, runs_module
+import nanogpt.memory
 from nanogpt.errors import UserError
 from nanogpt.training import plan as planning
 from nanogpt.training.plan import (LAW, LADDER, Corpus, Deadline, Speed, blocks_params, flops_per_iter,
@@ -22,7 +23,7 @@ from train import train
 def memory_unknown(monkeypatch):
     """Plans as on a machine whose free memory is unknown (nothing refused): a test's shapes do not hang on the RAM
     of the machine it runs on (the one test of memory sets its own)."""
-    monkeypatch.setattr(planning, "available_bytes", lambda device: None)
+    monkeypatch.setattr(nanogpt.memory, "available_bytes", lambda device: None)
 
 
 def corpus(train_tokens=1_000_000, val_tokens=100_000, vocab=65, per_token=1.0, hardness=2.5):
@@ -1282,9 +1283,9 @@ def test_the_plan_weighs_only_the_shapes_whose_training_fits_in_memory(fixed_spe
     kept_need = {name: training_bytes(c, 12, kept=True) for name, c in config.items()}
     assert list(need.values()) == sorted(need.values()) and kept_need["S0"] > need["S2"]
     free, heap = [need["S2"]], ["glibc"]
-    monkeypatch.setattr(planning, "available_bytes", lambda device: free[0])
-    monkeypatch.setattr(planning, "trim_freed_memory", lambda: heap[-1] == "kept")
-    monkeypatch.setattr(planning, "release_freed_memory", lambda: heap.append("released"))
+    monkeypatch.setattr(nanogpt.memory, "available_bytes", lambda device: free[0])
+    monkeypatch.setattr(nanogpt.memory, "trim_freed_memory", lambda: heap[-1] == "kept")
+    monkeypatch.setattr(nanogpt.memory, "release_freed_memory", lambda: heap.append("released"))
 
     def plan():
         return make_plan(TrainConfig(minutes=600, device="cpu", plan_teachers=False), {}, text, torch.device("cpu"),

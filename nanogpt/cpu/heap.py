@@ -16,7 +16,7 @@ fresh mappings, so the process's peak grew by 5% (the BPE), 7% (124M) and 85% (t
 
 Each CPU run sets it, before its plan's probe; the setting is the process's, and setting it again changes nothing.
 A run that fits in the memory free only with glibc's own behaviour gives it up again (release_freed_memory, from
-startup.check_memory): slower, where the other way it would swap or be killed.
+memory.settle_heap): slower, where the other way it would swap or be killed.
 """
 import ctypes
 import os

@@ -14,9 +14,8 @@ import torch
 
 from nanogpt.dataset import DEFAULT_BPE_VOCAB, context_that_fits
 from nanogpt.device import sync
-from nanogpt.cpu.heap import release_freed_memory, trim_freed_memory
 from nanogpt.errors import UserError
-from nanogpt.memory import available_bytes, fmt_bytes, training_bytes
+from nanogpt.memory import fmt_bytes, settle_heap, training_bytes
 from nanogpt.source import checkpoint_file, init_from_kind
 from nanogpt.tokenizer import token_byte_strings, tokenizer_from_meta, tokenizer_kind
 from nanogpt.training.distributed import from_rank0
@@ -723,28 +722,21 @@ def vocabulary_line(keys, vocab_size, tokenizer=None):
 
 def in_memory(candidates, corpus, device):
     """The candidates whose training fits in the memory the device has free (the probe would build them), or a
-    UserError naming the smallest's need. On a CPU whose heap keeps freed blocks (heap.keep_freed_memory) they are
-    counted so; where none fits so but some fit as glibc gives memory back, the heap stops keeping it first, so that
-    the probe times what the run will do (startup.check_memory decides the same for the run)."""
-    kept = device.type == "cpu" and trim_freed_memory()
-    free = available_bytes(device)
-
-    def fitting(kept):
-        needs = {name: training_bytes(c.model_config(vocab_size=corpus.vocab_size), c.batch_size, kept)
-                 for name, c in candidates.items()}
-        return {name: c for name, c in candidates.items() if free is None or needs[name] <= free}, needs
-
-    fits, needs = fitting(kept)
-    if not fits and kept:
-        release_freed_memory()
-        free = available_bytes(device)
-        fits, needs = fitting(False)
+    UserError naming the smallest's need. Counted as the heap holds them where it keeps freed blocks; where none fits
+    so, the heap stops keeping them first (memory.settle_heap), so that the probe times what the run will do."""
+    def needs(kept):
+        return {name: training_bytes(c.model_config(vocab_size=corpus.vocab_size), c.batch_size, kept)
+                for name, c in candidates.items()}
+    kept_needs = needs(True)
+    free, kept, _ = settle_heap(device, min(kept_needs.values()))
+    need = kept_needs if kept else needs(False)
+    fits = {name: c for name, c in candidates.items() if free is None or need[name] <= free}
     if not fits:
-        name = min(needs, key=needs.get)
+        name = min(need, key=need.get)
         c = candidates[name]
         raise UserError(f"--minutes: the smallest planned model, {c.n_layer} x {c.n_embd} on micro-batches of "
                         f"{c.batch_size} x {c.block_size} tokens over a vocabulary of {corpus.vocab_size:,}, needs about "
-                        f"{fmt_bytes(needs[name])} to train, more than the {fmt_bytes(free)} free on {device.type}; "
+                        f"{fmt_bytes(need[name])} to train, more than the {fmt_bytes(free)} free on {device.type}; "
                         f"close other programs, or set a smaller --batch_size or --block_size (over a large vocabulary "
                         f"the logits take most of it: prepare the text with a smaller one)")
     return fits

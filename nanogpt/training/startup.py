@@ -16,13 +16,13 @@ import torch
 from model import GPT, GPTConfig
 from nanogpt.checkpoint import (RUNTIME_FIELDS, config_from_model_args, load_checkpoint, load_sharded,
                                 model_from_checkpoint, set_rng_state)
-from nanogpt.cpu.heap import keep_freed_memory, release_freed_memory, trim_freed_memory
+from nanogpt.cpu.heap import keep_freed_memory
 from nanogpt.cpu.threads import Threads
 from nanogpt.dataset import prepared_dir
 from nanogpt.device import autocast, peak_flops_for, resolve_device, resolve_dtype, should_compile, training_kernels
 from nanogpt.errors import UserError
 from nanogpt.interop.hf import load_pretrained
-from nanogpt.memory import available_bytes, check_fits, fmt_bytes, param_count, training_bytes
+from nanogpt.memory import check_fits, fmt_bytes, param_count, settle_heap, training_bytes
 from nanogpt.out_dir import interrupted_save, latest_form
 from nanogpt.source import checkpoint_file
 from nanogpt.tokenizer import base_meta, read_meta, token_byte_lengths, tokenizer_from_meta, tokenizer_kind
@@ -256,17 +256,12 @@ def check_memory(config, batch_size, device, held=(), sized=False, log=print):
     model whose size --minutes could choose instead (the defaults are GPT-2's, which a learner meets by leaving out
     a config file). Where it fits only with freed blocks handed back to the kernel, the heap stops keeping them."""
     held_bytes = tensor_bytes(held) if device.type == "cpu" else 0  # on a GPU they are not there yet
-    kept = device.type == "cpu" and trim_freed_memory()  # what a probe freed is free again
-    free = available_bytes(device)
-    needed = training_bytes(config, batch_size, kept) - held_bytes
-    if kept and free is not None and needed > free:
-        release_freed_memory()  # the error below, if any, then names the least the run needs
-        kept = False
-        free = available_bytes(device)
-        if training_bytes(config, batch_size) - held_bytes <= free:
-            log(f"memory: training keeps the blocks each iteration frees only in about {fmt_bytes(needed)}, more "
-                f"than the {fmt_bytes(free)} free; they go back to the kernel instead (each iteration slower, most "
-                f"over a large vocabulary: docs/speed.md)")
+    kept_need = training_bytes(config, batch_size, kept=True) - held_bytes
+    free, kept, given_up = settle_heap(device, kept_need)
+    if given_up and training_bytes(config, batch_size) - held_bytes <= free:  # else the error below names the least
+        log(f"memory: training keeps the blocks each iteration frees only in about {fmt_bytes(kept_need)}, more than "
+            f"the {fmt_bytes(free)} free; they go back to the kernel instead (each iteration slower, most over a large "
+            f"vocabulary: docs/speed.md)")
     check_fits(training_bytes(config, batch_size, kept) - held_bytes,
                device, f"training {param_count(config) / 1e6:,.1f}M parameters on micro-batches of {batch_size} x "
                f"{config.block_size} tokens", "lower batch_size (raise gradient_accumulation_steps to keep the "
