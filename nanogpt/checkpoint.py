@@ -183,14 +183,7 @@ def model_from_checkpoint(ckpt, path="checkpoint", **runtime):
     model_args are checked against the weights' names and shapes before any
     memory is allocated for the model: a file's claimed sizes are not trusted.
     """
-    config = config_from_model_args(ckpt["model_args"], path, runtime)
-    if not isinstance(ckpt["model"], dict) or not all(isinstance(v, torch.Tensor) for v in ckpt["model"].values()):
-        raise UserError(f"{path}: 'model' is not a dict of tensors; the file is not a training checkpoint")
-    state = clean_state_dict(ckpt["model"])
-    check_storage(state, path)
-    if config.tie_weights and "lm_head.weight" not in state and "transformer.wte.weight" in state:
-        state["lm_head.weight"] = state["transformer.wte.weight"]
-    check_shapes(config, state, path)
+    config, state = checked_config(ckpt, path, **runtime)
     with torch.device("meta"):  # shapes only: the weights are the file's, not an initialisation's
         model = GPT(config)
     dtypes = {name: t.dtype for name, t in model.state_dict().items()}
@@ -212,6 +205,21 @@ def model_from_checkpoint(ckpt, path="checkpoint", **runtime):
         raise UserError(f"{path} holds non-finite weights ({bad[0]}): the run that wrote it diverged; "
                         f"use an earlier checkpoint (best.pt?) or train again")
     return model
+
+
+def checked_config(ckpt, path="checkpoint", **runtime):
+    """(config, state): the GPTConfig a checkpoint describes, checked against its weights' names, shapes and bytes,
+    and those weights by name; nothing allocated. Whatever builds or sizes a model from a file's model_args asks
+    here first: a file's claimed sizes are not trusted."""
+    config = config_from_model_args(ckpt["model_args"], path, runtime)
+    if not isinstance(ckpt["model"], dict) or not all(isinstance(v, torch.Tensor) for v in ckpt["model"].values()):
+        raise UserError(f"{path}: 'model' is not a dict of tensors; the file is not a training checkpoint")
+    state = clean_state_dict(ckpt["model"])
+    check_storage(state, path)
+    if config.tie_weights and "lm_head.weight" not in state and "transformer.wte.weight" in state:
+        state["lm_head.weight"] = state["transformer.wte.weight"]
+    check_shapes(config, state, path)
+    return config, state
 
 
 def shared_bytes(state, config):

@@ -21,6 +21,10 @@ TRAIN_BYTES_PER_PARAM = 16
 # which reuses its pieces less tightly, the process held 9 to 12.7: the most counts (docs/results.md).
 LOGITS_COPIES = 5
 KEPT_LOGITS_COPIES = 13
+# What a --teacher run's step holds besides: each teacher's logits, and at most this many copies more (their mean
+# probability, the cross-entropy to it). Beyond the counts above, one teacher added 2.1 copies and two 3.0 to 3.4 at
+# three batches; with the kept heap, 1.8 and 2.8 (tests/test_memory.py's steps, docs/results.md)
+TAUGHT_LOGITS_COPIES = 2
 
 
 def param_count(config):
@@ -35,12 +39,24 @@ def param_count(config):
     return shallow + (config.n_layer - base) * (count(base + 1) - shallow)
 
 
-def training_bytes(config, batch_size, kept=False):
+def training_bytes(config, batch_size, kept=False, teachers=()):
     """Memory of a float32 AdamW training step: 16 bytes per parameter, the activations kept for the backward
     pass, about (34 C + 5 nh T) x 4 bytes per token and layer (Korthikanti et al., 2022, in float32), and the
-    logits (logits_bytes). kept: freed blocks stay in the process's heap (heap.keep_freed_memory)."""
+    logits (logits_bytes). kept: freed blocks stay in the process's heap (heap.keep_freed_memory). teachers: the
+    GPTConfigs of the models a --teacher run learns from (teaching_bytes)."""
     activations = config.n_layer * batch_size * config.block_size * (34 * config.n_embd + 5 * config.n_head * config.block_size) * 4
-    return TRAIN_BYTES_PER_PARAM * param_count(config) + activations + logits_bytes(config, batch_size, kept)
+    return (TRAIN_BYTES_PER_PARAM * param_count(config) + activations + logits_bytes(config, batch_size, kept)
+            + teaching_bytes(teachers, config, batch_size))
+
+
+def teaching_bytes(teachers, config, batch_size):
+    """What teachers (GPTConfigs) add to a training step of config: the logits of distill.Teachers.loss, each
+    teacher's and TAUGHT_LOGITS_COPIES more, in float32 copies as logits_bytes counts them. Their weights are not
+    counted: read from their files before any check (distill.read_teachers), they are in memory already, and the
+    models use them where they lie."""
+    if not teachers:
+        return 0
+    return (len(teachers) + TAUGHT_LOGITS_COPIES) * (logits_bytes(config, batch_size) // LOGITS_COPIES)
 
 
 def logits_bytes(config, batch_size, kept=False):

@@ -113,6 +113,21 @@ def test_a_teacher_that_cannot_teach_this_run_is_one_line(tmp_path, char_dataset
     assert (teacher / "out" / "ckpt.pt").read_bytes() == teacher_bytes
 
 
+def test_a_teachers_claimed_shape_is_checked_against_its_weights_before_a_plan_builds_it(tmp_path, char_dataset):
+    """A teacher file whose model_args claim a width of 2**20 over the weights of a width of 16: a plan
+    (--minutes) would time that model's forward passes, building it from the claim (16 TB of weights); the file is
+    refused when read, in one line, before anything is built."""
+    train(tiny_cfg(tmp_path / "t", char_dataset, max_iters=2, lr_decay_iters=2, eval_interval=1), log=quiet)
+    ckpt = torch.load(tmp_path / "t" / "out" / "ckpt.pt", weights_only=True)
+    ckpt["model_args"]["n_embd"] = 2 ** 20
+    torch.save(ckpt, tmp_path / "claims.pt")
+    r = run_script(["train.py", f"--dataset={char_dataset}", "--device=cpu", "--compile=False", "--minutes=0.2",
+                    f"--teacher={tmp_path / 'claims.pt'}", f"--out_dir={tmp_path / 'student'}"])
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "claims.pt: weights do not match its model_args" in r.stderr, r.stderr
+    assert "plan:" not in r.stdout  # refused before the plan's probe
+
+
 def test_a_resume_reads_the_same_teachers_from_anywhere_and_says_where_their_names_came_from(tmp_path, char_dataset):
     """A teacher given by a relative path is saved absolute, so a resume started in another directory reads the same
     file; a teacher gone by then is one line that names the checkpoint that named it and how to go on."""

@@ -4,7 +4,7 @@ import math
 import os
 import re
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import pytest
 import torch
@@ -1301,3 +1301,11 @@ def test_the_plan_weighs_only_the_shapes_whose_training_fits_in_memory(fixed_spe
     free[0] = need["S0"] - 1
     with pytest.raises(UserError, match=rf"2 x 64 .* over a vocabulary of 50,257, needs about {fmt_bytes(need['S0'])}"):
         plan()
+    # a run that learns from a teacher holds its logits too (about 0.9 GB here): with room for the second shape so,
+    # the third (which fits without them) is not probed
+    teacher = asdict(config["S0"])
+    free[0] = training_bytes(config["S1"], 12, teachers=[config["S0"]])
+    assert need["S3"] < free[0]
+    make_plan(TrainConfig(minutes=600, device="cpu", plan_teachers=False, teacher="t"), {}, text, torch.device("cpu"),
+              torch.float32, elapsed=3.0, log=lambda *a: None, teachers=[teacher], teaching=0.0)
+    assert fixed_speed[-1] == ["S0", "S1"]

@@ -16,7 +16,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from nanogpt.checkpoint import load_checkpoint, model_from_checkpoint
+from nanogpt.checkpoint import checked_config, load_checkpoint, model_from_checkpoint
 from nanogpt.device import autocast
 from nanogpt.errors import UserError
 from nanogpt.source import checkpoint_file
@@ -45,8 +45,13 @@ def teacher_paths(spec, out_dir, named_by=None):
 
 
 def read_teachers(paths):
-    """(path, checkpoint) of each teacher file, read once: the plan takes their shapes, Teachers.load their weights."""
-    return [(path, load_checkpoint(path)) for path in paths]
+    """(path, checkpoint, config) of each teacher file, read once and its model_args checked against its weights
+    (checked_config): the memory checks and the plan take their shapes, Teachers.load their weights."""
+    teachers = []
+    for path in paths:
+        ckpt = load_checkpoint(path)
+        teachers.append((path, ckpt, checked_config(ckpt, path, dropout=0.0)[0]))
+    return teachers
 
 
 def mean_probs(logits):
@@ -107,11 +112,11 @@ class Teachers:
     @classmethod
     def load(cls, ckpts, weight, tokenizer_meta, data_dir, vocab_size, block_size, device, dtype, kernels, log,
              same_tokenizer):
-        """The teachers of ckpts, (path, checkpoint) pairs (read_teachers'); each must read the dataset's tokens (its
+        """The teachers of ckpts, read_teachers' (path, checkpoint, config); each must read the dataset's tokens (its
         tokenizer, and the vocabulary of the run's model: vocab_size) and see at least block_size tokens of context.
         same_tokenizer: startup's check_same_tokenizer."""
         models = []
-        for path, ckpt in ckpts:
+        for path, ckpt, _ in ckpts:
             same_tokenizer(ckpt.get("tokenizer"), tokenizer_meta, path, data_dir, log, advice=SAME_DATASET)
             model = model_from_checkpoint(ckpt, path, dropout=0.0)
             if model.config.vocab_size != vocab_size:

@@ -12,6 +12,7 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 import numpy as np
 import torch
 
+from nanogpt.checkpoint import config_from_model_args
 from nanogpt.dataset import DEFAULT_BPE_VOCAB, context_that_fits
 from nanogpt.device import sync
 from nanogpt.errors import UserError
@@ -419,7 +420,6 @@ def teaching_seconds(cfg, teachers, vocab_size, device, dtype, rounds=PROBE_ITER
     FLOPs instead, as a third of their training step's, 2 x 128 teachers took 102 ms of a 4 x 192 iteration on 300
     KB of Chinese text and the run measured 300-500 ms: it ran 144 of the 181 iterations it planned."""
     from model import GPT
-    from nanogpt.checkpoint import config_from_model_args
     from nanogpt.device import autocast
     from nanogpt.training.distill import Teachers, teacher_context
     model, kernels, optimizer = trainable(cfg, vocab_size, device, dtype)
@@ -720,12 +720,15 @@ def vocabulary_line(keys, vocab_size, tokenizer=None):
     return line
 
 
-def in_memory(candidates, corpus, device):
+def in_memory(candidates, corpus, device, teachers=()):
     """The candidates whose training fits in the memory the device has free (the probe would build them), or a
-    UserError naming the smallest's need. Counted as the heap holds them where it keeps freed blocks; where none fits
-    so, the heap stops keeping them first (memory.settle_heap), so that the probe times what the run will do."""
+    UserError naming the smallest's need; teachers: the model_args of the models a --teacher run learns from, whose
+    predictions each step holds too. Counted as the heap holds them where it keeps freed blocks; where none fits so,
+    the heap stops keeping them first (memory.settle_heap), so that the probe times what the run will do."""
+    taught = [config_from_model_args(args, "--teacher", {"dropout": 0.0}) for args in teachers]
+
     def needs(kept):
-        return {name: training_bytes(c.model_config(vocab_size=corpus.vocab_size), c.batch_size, kept)
+        return {name: training_bytes(c.model_config(vocab_size=corpus.vocab_size), c.batch_size, kept, taught)
                 for name, c in candidates.items()}
     kept_needs = needs(True)
     free, kept, _ = settle_heap(device, min(kept_needs.values()))
@@ -767,7 +770,7 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
     if not candidates:
         raise UserError("--minutes: the keys you set fit none of the planned shapes; set n_layer, n_embd and n_head "
                         "together, or leave them to the plan")
-    candidates = in_memory(candidates, corpus, device)
+    candidates = in_memory(candidates, corpus, device, teachers)
     t0 = time.time()
     taught = bool(cfg.teacher)  # a run that learns from teachers: no dropout, and more epochs
     # a dropout of yours is in the candidates, so their timing holds it (and the factor stays 1)

@@ -165,14 +165,15 @@ def start_run(cfg, overrides, rank, local_rank, world, log, lock, into=Start, el
     plan = revision = None
     if cfg.minutes is not None:
         if ckpt is None:
-            shapes = [ckpt["model_args"] for _, ckpt in teacher_ckpts]  # their forward passes, planned
+            shapes = [ckpt["model_args"] for _, ckpt, _ in teacher_ckpts]  # their forward passes, planned
             cfg, plan = plan_run(cfg, overrides, meta, data_dir, device, dtype, rank, world, elapsed, log, shapes)
         else:
             plan, revision = planned(cfg.out_dir)
     batches = make_batches(data_dir, cfg.block_size, cfg.batch_size, device, cfg.seed, meta, log)
     batches.check_windows("val", cfg.eval_windows)
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-    model, cfg = build_model(cfg, ckpt, meta, data_dir, overrides, device, ckpt_path, log)
+    model, cfg = build_model(cfg, ckpt, meta, data_dir, overrides, device, ckpt_path, log,
+                             [config for _, _, config in teacher_ckpts])
     if cfg.block_size != batches.block_size:  # a fine-tuned checkpoint's context decided it
         batches = make_batches(data_dir, cfg.block_size, cfg.batch_size, device, cfg.seed, meta, log)
     batches.vocab_size = model.config.vocab_size  # a token id beyond it is an error
@@ -192,34 +193,35 @@ def start_run(cfg, overrides, rank, local_rank, world, log, lock, into=Start, el
                 teachers=teachers, revision=revision)
 
 
-def build_model(cfg, ckpt, meta, data_dir, overrides, device, ckpt_path, log):
-    """The model: from the checkpoint, from GPT-2's weights, or new; and cfg with the shape it has."""
+def build_model(cfg, ckpt, meta, data_dir, overrides, device, ckpt_path, log, teachers=()):
+    """The model: from the checkpoint, from GPT-2's weights, or new; and cfg with the shape it has. teachers: the
+    GPTConfigs of the models it learns from (--teacher), which its memory check counts too."""
     if ckpt is not None and "sharded" in ckpt:  # its weights are loaded into the model, sharded or not, by restore
         config = config_from_model_args(ckpt["model_args"], ckpt["sharded"],
                                         dict(attn_impl=cfg.attn_impl, dropout=cfg.dropout))
         check_vocab(config.vocab_size, meta, data_dir, ckpt["sharded"])
         check_resumed_tokenizer(ckpt, meta, ckpt["sharded"], data_dir, log)
-        check_memory(config, cfg.batch_size, device, log=log)
+        check_memory(config, cfg.batch_size, device, teachers=teachers, log=log)
         return GPT(config), cfg
     if ckpt is not None:
         model = model_from_checkpoint(ckpt, ckpt_path, attn_impl=cfg.attn_impl, dropout=cfg.dropout)
         check_vocab(model.config.vocab_size, meta, data_dir, ckpt_path)
         check_resumed_tokenizer(ckpt, meta, ckpt_path, data_dir, log)
-        check_memory(model.config, cfg.batch_size, device, held=(ckpt, model.state_dict()), log=log)
+        check_memory(model.config, cfg.batch_size, device, held=(ckpt, model.state_dict()), teachers=teachers, log=log)
         return model, cfg
     source = checkpoint_file(cfg.init_from)
     if source is not None:
-        return finetune_model(cfg, source, meta, data_dir, "block_size" in overrides, device, log)
+        return finetune_model(cfg, source, meta, data_dir, "block_size" in overrides, device, log, teachers)
     if cfg.init_from != "scratch":
         model = load_pretrained(cfg.init_from, dropout=cfg.dropout, attn_impl=cfg.attn_impl)
         check_vocab(model.config.vocab_size, meta, data_dir, cfg.init_from)
-        return fit_context(model, cfg, cfg.init_from, device, log)
+        return fit_context(model, cfg, cfg.init_from, device, log, teachers)
     config = cfg.model_config(vocab_size=(meta or {}).get("vocab_size", cfg.vocab_size))
-    check_memory(config, cfg.batch_size, device, sized=cfg.minutes is None, log=log)
+    check_memory(config, cfg.batch_size, device, sized=cfg.minutes is None, teachers=teachers, log=log)
     return GPT(config), replace(cfg, vocab_size=config.vocab_size)
 
 
-def finetune_model(cfg, source, meta, data_dir, block_size_given, device, log):
+def finetune_model(cfg, source, meta, data_dir, block_size_given, device, log, teachers=()):
     """A trained checkpoint's model to fine-tune from iter 0, its embeddings and head grown by the role tokens a
     chat dataset adds; and cfg with the shape it has."""
     ckpt = load_checkpoint(source)
@@ -232,17 +234,17 @@ def finetune_model(cfg, source, meta, data_dir, block_size_given, device, log):
     check_vocab(model.config.vocab_size, meta, data_dir, source)
     if not block_size_given:  # the checkpoint's context, unless a config or the command line says otherwise
         cfg = replace(cfg, block_size=model.config.block_size)
-    return fit_context(model, cfg, source, device, log)
+    return fit_context(model, cfg, source, device, log, teachers)
 
 
-def fit_context(model, cfg, source, device, log):
+def fit_context(model, cfg, source, device, log, teachers=()):
     """A trained model cropped to cfg.block_size (at most its own context) and checked to fit in memory;
     and cfg with the shape the weights decide."""
     if cfg.block_size > model.config.block_size:
         raise UserError(f"block_size ({cfg.block_size}) is longer than {source}'s context "
                         f"({model.config.block_size}); use --block_size={model.config.block_size} or less")
     model.crop_block_size(cfg.block_size)
-    check_memory(model.config, cfg.batch_size, device, held=model.state_dict(), log=log)
+    check_memory(model.config, cfg.batch_size, device, held=model.state_dict(), teachers=teachers, log=log)
     shape = {k: getattr(model.config, k) for k in SHAPE_FIELDS}
     changed = [f"{k}={v}" for k, v in shape.items() if getattr(cfg, k) != v]
     if changed:
@@ -250,23 +252,26 @@ def fit_context(model, cfg, source, device, log):
     return model, replace(cfg, **shape)
 
 
-def check_memory(config, batch_size, device, held=(), sized=False, log=print):
+def check_memory(config, batch_size, device, held=(), sized=False, teachers=(), log=print):
     """Training config on micro-batches of batch_size fits in what the device has free, before training
     allocates it; held: tensors already in memory (a loaded checkpoint) that training's own take over; sized: a new
     model whose size --minutes could choose instead (the defaults are GPT-2's, which a learner meets by leaving out
-    a config file). Where it fits only with freed blocks handed back to the kernel, the heap stops keeping them."""
+    a config file); teachers: the GPTConfigs of the models it learns from (--teacher). Where it fits only with freed
+    blocks handed back to the kernel, the heap stops keeping them."""
     held_bytes = tensor_bytes(held) if device.type == "cpu" else 0  # on a GPU they are not there yet
-    kept_need = training_bytes(config, batch_size, kept=True) - held_bytes
+    kept_need = training_bytes(config, batch_size, kept=True, teachers=teachers) - held_bytes
     free, kept, given_up = settle_heap(device, kept_need)
-    if given_up and training_bytes(config, batch_size) - held_bytes <= free:  # else the error below names the least
+    live_need = training_bytes(config, batch_size, teachers=teachers) - held_bytes
+    if given_up and live_need <= free:  # else the error below names the least
         log(f"memory: training keeps the blocks each iteration frees only in about {fmt_bytes(kept_need)}, more than "
             f"the {fmt_bytes(free)} free; they go back to the kernel instead (each iteration slower, most over a large "
             f"vocabulary: docs/speed.md)")
-    check_fits(training_bytes(config, batch_size, kept) - held_bytes,
-               device, f"training {param_count(config) / 1e6:,.1f}M parameters on micro-batches of {batch_size} x "
-               f"{config.block_size} tokens", "lower batch_size (raise gradient_accumulation_steps to keep the "
-               "batch), block_size, n_layer or n_embd" + (", or leave them unset and let --minutes=N choose a model "
-                                                         "this machine trains in N minutes" if sized else ""))
+    taught = f" from {len(teachers)} teacher{'s' if len(teachers) > 1 else ''}" if teachers else ""
+    check_fits(kept_need if kept else live_need, device, f"training {param_count(config) / 1e6:,.1f}M parameters"
+               f"{taught} on micro-batches of {batch_size} x {config.block_size} tokens",
+               "lower batch_size (raise gradient_accumulation_steps to keep the batch), block_size, n_layer or n_embd"
+               + (", or leave them unset and let --minutes=N choose a model this machine trains in N minutes"
+                  if sized else ""))
 
 
 def parallelize(model, cfg, device, dtype, compile, world, log):
