@@ -46,7 +46,8 @@ from nanogpt.training.metrics import Clock, Metrics
 from nanogpt.training.notes import cpu_time_of, startup_notes
 from nanogpt.training.parts import plan_in_parts, train_parts
 from nanogpt.training.optim import OptimizerSettings, configure_optimizers, lr_scale
-from nanogpt.training.plan import Deadline, deadline_ceiling, halfway_revision, minutes_text, plan_summary
+from nanogpt.training.plan import (Deadline, deadline_ceiling, halfway_revision, minutes_text, plan_summary,
+                                   predicted_text)
 from nanogpt.training.resume import resume_command
 from nanogpt.training.sharding import first_non_finite, held_bytes
 from nanogpt.training.startup import Start, start_run
@@ -233,9 +234,10 @@ class Run(Start):
         if self.revision is not None:
             value, sigma = self.revision
             self.metrics.write(f"halfway (iteration {it:,} of {self.cfg.max_iters:,}): the best val bpb so far, "
-                               f"{self.best_bpb:.3f}, revises the prediction at the end to {value:.3f} +- {sigma:.3f} "
-                               f"(the plan's: {self.plan['predicted_val_bpb']:.3f} +- "
-                               f"{self.plan['predicted_sigma']:.3f})", kind="revision", iter=it,
+                               f"{self.best_bpb:.3f}, revises the prediction at the end to "
+                               f"{predicted_text(value, sigma)} (the plan's: "
+                               f"{predicted_text(self.plan['predicted_val_bpb'], self.plan['predicted_sigma'])})",
+                               kind="revision", iter=it,
                                revised_val_bpb=value, revised_sigma=sigma, end=self.cfg.max_iters)
 
     def forward_backward(self):

@@ -198,10 +198,12 @@ def test_halfway_a_text_unlike_the_studys_is_revised_less_surely_and_one_far_eas
 
 def test_a_plan_on_a_text_unlike_the_studys_says_so_and_widens_its_uncertainty(fixed_speed):
     """Code read into the study's range: +-12%. A text read easier than all of it (JSON schemas measured a ninth of
-    their prediction): the prediction is a guess, its uncertainty the prediction itself."""
+    their prediction): the prediction is a guess, its uncertainty the prediction itself, a small one's too (a
+    sentence said four times read at 0.01 bits a byte, was predicted 0.007 +- 0.001, and measured 0.278)."""
     cfg = TrainConfig(minutes=2, device="cpu")
     unlike, easier = "a text unlike the study's", "a text easier than the study's: its prediction is a guess"
     for text, sigma, said in ((replace(corpus(hardness=0.4), repeats=0.05), planning.EASIER_SIGMA, easier),
+                              (corpus(train_tokens=234, val_tokens=26, hardness=0.01), planning.EASIER_SIGMA, easier),
                               (replace(corpus(hardness=2.4), repeats=1.06), planning.EASIER_SIGMA, easier),
                               (corpus(hardness=2.6), LAW["rel_sigma"], None),
                               (replace(corpus(hardness=3.0), repeats=2.1), planning.UNSTUDIED_SIGMA, unlike),
@@ -725,6 +727,9 @@ def test_the_summary_says_when_a_run_fell_short_of_its_plan():
     assert planning.plan_summary(plan, 2.1, 260, 59.0, 1, revision=(2.08, 0.04)).startswith(
         "plan: predicted val bpb 2.000 +- 0.200, revised halfway to 2.080 +- 0.040, measured 2.100")
     assert "planned" not in planning.plan_summary(plan, 1.5, 10, 44.0, 1, reached=True)  # a target_loss ended it
+    guess = {"predicted_val_bpb": 0.762, "predicted_sigma": 0.762, "iters": 100}  # a text easier than the study's
+    assert planning.plan_summary(guess, 0.692, 100, 17.0, 0.3).startswith(
+        "plan: predicted val bpb 0.762 (a guess), measured 0.692")
 
 
 def test_halfway_the_prediction_is_carried_from_the_runs_own_val_bpb_along_the_laws_curve():
@@ -924,6 +929,7 @@ def test_planned_run_holds_its_budget_logs_its_plan_and_keeps_the_best_checkpoin
     # and a different budget on resume is one line
     r = run_script(["train.py", "--init_from=resume", f"--out_dir={out}", "--minutes=5"])
     assert r.returncode == 2 and "a resumed run keeps its plan" in r.stderr and "Traceback" not in r.stderr
+    assert f"plan a new run, which chooses the model they buy: python train.py --dataset={char_dataset}" in r.stderr
     # and a plan damaged in log.jsonl is one line before the run, not a traceback at its end; the checkpoint is kept
     with open(os.path.join(out, "log.jsonl")) as f:
         rows = [json.loads(line) for line in f]

@@ -24,8 +24,8 @@ from nanogpt.source import checkpoint_file
 from nanogpt.tokenizer import read_meta
 from nanogpt.training.batches import Batches, split_loss
 from nanogpt.training.metrics import Metrics, read_log
-from nanogpt.training.plan import (MIN_WINDOWS, TEACHER_DIRS, WARM_EPOCHS, damaged, minutes_text, plan_parts,
-                                   positive, recorded_plan)
+from nanogpt.training.plan import (MIN_WINDOWS, TEACHER_DIRS, WARM_EPOCHS, damaged, minutes_text, more_minutes,
+                                   plan_parts, positive, predicted_text, recorded_plan)
 from nanogpt.training.resume import resume_command, saved_settings
 from nanogpt.training.startup import LOCAL_FIELDS, bytes_per_token
 from nanogpt.training.stopping import Interrupted, StopFlag
@@ -186,7 +186,7 @@ def train_parts(train, cfg, overrides, plan, t_start, log, config_files=()):
         if "minutes" in overrides and overrides["minutes"] != plan["minutes"]:
             raise UserError(f"--minutes={overrides['minutes']:g}: {cfg.out_dir} holds a plan in parts for "
                             f"--minutes={plan['minutes']:g}, and a resumed run keeps its plan; resume without "
-                            f"--minutes")
+                            f"--minutes ({more_minutes(cfg.dataset)})")
     # out_dir is the plan's until its third part takes it (that run locks it itself): a run already writing there
     # refuses this one before any record or any training
     lock = OutDirLock(cfg.out_dir).acquire()
@@ -238,7 +238,7 @@ def run_parts(train, cfg, user, given, overrides, plan, t_start, log, config_fil
                 value, sigma, pairs = revision
                 log(f"the teachers measured {' and '.join(f'{m:.3f}' for _, m in pairs)} where the law predicted "
                     f"{' and '.join(f'{p:.3f}' for p, _ in pairs)} for them: the three's prediction, revised by that, "
-                    f"{value:.3f} +- {sigma:.3f} (it was {plan['predicted_val_bpb']:.3f})")
+                    f"{predicted_text(value, sigma)} (it was {plan['predicted_val_bpb']:.3f})")
         if state == "started":
             part_cfg = replace(cfg, out_dir=out_dir, init_from="resume")
             part_overrides = {k: v for k, v in overrides.items() if k != "minutes"} | {"out_dir": out_dir}
@@ -264,8 +264,8 @@ def run_parts(train, cfg, user, given, overrides, plan, t_start, log, config_fil
     shown = ["-" if s is None else f"{s:.3f}" for s in scores]
     revision = revised(plan, dirs[:2])
     log(f"three parts: teachers {shown[0]} and {shown[1]}, the model in {cfg.out_dir} {shown[2]} (val bpb of each "
-        f"best checkpoint); predicted {plan['predicted_val_bpb']:.3f} +- {plan['predicted_sigma']:.3f}"
-        + ("" if revision is None else f", revised by the teachers {revision[0]:.3f} +- {revision[1]:.3f}") + "; "
+        f"best checkpoint); predicted {predicted_text(plan['predicted_val_bpb'], plan['predicted_sigma'])}"
+        + ("" if revision is None else f", revised by the teachers {predicted_text(*revision[:2])}") + "; "
         + (f"{seconds:.0f} s of the {budget:.0f} s budget" if not resuming else f"{seconds:.0f} s since the resume"))
     metrics = Metrics(os.path.join(cfg.out_dir, "log.jsonl"), cfg, log, record=True, headed=True)  # the third's run
     metrics.record(kind="plan_result", iter=summary["iters"] if summary else 0, parts=True, measured_val_bpb=scores[2],

@@ -303,6 +303,12 @@ UNSTUDIED_SIGMA = 0.12  # the relative uncertainty of a text read past the study
 EASIER_SIGMA = 1.0
 
 
+def predicted_text(value, sigma):
+    """A prediction and its uncertainty as the plan prints them: "2.430 +- 0.110", or where the uncertainty is as
+    large as the prediction (a text easier than the study's), "0.762 (a guess)": a band down to 0 says nothing more."""
+    return f"{value:.3f} (a guess)" if sigma >= value else f"{value:.3f} +- {sigma:.3f}"
+
+
 def reading(corpus):
     """The hardness the law reads a corpus at: its n-gram hardness, or where lzma reads its val sample better (a
     text of long repeats: code, markup, records), REPEATS of the way from the n-grams to lzma."""
@@ -331,7 +337,7 @@ def reading_note(corpus):
                  f"markup, records) is read {REPEATS:.0%} of the way to it, at {r:.2f}")
     if r < easiest:
         note += (f"; easier than every text of the study ({easiest:.2f} to {hardest:.2f}), so the prediction is the "
-                 f"easiest's times {easier(corpus):.2f}")
+                 f"easiest's times {easier(corpus):.2g}")
     elif r > hardest:
         note += (f"; harder than every text of the study ({easiest:.2f} to {hardest:.2f}): the law's line goes on "
                  f"past it")
@@ -569,6 +575,13 @@ def max_epochs(dropout, corpus=None, taught=False):
 def useful_iters(dropout, corpus, tokens_per_iter, taught=False):
     """The iterations a run learns from: the epochs of corpus it is worth at this dropout, at least MIN_ITERS."""
     return max(MIN_ITERS, math.ceil(max_epochs(dropout, corpus, taught) * corpus.train_tokens / tokens_per_iter))
+
+
+def more_minutes(dataset):
+    """What a planned run that is over, or resumed with another budget, tells a user who wants more: its plan is
+    kept (its schedule has decayed, and its budget counts the time already spent), so more minutes are a new plan."""
+    return (f"for more minutes, plan a new run, which chooses the model they buy: python train.py "
+            f"--dataset={dataset} --minutes=M --out_dir=NEW_DIR")
 
 
 def minutes_text(minutes):
@@ -965,9 +978,9 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
         why.append(f"a text unlike the study's: its prediction is less certain (+-{sigma:.0%}: six texts of code, "
                    f"markup and records were up to 12.4% off)")
     if corpus.train_bytes < HARDNESS_SAMPLE:  # its hardness read all of it, fewer bytes than the study's corpora
-        sigma = SMALL_TEXT_SIGMA
+        sigma = max(sigma, SMALL_TEXT_SIGMA)  # never narrower than a guess's
         why.append(f"a text under {HARDNESS_SAMPLE // 1000} KB: its prediction is the least certain (+-"
-                   f"{sigma:.0%}; the study's smallest, 65 KB, was 17% off)")
+                   f"{SMALL_TEXT_SIGMA:.0%} at the least; the study's smallest, 65 KB, was 17% off)")
         if capped:
             why[-1] += (f"; the law says {one_run_law:.3f}, but counting which characters follow which over all "
                         f"of it (n-grams) already scores {corpus.hardness:.3f}, so that is its prediction")
@@ -1093,7 +1106,7 @@ def plan_run(cfg, given, meta, data_dir, device, dtype, rank, world, elapsed, lo
     log(f"plan: {minutes_text(cfg.minutes)} on {data_dir}")
     for line in plan["why"]:
         log(f"  {line}")
-    log(f"  predicted val bpb at the end: {plan['predicted_val_bpb']:.3f} +- {plan['predicted_sigma']:.3f}")
+    log(f"  predicted val bpb at the end: {predicted_text(plan['predicted_val_bpb'], plan['predicted_sigma'])}")
     return replace(cfg, **keys), plan
 
 
@@ -1132,8 +1145,8 @@ def plan_summary(plan, measured, iters, seconds, minutes, reached=False, revisio
     """The summary's line: predicted (and revised halfway: revision's val bpb and sigma) against measured, the
     budget spent (a resumed run's earlier training counted), and a run that fell well short of its planned
     iterations, which the prediction assumed (unless it ended on reaching a target_loss: reached)."""
-    line = (f"plan: predicted val bpb {plan['predicted_val_bpb']:.3f} +- {plan['predicted_sigma']:.3f}"
-            + ("" if revision is None else f", revised halfway to {revision[0]:.3f} +- {revision[1]:.3f}")
+    line = (f"plan: predicted val bpb {predicted_text(plan['predicted_val_bpb'], plan['predicted_sigma'])}"
+            + ("" if revision is None else f", revised halfway to {predicted_text(*revision)}")
             + f", measured {measured:.3f} (the best checkpoint's); {seconds:.0f} s of the {minutes * 60:.0f} s "
             f"budget so far")
     if iters < 0.8 * plan["iters"] and not reached:
