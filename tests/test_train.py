@@ -264,6 +264,10 @@ def test_notes_name_the_laptop_recipe_a_short_warmup_and_a_checkpoint_about_to_b
     done = replace(cfg, init_from="resume", warmup_iters=10, lr_decay_iters=50)
     assert startup_notes(done, "x", iter_num=50)[-1] == (
         "the checkpoint is at iter 50 and max_iters is 50: nothing to train; pass --max_iters=N with N > 50 to continue")
+    # a planned run's budget counts the time it has spent, so a longer max_iters would not train: more is a new plan
+    assert startup_notes(replace(done, minutes=1.0, dataset="data/mine"), "x", iter_num=50)[-1].endswith(
+        "nothing to train; the planned run is over (for more minutes, plan a new run, which chooses the model they "
+        "buy: python train.py --dataset=data/mine --minutes=M --out_dir=NEW_DIR)")
     short = TrainConfig(max_iters=200, warmup_iters=100, lr_decay_iters=2000, learning_rate=1e-3, min_lr=1e-4,
                         n_layer=1, n_head=1, n_embd=16, block_size=16, out_dir=str(tmp_path / "new"))
     note = startup_notes(short, "nowhere", cpu_time=(0.01, 0.1))

@@ -9,6 +9,7 @@ from nanogpt.out_dir import latest_form
 from nanogpt.pickles import torch_load
 from nanogpt.settings import read_config_file
 from nanogpt.training.optim import lr_scale
+from nanogpt.training.plan import more_minutes
 
 # an iter slower than this on a CPU gets a note with its estimated time
 SLOW_CPU_ITER = 1.0  # seconds
@@ -74,7 +75,8 @@ def startup_notes(cfg, ckpt_path, iter_num=0, earlier=None, cpu_time=None, confi
                      f"it instead; --out_dir=DIR keeps both)")
     if cfg.init_from == "resume" and not cfg.eval_only and iter_num >= cfg.max_iters:
         notes.append(f"the checkpoint is at iter {iter_num} and max_iters is {cfg.max_iters}: nothing to train; "
-                     f"pass --max_iters=N with N > {iter_num} to continue")
+                     + (f"the planned run is over ({more_minutes(cfg.dataset)})" if cfg.minutes is not None else
+                        f"pass --max_iters=N with N > {iter_num} to continue"))
     return notes
 
 

@@ -31,7 +31,7 @@ from nanogpt.training.distill import Teachers, read_teachers, teacher_paths
 from nanogpt.training.distributed import barrier, from_rank0, micro_batches
 from nanogpt.training.notes import earlier_checkpoint, earlier_dataset, earlier_run
 from nanogpt.training.optim import DAMAGED, restore_optimizer
-from nanogpt.training.plan import plan_run, planned, positive
+from nanogpt.training.plan import more_minutes, plan_run, planned, positive
 from nanogpt.training.resume import saved_settings
 from nanogpt.training.sharding import checkpoint_activations, first_non_finite, load_optimizer_state, shard
 from nanogpt.training.train_config import TrainConfig
@@ -325,7 +325,8 @@ def resume_config(ckpt, overrides, path, log=print):
             raise UserError(f"--minutes: {path} is not from a planned run (--minutes), so there is no plan to keep; "
                             f"resume without --minutes, or plan a new run in a new --out_dir")
         raise UserError(f"--minutes={overrides['minutes']:g}: {path} was planned for --minutes={saved['minutes']:g}, "
-                        f"and a resumed run keeps its plan; resume without --minutes")
+                        f"and a resumed run keeps its plan; resume without --minutes ("
+                        f"{more_minutes(overrides.get('dataset', saved.get('dataset')))})")
     for key, value in overrides.items():
         if key in FIXED_ON_RESUME and value != saved[key]:
             raise UserError(f"--{key}={value!r} contradicts the checkpoint's {key}={saved[key]!r} ({path}); "
