@@ -125,6 +125,10 @@ def list_inputs(path, log=print):
 # mainland China's GB18030 (a superset of GBK and GB2312) and Taiwan's Big5, where the text they decode to is mostly
 # ideographs (a Windows Chinese file; Latin-1 decodes any bytes, so it is no guess)
 ENCODING_GUESSES = ("gb18030", "big5")
+# What else a folder of a learner's texts holds, by the bytes such a file begins with: no encoding converts it
+BINARY_FILES = ((b"\x89PNG", "a PNG image"), (b"\xff\xd8\xff", "a JPEG image"), (b"GIF8", "a GIF image"),
+                (b"%PDF", "a PDF"), (b"PK\x03\x04", "a zip archive (a .docx, .epub or .xlsx is one)"),
+                (b"\xd0\xcf\x11\xe0", "an old Office document (.doc)"), (b"\x1f\x8b", "a gzip archive"))
 
 
 def conversion(path, bad, sample=1 << 16):
@@ -162,9 +166,20 @@ def conversion(path, bad, sample=1 << 16):
     return f"convert it first: iconv -f ITS_ENCODING -t UTF-8 {shlex.quote(path)} > {out} (iconv -l lists them)"
 
 
+def check_is_text(path, head):
+    """A UserError where a file's first bytes (head) say it is no text: an image, a PDF, an archive (BINARY_FILES), or
+    zero bytes outside UTF-16, which no text holds, though UTF-8 allows them (a .docx can decode as UTF-8 for a while)."""
+    kind = next((name for magic, name in BINARY_FILES if head.startswith(magic)), None)
+    if kind is None and b"\0" in head and not head.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        kind = "a binary file (it holds zero bytes; or UTF-16 without its byte order mark)"
+    if kind:
+        raise UserError(f"{path} is not text: it is {kind}; take it out of the input, or save its text as a UTF-8 "
+                        f".txt file")
+
+
 def read_text(path, chunk_bytes=None):
     """Yield (bytes read, text) chunks of chunk_bytes (CHUNK_BYTES) with universal newlines, as open(path).read()
-    gives."""
+    gives, less a Byte Order Mark at its start (Windows' Notepad writes one: a mark, not a character of the text)."""
     chunk_bytes = chunk_bytes or CHUNK_BYTES  # read at each call: tests set it small
     utf8 = codecs.getincrementaldecoder("utf-8")()
     pending = ""  # a trailing \r waits: it may start a \r\n
@@ -172,6 +187,8 @@ def read_text(path, chunk_bytes=None):
     with open_regular(path) as f:  # a FIFO or a device in the input would never end
         while True:
             raw = f.read(chunk_bytes)
+            if offset == 0:
+                check_is_text(path, raw)
             try:
                 text = pending + utf8.decode(raw, final=not raw)
             except UnicodeDecodeError as e:
@@ -181,6 +198,8 @@ def read_text(path, chunk_bytes=None):
                                     f"it at a line end (head -n)") from None
                 raise UserError(f"{path} is not UTF-8 text (bad byte near offset {offset + e.start}); "
                                 f"{conversion(path, offset + e.start)}") from None
+            if offset == 0 and text.startswith("\ufeff"):
+                text = text[1:]
             offset += len(raw)
             pending = ""
             if raw and text.endswith("\r"):

@@ -1,4 +1,5 @@
 """Dataset preparation: nanoGPT's format and split, bounded streaming, BPE boundaries."""
+import codecs
 import json
 import os
 import pickle
@@ -123,6 +124,34 @@ def test_a_text_that_is_not_utf8_gets_the_iconv_command_that_converts_it(tmp_pat
         command = message.split("convert it first, ", 1)[1]
         subprocess.run(command, shell=True, check=True, cwd=tmp_path)
         assert (tmp_path / "diary.utf8.txt").read_text(encoding="utf-8") == text
+
+
+@pytest.mark.parametrize("name, data, said", [
+    ("photo.png", b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR", "it is a PNG image;"),
+    ("essay.docx", b"PK\x03\x04\x14\0\x06\0\x08\0\0\0!\0\xdf\xa4", "it is a zip archive (a .docx, .epub or .xlsx is one)"),
+    ("notes.dat", "a log\0 line\n".encode() * 40, "it is a binary file (it holds zero bytes")])  # UTF-8, and no text
+def test_a_file_in_the_folder_that_is_no_text_is_named_as_such(tmp_path, name, data, said):
+    """A learner's folder of texts holds an image or a Word file too: that file is named for what it is and taken out
+    of the input, not given an iconv command to convert it from an encoding (the .docx and the zero bytes decode as
+    UTF-8: they became characters of the vocabulary)."""
+    (tmp_path / "texts").mkdir()
+    (tmp_path / "texts" / "diary.txt").write_text("今天天气很好。\n" * 50, encoding="utf-8")
+    (tmp_path / "texts" / name).write_bytes(data)
+    with pytest.raises(prep.UserError) as e:
+        prep.prepare(str(tmp_path / "texts"), "char", str(tmp_path / "o"), log=lambda *a: None)
+    assert f"{name} is not text: " in str(e.value) and said in str(e.value) and "iconv" not in str(e.value)
+    assert "take it out of the input" in str(e.value)
+
+
+def test_a_byte_order_mark_is_not_a_character_of_the_text(tmp_path):
+    """Notepad saves UTF-8 with a BOM at each file's start: it is not in the vocabulary, nor in the tokens."""
+    (tmp_path / "texts").mkdir()
+    for i in range(2):
+        (tmp_path / "texts" / f"{i}.txt").write_bytes(codecs.BOM_UTF8 + "床前明月光，疑是地上霜。\n".encode() * 40)
+    prep.prepare(str(tmp_path / "texts"), "char", str(tmp_path / "o"), log=lambda *a: None)
+    with open(tmp_path / "o" / "meta.pkl", "rb") as f:
+        meta = pickle.load(f)
+    assert "\ufeff" not in meta["stoi"] and set(meta["stoi"]) == set("床前明月光，疑是地上霜。\n")
 
 
 def test_a_utf8_text_with_one_stray_byte_is_not_told_to_convert_from_another_encoding(tmp_path):
