@@ -91,7 +91,8 @@ def main(argv):
     prompt = fitted.text
     ids = tokenizer.encode(prompt) or ([tokenizer.eot] if tokenizer.eot is not None else [])
     if not ids:
-        raise UserError("the prompt is empty; give some text with --start (e.g. --start='ROMEO:')")
+        raise UserError("the prompt is empty; give some text with --start (e.g. --start='ROMEO:' for Shakespeare, "
+                        "some words of your own text for yours)")
     if len(ids) > model.config.block_size:
         print(f"note: the prompt has {len(ids)} tokens; the model sees its last {model.config.block_size}",
               file=sys.stderr)
