@@ -77,6 +77,17 @@ def fsync_dir(directory):
         os.close(dir_fd)
 
 
+def check_can_be_directory(path):
+    """A UserError where path, or the nearest of its parents that exists, is not a directory: no directory can be
+    made there."""
+    at = os.path.abspath(path)
+    while not os.path.exists(at) and os.path.dirname(at) != at:
+        at = os.path.dirname(at)
+    if not os.path.isdir(at):
+        raise UserError(f"cannot write to out_dir {path}: {at} is a file, where a directory would be; choose another "
+                        f"--out_dir")
+
+
 class OutDirLock:
     """An exclusive lock on out_dir for a writer's lifetime (train.py, consolidate.py): a second writer is refused
     in one line naming the holder. The lock dies with its process (flock), so a killed run leaves none
@@ -90,6 +101,7 @@ class OutDirLock:
     def __init__(self, out_dir, program="train.py", instead="train into another --out_dir"):
         self.out_dir, self.program, self.instead, self.file = out_dir, program, instead, None
         self.path = os.path.join(out_dir, ".lock")
+        check_can_be_directory(out_dir)  # at once: not once a plan, a model and an evaluation have run
 
     def acquire(self):
         try:

@@ -77,6 +77,7 @@ CASES = {
     "a device torch knows but the scripts do not run on": (["sample.py", "--out_dir={root}/out", "--device=meta"], "device 'meta' is not supported; valid devices are cpu, cuda[:N], mps, auto"),
     "sample with the dataset's metadata gone": (["sample.py", "--out_dir={root}/nometa"], "meta.json"),
     # bad dataset files
+    "an out_dir where a file stands": (["train.py", *TINY, "--dataset={root}/data", "--out_dir={root}/data/train.bin/out", "--minutes=0.5"], "cannot write to out_dir {root}/data/train.bin/out: {root}/data/train.bin is a file, where a directory would be; choose another --out_dir"),
     "token ids beyond the vocabulary": (["train.py", *TINY, "--dataset={root}/bigids", "--out_dir={root}/o1"], "holds token id 1000"),
     "empty train.bin": (["train.py", *TINY, "--dataset={root}/emptybin", "--out_dir={root}/o1"], "has 0 bytes, not a whole number of uint16 tokens"),
     "odd-length train.bin": (["train.py", *TINY, "--dataset={root}/oddbin", "--out_dir={root}/o1"], "has 3 bytes, not a whole number"),
