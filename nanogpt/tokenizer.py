@@ -180,7 +180,8 @@ class GPT2BPE(TiktokenTokenizer):
             import tiktoken
             enc = tiktoken.get_encoding(BPE_ENCODING)
         except Exception as e:  # tiktoken downloads the ranks on first use
-            raise UserError(f"cannot load the GPT-2 BPE ({type(e).__name__}: {e}); offline, set "
+            reason = str(e).splitlines()[0][:160] if str(e) else ""  # a connection error's repr runs to many lines
+            raise UserError(f"cannot load the GPT-2 BPE ({type(e).__name__}: {reason}); offline, set "
                             f"TIKTOKEN_CACHE_DIR to a directory holding tiktoken's {BPE_ENCODING} file") from None
         super().__init__(enc)
 
