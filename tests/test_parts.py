@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import re
 import signal
 import time
 
@@ -181,6 +182,10 @@ def test_ctrl_c_in_a_part_names_the_whole_and_a_resume_goes_on_from_that_part(
     with pytest.raises(UserError, match="no checkpoint"):
         train(TrainConfig(**resume, eval_only=True), {**resume, "eval_only": True}, log=lambda *a: None)
     assert open(os.path.join(out, "log.jsonl")).read() == before
+    # another budget is refused, and the new plan it points to is of the dataset the plan in parts recorded
+    with pytest.raises(UserError, match=f"plan a new run, which chooses the model they buy: python train.py "
+                                        f"--dataset={re.escape(str(char_dataset))} --minutes=M"):
+        train(TrainConfig(**resume, minutes=5), {**resume, "minutes": 5}, log=lambda *a: None)
     lines = []
     summary = train(TrainConfig(**resume), resume, log=lines.append)
     assert not summary["interrupted"] and summary["parts"][2] is not None

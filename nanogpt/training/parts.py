@@ -186,7 +186,7 @@ def train_parts(train, cfg, overrides, plan, t_start, log, config_files=()):
         if "minutes" in overrides and overrides["minutes"] != plan["minutes"]:
             raise UserError(f"--minutes={overrides['minutes']:g}: {cfg.out_dir} holds a plan in parts for "
                             f"--minutes={plan['minutes']:g}, and a resumed run keeps its plan; resume without "
-                            f"--minutes ({more_minutes(cfg.dataset)})")
+                            f"--minutes ({more_minutes(overrides.get('dataset', plan['config'].get('dataset')))})")
     # out_dir is the plan's until its third part takes it (that run locks it itself): a run already writing there
     # refuses this one before any record or any training
     lock = OutDirLock(cfg.out_dir).acquire()

@@ -6,6 +6,7 @@ architecture and optimizer, docs/speedrun.md), and the schedule fitted to the it
 import lzma
 import math
 import os
+import shlex
 import time
 from dataclasses import MISSING, dataclass, field, fields, replace
 
@@ -581,7 +582,7 @@ def more_minutes(dataset):
     """What a planned run that is over, or resumed with another budget, tells a user who wants more: its plan is
     kept (its schedule has decayed, and its budget counts the time already spent), so more minutes are a new plan."""
     return (f"for more minutes, plan a new run, which chooses the model they buy: python train.py "
-            f"--dataset={dataset} --minutes=M --out_dir=NEW_DIR")
+            f"--dataset={shlex.quote(str(dataset))} --minutes=M --out_dir=NEW_DIR")
 
 
 def minutes_text(minutes):
