@@ -428,8 +428,8 @@ def loop(run):
 
 def rl(cfg, overrides=None, log=print):
     """Run RL as cfg says; returns {"iters", "interrupted"}."""
+    lock = OutDirLock(cfg.out_dir, program="rl.py", instead="run RL into another --out_dir")  # may refuse: first
     stop = StopFlag()
-    lock = OutDirLock(cfg.out_dir, program="rl.py", instead="run RL into another --out_dir")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     stop.abandon = world == 1  # DDP ranks stop together, at a log iteration
     t0 = time.time()

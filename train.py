@@ -68,8 +68,8 @@ def train(cfg, overrides=None, log=print, t_start=None, config_files=(), whole=N
         plan = plan_in_parts(cfg.out_dir)
         if plan is not None:  # out_dir holds three runs not yet done: they go on where they stopped
             return train_parts(train, cfg, overrides or {}, plan, t_start, log, config_files)
-    stop = StopFlag()  # first: a signal during start-up stops the run at once, with nothing saved
-    lock = OutDirLock(cfg.out_dir)  # taken once the run is about to write
+    lock = OutDirLock(cfg.out_dir)  # taken once the run is about to write; refuses a file where out_dir would be
+    stop = StopFlag()  # a signal during start-up stops the run at once, with nothing saved (restored in finally)
     world = 1
     threads = torch.get_num_threads()  # a planned run fits them to the load (startup.py): the caller's come back
     try:
