@@ -39,24 +39,26 @@ def param_count(config):
     return shallow + (config.n_layer - base) * (count(base + 1) - shallow)
 
 
-def training_bytes(config, batch_size, kept=False, teachers=()):
+def training_bytes(config, batch_size, kept=False, teachers=(), on_cpu=True):
     """Memory of a float32 AdamW training step: 16 bytes per parameter, the activations kept for the backward
     pass, about (34 C + 5 nh T) x 4 bytes per token and layer (Korthikanti et al., 2022, in float32), and the
     logits (logits_bytes). kept: freed blocks stay in the process's heap (heap.keep_freed_memory). teachers: the
-    GPTConfigs of the models a --teacher run learns from (teaching_bytes)."""
+    GPTConfigs of the models a --teacher run learns from (teaching_bytes), on_cpu: whether they run where they were
+    read."""
     activations = config.n_layer * batch_size * config.block_size * (34 * config.n_embd + 5 * config.n_head * config.block_size) * 4
     return (TRAIN_BYTES_PER_PARAM * param_count(config) + activations + logits_bytes(config, batch_size, kept)
-            + teaching_bytes(teachers, config, batch_size))
+            + teaching_bytes(teachers, config, batch_size, on_cpu))
 
 
-def teaching_bytes(teachers, config, batch_size):
+def teaching_bytes(teachers, config, batch_size, on_cpu=True):
     """What teachers (GPTConfigs) add to a training step of config: the logits of distill.Teachers.loss, each
-    teacher's and TAUGHT_LOGITS_COPIES more, in float32 copies as logits_bytes counts them. Their weights are not
-    counted: read from their files before any check (distill.read_teachers), they are in memory already, and the
-    models use them where they lie."""
+    teacher's and TAUGHT_LOGITS_COPIES more, in float32 copies as logits_bytes counts them; and off a CPU their
+    float32 weights, which go to the device after the check. On a CPU they are not counted: read from their files
+    before any check (distill.read_teachers), they are in memory already, and the models use them where they lie."""
     if not teachers:
         return 0
-    return (len(teachers) + TAUGHT_LOGITS_COPIES) * (logits_bytes(config, batch_size) // LOGITS_COPIES)
+    weights = 0 if on_cpu else sum(4 * param_count(t) for t in teachers)
+    return weights + (len(teachers) + TAUGHT_LOGITS_COPIES) * (logits_bytes(config, batch_size) // LOGITS_COPIES)
 
 
 def logits_bytes(config, batch_size, kept=False):

@@ -6,6 +6,7 @@ import sys
 from dataclasses import replace
 
 import pytest
+import torch
 
 from conftest import ROOT, on_glibc
 from model import GPT
@@ -91,3 +92,23 @@ def test_training_bytes_holds_what_a_step_that_learns_from_two_teachers_takes():
     1.55 times the estimate). glibc's heap: the kept heap's count has room for them in some runs and not others."""
     grew, estimate = growth_and_estimate(36, "glibc", teachers=2)
     assert 0.6 < grew / estimate < 1.1
+
+
+def test_off_a_cpu_the_teachers_weights_count_too(monkeypatch):
+    """On a CPU a teacher's weights are in memory before the check (read from its file); on a GPU they go to the
+    device after it, so there its float32 weights count as well (a 6 x 256 teacher of a 2 x 64 student: 4.7M
+    parameters, 19 MB)."""
+    import nanogpt.memory
+    from nanogpt.errors import UserError
+    from nanogpt.memory import training_bytes
+    from nanogpt.training.plan import LADDER
+    from nanogpt.training.startup import check_memory
+    from nanogpt.training.train_config import TrainConfig
+    student = TrainConfig(**LADDER["S0"]).model_config(vocab_size=64)
+    teacher = TrainConfig(**LADDER["S4"]).model_config(vocab_size=64)
+    need = training_bytes(student, 12, teachers=[teacher])
+    monkeypatch.setattr(nanogpt.memory, "trim_freed_memory", lambda: False)  # glibc's heap, not kept
+    monkeypatch.setattr(nanogpt.memory, "available_bytes", lambda device: need + 2 * param_count(teacher))
+    check_memory(student, 12, torch.device("cpu"), teachers=[teacher], log=lambda *a: None)
+    with pytest.raises(UserError, match="from 1 teacher on micro-batches of 12"):
+        check_memory(student, 12, torch.device("cuda"), teachers=[teacher], log=lambda *a: None)

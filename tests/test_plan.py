@@ -1308,7 +1308,7 @@ def test_the_plan_weighs_only_the_shapes_whose_training_fits_in_memory(fixed_spe
     with pytest.raises(UserError, match=rf"2 x 64 .* over a vocabulary of 50,257, needs about {fmt_bytes(need['S0'])}"):
         plan()
     # a run that learns from a teacher holds its logits too (about 0.9 GB here): with room for the second shape so,
-    # the third (which fits without them) is not probed
+    # the third and the fourth (which fit without them) are not probed
     teacher = asdict(config["S0"])
     free[0] = training_bytes(config["S1"], 12, teachers=[config["S0"]])
     assert need["S3"] < free[0]

@@ -743,8 +743,8 @@ def in_memory(candidates, corpus, device, teachers=()):
     taught = [config_from_model_args(args, "--teacher", {"dropout": 0.0}) for args in teachers]
 
     def needs(kept):
-        return {name: training_bytes(c.model_config(vocab_size=corpus.vocab_size), c.batch_size, kept, taught)
-                for name, c in candidates.items()}
+        return {name: training_bytes(c.model_config(vocab_size=corpus.vocab_size), c.batch_size, kept, taught,
+                                     on_cpu=device.type == "cpu") for name, c in candidates.items()}
     kept_needs = needs(True)
     free, kept, _ = settle_heap(device, min(kept_needs.values()))
     need = kept_needs if kept else needs(False)

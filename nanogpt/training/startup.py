@@ -258,10 +258,11 @@ def check_memory(config, batch_size, device, held=(), sized=False, teachers=(), 
     model whose size --minutes could choose instead (the defaults are GPT-2's, which a learner meets by leaving out
     a config file); teachers: the GPTConfigs of the models it learns from (--teacher). Where it fits only with freed
     blocks handed back to the kernel, the heap stops keeping them."""
-    held_bytes = tensor_bytes(held) if device.type == "cpu" else 0  # on a GPU they are not there yet
-    kept_need = training_bytes(config, batch_size, kept=True, teachers=teachers) - held_bytes
+    held_bytes = tensor_bytes(held) if device.type == "cpu" else 0  # on a GPU they are not there yet (nor teachers)
+    on_cpu = device.type == "cpu"
+    kept_need = training_bytes(config, batch_size, kept=True, teachers=teachers, on_cpu=on_cpu) - held_bytes
     free, kept, given_up = settle_heap(device, kept_need)
-    live_need = training_bytes(config, batch_size, teachers=teachers) - held_bytes
+    live_need = training_bytes(config, batch_size, teachers=teachers, on_cpu=on_cpu) - held_bytes
     if given_up and live_need <= free:  # else the error below names the least
         log(f"memory: training keeps the blocks each iteration frees only in about {fmt_bytes(kept_need)}, more than "
             f"the {fmt_bytes(free)} free; they go back to the kernel instead (each iteration slower, most over a large "
