@@ -166,11 +166,12 @@ def conversion(path, bad, sample=1 << 16):
     return f"convert it first: iconv -f ITS_ENCODING -t UTF-8 {shlex.quote(path)} > {out} (iconv -l lists them)"
 
 
-def check_is_text(path, head):
-    """A UserError where a file's first bytes (head) say it is no text: an image, a PDF, an archive (BINARY_FILES), or
-    zero bytes outside UTF-16, which no text holds, though UTF-8 allows them (a .docx can decode as UTF-8 for a while)."""
-    kind = next((name for magic, name in BINARY_FILES if head.startswith(magic)), None)
-    if kind is None and b"\0" in head and not head.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+def check_is_text(path, raw, first):
+    """A UserError where a file's bytes say it is no text: its first bytes (first: raw begins the file) an image's, a
+    PDF's or an archive's (BINARY_FILES), or anywhere a zero byte outside UTF-16 (whose decoding fails on its own),
+    which no text holds though UTF-8 allows it (a .docx can decode as UTF-8 for a while)."""
+    kind = next((name for magic, name in BINARY_FILES if raw.startswith(magic)), None) if first else None
+    if kind is None and b"\0" in raw and not (first and raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE))):
         kind = "a binary file (it holds zero bytes; or UTF-16 without its byte order mark)"
     if kind:
         raise UserError(f"{path} is not text: it is {kind}; take it out of the input, or save its text as a UTF-8 "
@@ -179,16 +180,17 @@ def check_is_text(path, head):
 
 def read_text(path, chunk_bytes=None):
     """Yield (bytes read, text) chunks of chunk_bytes (CHUNK_BYTES) with universal newlines, as open(path).read()
-    gives, less a Byte Order Mark at its start (Windows' Notepad writes one: a mark, not a character of the text)."""
+    gives, less a Byte Order Mark at its start (Windows' Notepad writes one: a mark, not a character of the text);
+    a file that is no text is refused (check_is_text)."""
     chunk_bytes = chunk_bytes or CHUNK_BYTES  # read at each call: tests set it small
     utf8 = codecs.getincrementaldecoder("utf-8")()
     pending = ""  # a trailing \r waits: it may start a \r\n
     offset = 0
+    started = False  # whether any text has come: the BOM is the first character's place
     with open_regular(path) as f:  # a FIFO or a device in the input would never end
         while True:
             raw = f.read(chunk_bytes)
-            if offset == 0:
-                check_is_text(path, raw)
+            check_is_text(path, raw, offset == 0)
             try:
                 text = pending + utf8.decode(raw, final=not raw)
             except UnicodeDecodeError as e:
@@ -198,8 +200,8 @@ def read_text(path, chunk_bytes=None):
                                     f"it at a line end (head -n)") from None
                 raise UserError(f"{path} is not UTF-8 text (bad byte near offset {offset + e.start}); "
                                 f"{conversion(path, offset + e.start)}") from None
-            if offset == 0 and text.startswith("\ufeff"):
-                text = text[1:]
+            if not started and text:
+                started, text = True, text.removeprefix("\ufeff")
             offset += len(raw)
             pending = ""
             if raw and text.endswith("\r"):

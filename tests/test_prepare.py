@@ -152,6 +152,15 @@ def test_a_byte_order_mark_is_not_a_character_of_the_text(tmp_path):
     with open(tmp_path / "o" / "meta.pkl", "rb") as f:
         meta = pickle.load(f)
     assert "\ufeff" not in meta["stoi"] and set(meta["stoi"]) == set("床前明月光，疑是地上霜。\n")
+    for size in (1, 2, 3, 4096):  # the mark split over reads of a few bytes (tests read so), or whole in one
+        assert "".join(t for _, t in prep.read_text(str(tmp_path / "texts" / "0.txt"), size)) == (
+            "床前明月光，疑是地上霜。\n" * 40)
+
+
+def test_a_zero_byte_past_the_first_read_is_found_too(tmp_path):
+    (tmp_path / "log.txt").write_bytes(b"a line of text\n" * 100 + b"\0")
+    with pytest.raises(prep.UserError, match="it is a binary file"):
+        list(prep.read_text(str(tmp_path / "log.txt"), 64))
 
 
 def test_a_utf8_text_with_one_stray_byte_is_not_told_to_convert_from_another_encoding(tmp_path):
