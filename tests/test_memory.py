@@ -110,5 +110,5 @@ def test_off_a_cpu_the_teachers_weights_count_too(monkeypatch):
     monkeypatch.setattr(nanogpt.memory, "trim_freed_memory", lambda: False)  # glibc's heap, not kept
     monkeypatch.setattr(nanogpt.memory, "available_bytes", lambda device: need + 2 * param_count(teacher))
     check_memory(student, 12, torch.device("cpu"), teachers=[teacher], log=lambda *a: None)
-    with pytest.raises(UserError, match="from 1 teacher on micro-batches of 12"):
+    with pytest.raises(UserError, match="from one teacher on micro-batches of 12"):
         check_memory(student, 12, torch.device("cuda"), teachers=[teacher], log=lambda *a: None)

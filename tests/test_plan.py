@@ -11,6 +11,7 @@ import torch
 
 from conftest import run_script, runs_module
 import nanogpt.memory
+from nanogpt.checkpoint import config_from_model_args
 from nanogpt.errors import UserError
 from nanogpt.training import plan as planning
 from nanogpt.training.plan import (LAW, LADDER, Corpus, Deadline, Speed, blocks_params, flops_per_iter,
@@ -1143,7 +1144,7 @@ def test_a_distilled_run_plans_the_time_its_teachers_take(fixed_speed, monkeypat
     _, alone = make_plan(cfg, given, *args, elapsed=3.0, log=lambda *a: None)
     assert not timed  # a run without teachers times none
     _, taught = make_plan(cfg, given, *args, elapsed=3.0, log=lambda *a: None, teachers=[teacher, teacher])
-    assert timed == [[teacher, teacher]]
+    assert timed == [[config_from_model_args(teacher, "t", {"dropout": 0.0})] * 2]  # as the file's read
     assert taught["seconds_per_iter"] == pytest.approx(alone["seconds_per_iter"] + 0.2)
     assert taught["iters"] < alone["iters"]
     assert any("the 2 teachers' forward passes and the loss against them are in the time an iteration takes above "
@@ -1195,7 +1196,8 @@ def test_the_teachers_time_is_measured_from_their_real_loss(monkeypatch):
         return real(self, x, y, logits, ce)
     monkeypatch.setattr(distill.Teachers, "loss", slow)
     cfg = TrainConfig(**{**LADDER["S0"], "device": "cpu", "block_size": 16, "batch_size": 2})
-    teacher = {"n_layer": 1, "n_embd": 32, "n_head": 2, "block_size": 16, "vocab_size": 65, "dropout": 0.1}  # as saved
+    teacher = config_from_model_args({"n_layer": 1, "n_embd": 32, "n_head": 2, "block_size": 16, "vocab_size": 65,
+                                      "dropout": 0.1}, "t", {"dropout": 0.0})  # as saved, and read
     seconds = planning.teaching_seconds(cfg, [teacher], 65, torch.device("cpu"), torch.float32, rounds=3)
     assert 0.35 <= seconds < 1.5
 

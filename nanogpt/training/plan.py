@@ -422,7 +422,7 @@ def iteration_seconds(cfg, vocab_size, device, dtype, warmup=1, iters=PROBE_ITER
 
 
 def teaching_seconds(cfg, teachers, vocab_size, device, dtype, rounds=PROBE_ITERS):
-    """The seconds the teachers (their model_args) add to an iteration of cfg on this machine: their forward
+    """The seconds the teachers (their GPTConfigs) add to an iteration of cfg on this machine: their forward
     passes over its tokens and the loss against their predictions, timed as the difference between the quickest
     of `rounds` iterations with them and without, taken in turn (a drift of the machine falls on both). Planned from
     FLOPs instead, as a third of their training step's, 2 x 128 teachers took 102 ms of a 4 x 192 iteration on 300
@@ -431,8 +431,7 @@ def teaching_seconds(cfg, teachers, vocab_size, device, dtype, rounds=PROBE_ITER
     from nanogpt.device import autocast
     from nanogpt.training.distill import Teachers, teacher_context
     model, kernels, optimizer = trainable(cfg, vocab_size, device, dtype)
-    models = [GPT(config_from_model_args(args, "--teacher", {"dropout": 0.0})).to(device).eval().requires_grad_(False)
-              for args in teachers]
+    models = [GPT(config).to(device).eval().requires_grad_(False) for config in teachers]
     ctx = autocast(device, dtype)
     taught = Teachers(models, cfg.distill, teacher_context(device, dtype, kernels))
     alone, both = [], []
@@ -737,13 +736,11 @@ def vocabulary_line(keys, vocab_size, tokenizer=None):
 
 def in_memory(candidates, corpus, device, teachers=()):
     """The candidates whose training fits in the memory the device has free (the probe would build them), or a
-    UserError naming the smallest's need; teachers: the model_args of the models a --teacher run learns from, whose
+    UserError naming the smallest's need; teachers: the GPTConfigs of the models a --teacher run learns from, whose
     predictions each step holds too. Counted as the heap holds them where it keeps freed blocks; where none fits so,
     the heap stops keeping them first (memory.settle_heap), so that the probe times what the run will do."""
-    taught = [config_from_model_args(args, "--teacher", {"dropout": 0.0}) for args in teachers]
-
     def needs(kept):
-        return {name: training_bytes(c.model_config(vocab_size=corpus.vocab_size), c.batch_size, kept, taught,
+        return {name: training_bytes(c.model_config(vocab_size=corpus.vocab_size), c.batch_size, kept, teachers,
                                      on_cpu=device.type == "cpu") for name, c in candidates.items()}
     kept_needs = needs(True)
     free, kept, _ = settle_heap(device, min(kept_needs.values()))
@@ -785,7 +782,8 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
     if not candidates:
         raise UserError("--minutes: the keys you set fit none of the planned shapes; set n_layer, n_embd and n_head "
                         "together, or leave them to the plan")
-    candidates = in_memory(candidates, corpus, device, teachers)
+    taught_by = [config_from_model_args(args, "--teacher", {"dropout": 0.0}) for args in teachers]  # checked when read
+    candidates = in_memory(candidates, corpus, device, taught_by)
     t0 = time.time()
     taught = bool(cfg.teacher)  # a run that learns from teachers: no dropout, and more epochs
     # a dropout of yours is in the candidates, so their timing holds it (and the factor stays 1)
@@ -796,8 +794,9 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
     speed = probe(candidates, corpus.vocab_size, device, dtype, budget, 0.0 if "dropout" in given else max(dropouts),
                   left=train_seconds())
     if teachers:  # every candidate runs the same batches, so the teachers add the same time to each
-        speed.teaching = (teaching_seconds(next(iter(candidates.values())), teachers, corpus.vocab_size, device, dtype)
-                          if teaching is None else teaching)
+        first = next(iter(candidates.values()))
+        speed.teaching = (teaching_seconds(first, taught_by, corpus.vocab_size, device, dtype) if teaching is None
+                          else teaching)
     elapsed += time.time() - t0
 
     uniform = math.log2(max(2, corpus.vocab_size)) / corpus.bytes_per_token  # bits per byte of no training at all

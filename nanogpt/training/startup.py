@@ -36,7 +36,7 @@ from nanogpt.training.resume import saved_settings
 from nanogpt.training.sharding import checkpoint_activations, first_non_finite, load_optimizer_state, shard
 from nanogpt.training.train_config import TrainConfig
 from nanogpt.training.train_tasks import task_scores
-from nanogpt.values import report_overrides
+from nanogpt.values import how_many, report_overrides
 
 # the model's fields that fix what its weights mean: a resumed run keeps the checkpoint's
 SHAPE_FIELDS = tuple(f.name for f in fields(GPTConfig) if f.name not in RUNTIME_FIELDS)
@@ -258,8 +258,8 @@ def check_memory(config, batch_size, device, held=(), sized=False, teachers=(), 
     model whose size --minutes could choose instead (the defaults are GPT-2's, which a learner meets by leaving out
     a config file); teachers: the GPTConfigs of the models it learns from (--teacher). Where it fits only with freed
     blocks handed back to the kernel, the heap stops keeping them."""
-    held_bytes = tensor_bytes(held) if device.type == "cpu" else 0  # on a GPU they are not there yet (nor teachers)
     on_cpu = device.type == "cpu"
+    held_bytes = tensor_bytes(held) if on_cpu else 0  # on a GPU they are not there yet (nor the teachers)
     kept_need = training_bytes(config, batch_size, kept=True, teachers=teachers, on_cpu=on_cpu) - held_bytes
     free, kept, given_up = settle_heap(device, kept_need)
     live_need = training_bytes(config, batch_size, teachers=teachers, on_cpu=on_cpu) - held_bytes
@@ -267,7 +267,7 @@ def check_memory(config, batch_size, device, held=(), sized=False, teachers=(), 
         log(f"memory: training keeps the blocks each iteration frees only in about {fmt_bytes(kept_need)}, more than "
             f"the {fmt_bytes(free)} free; they go back to the kernel instead (each iteration slower, most over a large "
             f"vocabulary: docs/speed.md)")
-    taught = f" from {len(teachers)} teacher{'s' if len(teachers) > 1 else ''}" if teachers else ""
+    taught = f" from {how_many(len(teachers), 'teacher')}" if teachers else ""
     check_fits(kept_need if kept else live_need, device, f"training {param_count(config) / 1e6:,.1f}M parameters"
                f"{taught} on micro-batches of {batch_size} x {config.block_size} tokens",
                "lower batch_size (raise gradient_accumulation_steps to keep the batch), block_size, n_layer or n_embd"
