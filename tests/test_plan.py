@@ -1282,7 +1282,7 @@ def test_a_planned_run_skips_the_interval_evaluation_just_before_its_last():
 
 def test_the_plan_weighs_only_the_shapes_whose_training_fits_in_memory(fixed_speed, monkeypatch):
     """On a machine whose free memory fits the plan's third shape over GPT-2's vocabulary and not its fourth, the
-    larger ones are neither probed nor chosen; where the heap keeps freed blocks (13 copies of the logits, not 5) and
+    larger ones are neither probed nor chosen; where the heap keeps freed blocks (15 copies of the logits, not 5) and
     none fits so, it stops keeping them before the probe; with room for none, one line names the smallest's need."""
     from nanogpt.memory import fmt_bytes, training_bytes
     text = corpus(train_tokens=10_000_000, vocab=50257, per_token=4.0)
