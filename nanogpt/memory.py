@@ -24,7 +24,8 @@ LOGITS_COPIES = 5
 KEPT_LOGITS_COPIES = 15
 # What a --teacher run's step holds besides: each teacher's logits, and at most this many copies more (their mean
 # probability, the cross-entropy to it). Beyond the counts above, one teacher added 2.1 copies and two 3.0 to 3.4 at
-# three batches; with the kept heap, 1.8 and 2.8 (tests/test_memory.py's steps, docs/results.md)
+# three batches; with the kept heap, 1.8 and 2.8. On a chat dataset, whose loss keeps the positions with a target,
+# a copy more with one prompt token a sequence (the most kept): all 2 (tests/test_memory.py's steps, docs/results.md)
 TAUGHT_LOGITS_COPIES = 2
 
 

@@ -28,7 +28,8 @@ def test_param_count_is_the_real_models_each_shared_weight_once(tiny_config, opt
 # Three AdamW steps of the plan's smallest model over a vocabulary of 16,384, in a process of its own: how far its
 # memory rose above what it held before them (the peak reset first: /proc/self/clear_refs), and what training_bytes
 # says a step needs less the parameters already there ("growth estimate"). argv: root, batch, "kept" or "glibc",
-# and the teachers it learns from (distill.Teachers, in float32: a CPU without bfloat16's products)
+# the teachers it learns from (distill.Teachers, in float32: a CPU without bfloat16's products), and how many of each
+# sequence's first targets are -1 (a chat dataset's prompt, which the loss skips)
 STEPS = """
 import re, sys, torch
 from contextlib import nullcontext
@@ -39,7 +40,7 @@ from nanogpt.memory import training_bytes
 from nanogpt.training.distill import Teachers
 from nanogpt.training.plan import LADDER
 from nanogpt.training.train_config import TrainConfig
-batch, kept, taught = int(sys.argv[2]), sys.argv[3] == "kept", int(sys.argv[4])
+batch, kept, taught, prompt = int(sys.argv[2]), sys.argv[3] == "kept", int(sys.argv[4]), int(sys.argv[5])
 if kept:
     assert keep_freed_memory()
 config = TrainConfig(**{**LADDER["S0"], "block_size": 64, "batch_size": batch}).model_config(vocab_size=16384)
@@ -47,6 +48,8 @@ model = GPT(config)
 teachers = Teachers([GPT(config).eval().requires_grad_(False) for _ in range(taught)], 0.8, nullcontext())
 optimizer = torch.optim.AdamW(model.parameters())
 x = torch.randint(16384, (batch, 64))
+y = x.clone()
+y[:, :prompt] = -1
 
 def kb(name):
     return int(re.search(rf"{name}:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) * 1024
@@ -55,8 +58,8 @@ held = kb("VmRSS")
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")  # VmHWM := VmRSS
 for _ in range(3):
-    logits, loss = model(x, x)
-    (teachers.loss(x, x, logits, loss) if taught else loss).backward()
+    logits, loss = model(x, y)
+    (teachers.loss(x, y, logits, loss) if taught else loss).backward()
     del logits, loss
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
@@ -65,9 +68,9 @@ print(kb("VmHWM") - held,
 """
 
 
-def growth_and_estimate(batch, heap, teachers=0):
+def growth_and_estimate(batch, heap, teachers=0, prompt=0):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "THP_"))}
-    out = subprocess.run([sys.executable, "-c", STEPS, ROOT, str(batch), heap, str(teachers)], capture_output=True,
+    out = subprocess.run([sys.executable, "-c", STEPS, ROOT, str(batch), heap, str(teachers), str(prompt)], capture_output=True,
                          text=True, env=env, check=True)
     return [int(n) for n in out.stdout.split()]
 
@@ -86,11 +89,14 @@ def test_training_bytes_holds_what_a_step_takes_over_a_large_vocabulary(heap):
 
 
 @pytest.mark.skipif(not os.access("/proc/self/clear_refs", os.W_OK), reason="a peak that resets (Linux)")
-def test_training_bytes_holds_what_a_step_that_learns_from_two_teachers_takes():
+@pytest.mark.parametrize("prompt", [0, 1], ids=["text", "chat"])
+def test_training_bytes_holds_what_a_step_that_learns_from_two_teachers_takes(prompt):
     """The same steps learning from two teachers (train.py --teacher): their predictions, their mean and the loss
     against it add 3 to 3.4 copies of the logits to a step, which training_bytes counts (left out, glibc's growth was
-    1.55 times the estimate). glibc's heap: the kept heap's count has room for them in some runs and not others."""
-    grew, estimate = growth_and_estimate(36, "glibc", teachers=2)
+    1.55 times the estimate). On a chat dataset the loss keeps the positions whose target is not -1, copying the
+    logits and the mean there, and scatters their gradient back: with one prompt token a sequence (the most it
+    copies) a copy more, still counted. glibc's heap: the kept heap's count has more room."""
+    grew, estimate = growth_and_estimate(36, "glibc", teachers=2, prompt=prompt)
     assert 0.6 < grew / estimate < 1.1
 
 
