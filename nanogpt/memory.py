@@ -18,7 +18,7 @@ TRAIN_BYTES_PER_PARAM = 16
 # The logits of a training step in float32 copies of batch x block x vocabulary: the head's output, the soft-cap's
 # tanh, the log-softmax and their gradients. The most live at once measured 4.8 (train.py's peak memory against its
 # batch over GPT-2's vocabulary, two runs); with glibc's heap keeping what each step frees (nanogpt/cpu/heap.py),
-# which reuses its pieces less tightly, the process held 9.7 to 14.7 (which, by chance, in 37 runs of
+# which reuses its pieces less tightly, the process held 9.7 to 14.7 (which pieces it reuses is chance: 37 runs of
 # tests/test_memory.py's steps; no more after 20 steps than after 3): the most counts (docs/results.md).
 LOGITS_COPIES = 5
 KEPT_LOGITS_COPIES = 15

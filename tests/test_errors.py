@@ -374,8 +374,10 @@ def test_ctrl_c_while_a_script_imports_exits_130_without_a_traceback(tmp_path, s
     for name in ("torch", "numpy"):
         (tmp_path / f"{name}.py").write_text(SLOW_IMPORT)
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "IMPORTING": str(tmp_path / "importing")}
+    # the script starts with Ctrl-C's default disposition, as from a terminal, whatever this worker has set (an
+    # ignored SIGINT is inherited through exec, and then the script rightly ignores it: once, CI timed out so)
     proc = subprocess.Popen([sys.executable, script], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env)
+                            text=True, env=env, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     # generous waits: under the whole suite on 2 cores a script took more than 30 s to start and answer (a lost
     # Ctrl-C still fails: the stand-in sleeps longer than both waits together)
     deadline = time.time() + 60

