@@ -212,12 +212,17 @@ def spread(ids, count, pieces):
     return np.concatenate([np.asarray(ids[i:i + run]) for i in np.linspace(0, len(ids) - run, pieces).astype(np.int64)])
 
 
+def code_points(text):
+    """The characters of text (UTF-8 bytes) as code points, spaces, tabs, line ends and the ideographic space aside."""
+    c = np.frombuffer(text.decode("utf-8", "ignore").encode("utf-32-le"), np.uint32)
+    return c[~np.isin(c, (0x20, 0x0A, 0x0D, 0x09, 0x3000))]
+
+
 def ideograph_share(text):
     """The share of the characters of text (UTF-8 bytes), spaces aside, that are CJK ideographs (the unified blocks,
     their extensions and the compatibility ones): 1 for classical Chinese, about 0.9 for modern Chinese with its
     digits and Latin words, 0 for English, Korean or Thai."""
-    c = np.frombuffer(text.decode("utf-8", "ignore").encode("utf-32-le"), np.uint32)
-    c = c[~np.isin(c, (0x20, 0x0A, 0x0D, 0x09, 0x3000))]
+    c = code_points(text)
     cjk = (((c >= 0x3400) & (c <= 0x4DBF)) | ((c >= 0x4E00) & (c <= 0x9FFF)) | ((c >= 0xF900) & (c <= 0xFAFF))
            | ((c >= 0x20000) & (c <= 0x2FFFF)))
     return float(cjk.mean()) if len(c) else 0.0
@@ -227,8 +232,7 @@ def two_byte_share(text):
     """The share of the characters of text (UTF-8 bytes), spaces aside, that take two bytes (U+0080 to U+07FF: the
     letters of Cyrillic, Greek, Armenian, Hebrew and Arabic, and Latin's accented ones): about 0.94 for Russian prose,
     under 0.05 for Spanish or French, 0 for English, Chinese, Japanese or Korean."""
-    c = np.frombuffer(text.decode("utf-8", "ignore").encode("utf-32-le"), np.uint32)
-    c = c[~np.isin(c, (0x20, 0x0A, 0x0D, 0x09, 0x3000))]
+    c = code_points(text)
     return float(((c >= 0x80) & (c <= 0x7FF)).mean()) if len(c) else 0.0
 
 
