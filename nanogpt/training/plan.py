@@ -476,6 +476,12 @@ def teaching_seconds(cfg, teachers, vocab_size, device, dtype, rounds=PROBE_ITER
     return max(0.0, min(both[1:]) - min(alone[1:]))
 
 
+def within_measured(speed, cfg, vocab_size):
+    """Whether a shape's FLOPs an iteration lie between the least and the most of the shapes a Speed measured."""
+    flops = flops_per_iter(vars(cfg), vocab_size)
+    return bool(speed.flops) and min(speed.flops.values()) <= flops <= max(speed.flops.values())
+
+
 @dataclass
 class Speed:
     """Seconds per iteration as a + b * FLOPs per iteration, from two probed shapes, times dropout_factor for a
@@ -649,8 +655,9 @@ def early_end_lines(ends_early, iters, epochs, dropout, finish, minutes, capped,
     if most < max_epochs(dropout):
         return [f"a model learns from at most {most:g} epochs of Chinese text (on two novels' first 300 KB, runs of "
                 f"3 epochs ended lower than runs of 4), so {end}: more would only memorize this text"]
-    return [f"{most:g} epochs is as many as a model learns from at this dropout (the study's runs "
-            f"had their best at 2.4 to 4.3 without it and at 10 with 0.2; 7 at 0.1 lies between), so {end}: "
+    return [f"{most:g} epochs is as many as a model learns from "
+            + ("without dropout" if not dropout else f"at dropout {dropout:g}") + " (the study's runs "
+            f"had their best at 2.4 to 4.3 epochs without it and at 10 with 0.2; 7 at 0.1 lies between), so {end}: "
             f"more would only memorize this text"]
 
 
@@ -965,7 +972,9 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
            f"({', '.join(f'{size_of(n)} {s * 1000:.1f} ms' for n, s in speed.probed.items())} probed"
            + "".join(f", {size_of(n)} {s * 1000:.1f} ms timed once chosen" for n, s in speed.timed.items())
            + ("" if name in speed.probed or name in speed.timed else
-              f"; {size_of(name)} estimated from its FLOPs between them")
+              f"; {size_of(name)} estimated from its FLOPs "
+              + ("between them" if within_measured(speed, chosen, corpus.vocab_size) else
+                 "beyond them"))
            + (f"; dropout takes {speed.dropout_factor:.2f}x as long" if speed.dropout_factor != 1.0 else "") + ")",
            *filter(None, [vocabulary_line(final, corpus.vocab_size, corpus.tokenizer)]),
            f"{final['n_layer']} layers x {final['n_embd']} ({params / 1e6:.2f}M in the blocks): "
@@ -1006,12 +1015,17 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
         sigma = EASIER_LETTERS_SIGMA
         why.append(f"prose in two-byte letters ({corpus.two_byte_share:.0%} of its characters), easier than the "
                    f"study's: the easiest text's prediction scaled by {easier(corpus):.2g}, times {EASIER_LETTERS} "
-                   f"(eight Russian novels ended 0.99 to 1.11 times the scaled one), +-{sigma:.0%}; Greek, Hebrew and "
-                   f"Arabic are unmeasured")
+                   f"(eight Russian novels ended 0.99 to 1.11 times the scaled one), +-{sigma:.0%} as measured on "
+                   f"Russian; Greek, Hebrew and Arabic are planned the same way, unmeasured")
     elif easier(corpus) < 1:
         sigma = EASIER_SIGMA
-        why.append("a text easier than the study's: its prediction is a guess (seven texts of code, markup and "
-                   "records read so ended at 0.12 to 1.12 times it)")
+        why.append("a text easier than the study's: its prediction is a guess (of such texts, seven of code, markup "
+                   "and records ended at 0.12 to 1.12 times it; Russian prose, in characters as tokens, 0.99 to 1.11"
+                   + ("; this text, though in two-byte letters, is not read so: "
+                      + ("a BPE's tokens" if corpus.tokenizer != "char" else
+                         "long repeats (records, logs)" if corpus.hardness - reading(corpus) > REPEATS_NOTED else
+                         "easier still than those novels") + " were never measured"
+                      if corpus.two_byte_share >= TWO_BYTE_LETTERS and corpus.ideographs < IDEOGRAPHS else "") + ")")
     elif unstudied(corpus):
         sigma = UNSTUDIED_SIGMA
         why.append(f"a text unlike the study's: its prediction is less certain (+-{sigma:.0%}: six texts of code, "
