@@ -4,13 +4,14 @@ import math
 import os
 import re
 import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from conftest import run_script, runs_module
+from model import GPTConfig
 import nanogpt.memory
 from nanogpt.checkpoint import config_from_model_args
 from nanogpt.errors import UserError
@@ -1197,14 +1198,14 @@ def test_a_distilled_run_plans_the_time_its_teachers_take(fixed_speed, monkeypat
     c = corpus(train_tokens=3_000_000)
     cfg = TrainConfig(minutes=60, device="cpu", teacher="t", n_layer=4, n_embd=192, n_head=6)
     given = {"n_layer": 4, "n_embd": 192, "n_head": 6}
-    teacher = {"n_layer": 6, "n_embd": 256, "n_head": 4, "block_size": 128, "vocab_size": 65}
+    teacher = GPTConfig(n_layer=6, n_embd=256, n_head=4, block_size=128, vocab_size=65)
     timed = []
     monkeypatch.setattr(planning, "teaching_seconds", lambda cfg, teachers, *a: timed.append(teachers) or 0.2)
     args = (c, torch.device("cpu"), torch.float32)
     _, alone = make_plan(cfg, given, *args, elapsed=3.0, log=lambda *a: None)
     assert not timed  # a run without teachers times none
     _, taught = make_plan(cfg, given, *args, elapsed=3.0, log=lambda *a: None, teachers=[teacher, teacher])
-    assert timed == [[config_from_model_args(teacher, "t", {"dropout": 0.0})] * 2]  # as the file's read
+    assert timed == [[teacher] * 2]  # the configs as the files were read (distill.read_teachers)
     assert taught["seconds_per_iter"] == pytest.approx(alone["seconds_per_iter"] + 0.2)
     assert taught["iters"] < alone["iters"]
     assert any("the 2 teachers' forward passes and the loss against them are in the time an iteration takes above "
@@ -1270,8 +1271,7 @@ def test_a_run_that_starts_from_a_teacher_takes_its_shape_for_up_to_5_epochs(fix
     measured."""
     timed = []
     monkeypatch.setattr(planning, "teaching_seconds", lambda *a: timed.append(a) or 0.01)
-    teacher = {"n_layer": 6, "n_embd": 256, "n_head": 4, "block_size": 64, "vocab_size": 65, "dropout": 0.0,
-               "value_embeds": 1}
+    teacher = GPTConfig(n_layer=6, n_embd=256, n_head=4, block_size=64, vocab_size=65, dropout=0.0, value_embeds=1)
     cfg = TrainConfig(minutes=10, device="cpu", teacher="a,b", plan_teachers=False)
     args = (corpus(train_tokens=30_000_000), torch.device("cpu"), torch.float32)
     alone = make_plan(cfg, {}, *args, elapsed=3.0, log=lambda *a: None, teachers=[teacher, teacher])
@@ -1371,7 +1371,7 @@ def test_the_plan_weighs_only_the_shapes_whose_training_fits_in_memory(fixed_spe
         plan()
     # a run that learns from a teacher holds its logits too (about 0.9 GB here): with room for the second shape so,
     # the third and the fourth (which fit without them) are not probed
-    teacher = asdict(config["S0"])
+    teacher = config["S0"]
     free[0] = training_bytes(config["S1"], 12, teachers=[config["S0"]])
     assert need["S3"] < free[0]
     make_plan(TrainConfig(minutes=600, device="cpu", plan_teachers=False, teacher="t"), {}, text, torch.device("cpu"),

@@ -13,7 +13,6 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 import numpy as np
 import torch
 
-from nanogpt.checkpoint import config_from_model_args
 from nanogpt.dataset import DEFAULT_BPE_VOCAB, context_that_fits
 from nanogpt.device import sync
 from nanogpt.errors import UserError
@@ -801,12 +800,13 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
     """(keys, plan): the config keys of the best run of cfg.minutes for corpus on this machine, and the plan's
     record (what it chose, why, and its prediction). given: the keys the user set, which stay as they are;
     elapsed: the seconds already spent since the process started (they count in the budget); world: the processes
-    under torchrun, each taking a share of every iteration's micro-batches; teachers: the model_args of the
-    checkpoints a --teacher run learns from, whose forward passes each iteration also runs; start: the model_args of
-    the one of them whose weights the run starts from (WARM_START), whose shape it takes; teaching: the seconds the
+    under torchrun, each taking a share of every iteration's micro-batches; teachers: the GPTConfigs of the
+    checkpoints a --teacher run learns from (distill.read_teachers, checked against their weights), whose forward
+    passes each iteration also runs; start: the GPTConfig of the one of them whose weights the run starts from
+    (WARM_START), whose shape it takes; teaching: the seconds the
     teachers add to an iteration, where a plan made again from scratch has timed them already."""
     budget = cfg.minutes * 60
-    pinned = {k: v for k, v in (start or {}).items() if k in PLANNED and k != "dropout"}  # the weights' shape
+    pinned = {k: v for k, v in (vars(start) if start else {}).items() if k in PLANNED and k != "dropout"}  # its shape
     block = pinned.get("block_size") or given.get("block_size") or largest_block(corpus)
     split = {"gradient_accumulation_steps": world, "batch_size": -(-RECIPE["batch_size"] // world)} if world > 1 else {}
     candidates = {}
@@ -822,8 +822,7 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
     if not candidates:
         raise UserError("--minutes: the keys you set fit none of the planned shapes; set n_layer, n_embd and n_head "
                         "together, or leave them to the plan")
-    taught_by = [config_from_model_args(args, "--teacher", {"dropout": 0.0}) for args in teachers]  # checked when read
-    candidates = in_memory(candidates, corpus, device, taught_by)
+    candidates = in_memory(candidates, corpus, device, teachers)
     t0 = time.time()
     taught = bool(cfg.teacher)  # a run that learns from teachers: no dropout, and more epochs
     # a dropout of yours is in the candidates, so their timing holds it (and the factor stays 1)
@@ -835,7 +834,7 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
                   left=train_seconds())
     if teachers:  # every candidate runs the same batches, so the teachers add the same time to each
         first = next(iter(candidates.values()))
-        speed.teaching = (teaching_seconds(first, taught_by, corpus.vocab_size, device, dtype) if teaching is None
+        speed.teaching = (teaching_seconds(first, teachers, corpus.vocab_size, device, dtype) if teaching is None
                           else teaching)
     elapsed += time.time() - t0
 
@@ -1122,8 +1121,8 @@ PLANNED = (set(LADDER["S0"]) | {"max_iters", "lr_decay_iters", "warmup_iters", "
 
 def plan_run(cfg, given, meta, data_dir, device, dtype, rank, world, elapsed, log=print, teachers=()):
     """(cfg, plan): cfg with the keys the plan chose for cfg.minutes, and the plan's record (rank 0 probes and
-    chooses; every rank takes its plan). given: the keys the user set; teachers: the model_args of --teacher's
-    checkpoints."""
+    chooses; every rank takes its plan). given: the keys the user set; teachers: the GPTConfigs of --teacher's
+    checkpoints (distill.read_teachers)."""
     start = None
     if init_from_kind(cfg.init_from) != "scratch":  # a checkpoint: only one of the teachers the run learns from
         source = checkpoint_file(cfg.init_from)

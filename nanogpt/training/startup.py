@@ -163,17 +163,16 @@ def start_run(cfg, overrides, rank, local_rank, world, log, lock, into=Start, el
     # probe on; not under torchrun, whose ranks would each count the others as load and step at the slowest's pace
     threads = Threads() if cfg.minutes is not None and device.type == "cpu" and world == 1 else None
     plan = revision = None
+    taught_by = [config for _, _, config in teacher_ckpts]  # their shapes, checked against their weights when read
     if cfg.minutes is not None:
-        if ckpt is None:
-            shapes = [ckpt["model_args"] for _, ckpt, _ in teacher_ckpts]  # their forward passes, planned
-            cfg, plan = plan_run(cfg, overrides, meta, data_dir, device, dtype, rank, world, elapsed, log, shapes)
+        if ckpt is None:  # the teachers' forward passes are planned too
+            cfg, plan = plan_run(cfg, overrides, meta, data_dir, device, dtype, rank, world, elapsed, log, taught_by)
         else:
             plan, revision = planned(cfg.out_dir)
     batches = make_batches(data_dir, cfg.block_size, cfg.batch_size, device, cfg.seed, meta, log)
     batches.check_windows("val", cfg.eval_windows)
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-    model, cfg = build_model(cfg, ckpt, meta, data_dir, overrides, device, ckpt_path, log,
-                             [config for _, _, config in teacher_ckpts])
+    model, cfg = build_model(cfg, ckpt, meta, data_dir, overrides, device, ckpt_path, log, taught_by)
     if cfg.block_size != batches.block_size:  # a fine-tuned checkpoint's context decided it
         batches = make_batches(data_dir, cfg.block_size, cfg.batch_size, device, cfg.seed, meta, log)
     batches.vocab_size = model.config.vocab_size  # a token id beyond it is an error
