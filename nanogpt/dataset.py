@@ -1,5 +1,6 @@
 """Datasets from text: read a file or a directory of them, split it (the first 1 - val_fraction of the
-characters train, the rest val, as nanoGPT splits), tokenize it, and write train.bin / val.bin (uint16
+characters train, the rest val, as nanoGPT splits; a directory's val is taken from each of its parts: val_spans),
+tokenize it, and write train.bin / val.bin (uint16
 tokens, uint32 if the vocabulary needs it) and meta.json (plus nanoGPT's meta.pkl for char vocabularies),
 each renamed into place. data/prepare.py and every data/<name>/prepare.py write their datasets with it."""
 import argparse
@@ -25,6 +26,7 @@ DEFAULT_BPE_VOCAB = 4096
 DATASET_RANKS_FILE = "tokenizer.bpe"  # a trained BPE's merges, beside a dataset's meta.json (an export's: export.py)
 DATASET_FILES = ("train.bin", INDEX_FILE, "val.bin", DATASET_RANKS_FILE, "meta.pkl", "meta.json")  # renamed in this order
 INDEX_TOKENS = 1 << 30  # prepare indexes a train split up to this (the index needs 5-10 bytes a token to build)
+VAL_PARTS = 10  # a directory's val comes from up to about this many places in it (val_spans)
 TMP = ".tmp"  # the suffix of a file written aside, in the dataset directory
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 
@@ -278,7 +280,7 @@ def prepare(input_path, tokenizer="char", out_dir=".", val_fraction=0.1, log=pri
         total = sum(sizes)
         if total < 2:
             raise UserError(f"{input_path} holds {total} characters; a dataset needs at least 2")
-        split_at = int(total * (1 - val_fraction))  # nanoGPT: data[:int(n*0.9)] is train
+        spans = val_spans(sizes, val_fraction)
         if tokenizer == "char":
             tok = CharTokenizer(sorted(chars))
             meta = {"tokenizer": "char", "chars": tok.chars}
@@ -286,7 +288,7 @@ def prepare(input_path, tokenizer="char", out_dir=".", val_fraction=0.1, log=pri
             tok = GPT2BPE()
             meta = {"tokenizer": "gpt2", "encoding": "r50k_base"}
         else:
-            tok = train_bpe(files, split_at, vocab_size, bar)
+            tok = train_bpe(files, spans, vocab_size, bar)
             meta = tok.meta(DATASET_RANKS_FILE)
         meta["vocab_size"] = tok.vocab_size
         meta["dtype"] = "uint16" if tok.vocab_size <= 1 << 16 else "uint32"
@@ -294,7 +296,7 @@ def prepare(input_path, tokenizer="char", out_dir=".", val_fraction=0.1, log=pri
         created = not os.path.isdir(out_dir)
         os.makedirs(out_dir, exist_ok=True)
         try:
-            counts = write_splits(files, encode, tok.eot, split_at, out_dir, np.dtype(meta["dtype"]), bar)
+            counts = write_splits(files, encode, tok.eot, spans, out_dir, np.dtype(meta["dtype"]), bar)
             if tokenizer == "bpe":
                 with open_to_write(os.path.join(out_dir, DATASET_RANKS_FILE + TMP), "w", encoding="ascii") as f:
                     f.write(ranks_text(tok.enc._mergeable_ranks))
@@ -348,9 +350,9 @@ def tokenizer_note(out_dir, tok, dtype, total_bytes):
             f"try --tokenizer bpe")
 
 
-def train_bpe(files, split_at, vocab_size, bar):
+def train_bpe(files, spans, vocab_size, bar):
     """A byte-level BPE of vocab_size tokens (the 256 bytes, merges, <|endoftext|>) trained with rustbpe
-    on the first split_at characters (the train split), streamed."""
+    on the train split (the characters outside the val spans), streamed."""
     try:
         import rustbpe
     except ImportError:
@@ -361,8 +363,7 @@ def train_bpe(files, split_at, vocab_size, bar):
         for path in files:
             for nbytes, text in read_text(path):
                 bar.update(nbytes)
-                if pos < split_at:
-                    yield text[:split_at - pos]
+                yield from (piece for split, piece in routed(text, pos, spans) if split == "train")
                 pos += len(text)
     trainer = rustbpe.Tokenizer()
     trainer.train_from_iterator(safe_pieces(train_text()), vocab_size - 1)
@@ -373,15 +374,44 @@ def train_bpe(files, split_at, vocab_size, bar):
     return TrainedBPE(trainer.get_pattern(), ranks, {"<|endoftext|>": len(ranks)})
 
 
-def write_splits(files, encode, eot, split_at, out_dir, dtype, bar):
-    """Encode every file, routing characters before split_at to train.bin and the rest to val.bin."""
+def val_spans(sizes, val_fraction):
+    """The val split's character ranges [start, end) in the files' text, given each file's characters: the last
+    val_fraction of each part, a part being a file, or consecutive files together until they hold a tenth of the
+    text (VAL_PARTS). One file is split at its last val_fraction, as nanoGPT splits; a folder of books is validated on
+    every book, and one of two languages on both, not on the end of its last file alone."""
+    total = sum(sizes)
+    spans, start, end = [], 0, 0
+    for i, n in enumerate(sizes):
+        end += n
+        if end - start >= total / VAL_PARTS or i == len(sizes) - 1:
+            spans.append((start + int((end - start) * (1 - val_fraction)), end))  # nanoGPT: data[:int(n*0.9)]
+            start = end
+    return spans
+
+
+def routed(text, pos, spans):
+    """(split, piece) for text, which starts at character pos of the whole, cut where a val span starts or ends."""
+    for a, b in spans:
+        if b <= pos or not text:
+            continue
+        if a >= pos + len(text):
+            break
+        if a > pos:
+            yield "train", text[:a - pos]
+            text, pos = text[a - pos:], a
+        yield "val", text[:b - pos]
+        text, pos = text[b - pos:], b
+    if text:
+        yield "train", text
+
+
+def write_splits(files, encode, eot, spans, out_dir, dtype, bar):
+    """Encode every file, routing the characters in the val spans to val.bin and the rest to train.bin; with eot,
+    each split's text from one file is separated from the next file's by it."""
     counts = {"train": 0, "val": 0}
     outs = {s: open_to_write(os.path.join(out_dir, f"{s}.bin{TMP}"), "wb") for s in counts}  # never through a link
+    last = {s: None for s in counts}  # the file each split's last text came from
     try:
-        def emit(split, ids):
-            np.asarray(ids, dtype=dtype).tofile(outs[split])
-            counts[split] += len(ids)
-
         pos = 0  # characters seen so far
         for i, path in enumerate(files):
             def counted(p=path):
@@ -389,14 +419,12 @@ def write_splits(files, encode, eot, split_at, out_dir, dtype, bar):
                     bar.update(nbytes)
                     yield text
             for piece in safe_pieces(counted()):
-                if pos < split_at < pos + len(piece):  # the split falls inside: cut exactly there
-                    emit("train", encode(piece[:split_at - pos]))
-                    emit("val", encode(piece[split_at - pos:]))
-                else:
-                    emit("train" if pos < split_at else "val", encode(piece))
+                for split, text in routed(piece, pos, spans):
+                    ids = ([eot] if eot is not None and last[split] not in (None, i) else []) + encode(text)
+                    np.asarray(ids, dtype=dtype).tofile(outs[split])
+                    counts[split] += len(ids)
+                    last[split] = i
                 pos += len(piece)
-            if eot is not None and i < len(files) - 1:
-                emit("train" if pos <= split_at else "val", [eot])
     finally:
         for f in outs.values():
             f.close()

@@ -50,10 +50,43 @@ def test_directory_is_read_in_sorted_order_with_eot_between_documents(tmp_path):
     prep.prepare(str(docs), "gpt2", str(tmp_path / "out"), 0.1, log=lambda *a: None)
     enc = tiktoken.get_encoding("r50k_base")
     first, second = "first document " * 20, "second document " * 20
-    cut = int((len(first) + len(second)) * 0.9) - len(first)  # the split falls inside the second file
+    a, b = int(len(first) * 0.9), int(len(second) * 0.9)  # each file, half the text, gives its last tenth to val
     train, val = (np.fromfile(tmp_path / "out" / f"{s}.bin", dtype=np.uint16).tolist() for s in ("train", "val"))
-    assert train == enc.encode_ordinary(first) + [50256] + enc.encode_ordinary(second[:cut])
-    assert val == enc.encode_ordinary(second[cut:])
+    assert train == enc.encode_ordinary(first[:a]) + [50256] + enc.encode_ordinary(second[:b])
+    assert val == enc.encode_ordinary(first[a:]) + [50256] + enc.encode_ordinary(second[b:])
+
+
+def split_texts(out):
+    """A char dataset's train and val as text."""
+    chars = json.loads((out / "meta.json").read_text())["chars"]
+    return ["".join(chars[i] for i in np.fromfile(out / f"{s}.bin", dtype=np.uint16)) for s in ("train", "val")]
+
+
+def test_a_folder_of_two_languages_is_validated_on_both_in_proportion(tmp_path):
+    """A folder's val was the end of its last file: a folder of a Russian novel and an English one was validated
+    on English alone, and its plan (which reads the whole text) predicted the wrong language's loss."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    russian, english = "Мой дядя самых честных правил.\n" * 90, "It is a truth universally acknowledged.\n" * 20
+    (docs / "1.txt").write_text(russian)
+    (docs / "2.txt").write_text(english)
+    prep.prepare(str(docs), "char", str(tmp_path / "out"), 0.1, log=lambda *a: None)
+    a, b = int(len(russian) * 0.9), int(len(english) * 0.9)
+    assert split_texts(tmp_path / "out") == [russian[:a] + english[:b], russian[a:] + english[b:]]
+
+
+def test_a_folder_of_small_files_gives_val_from_ten_places_not_from_every_file(tmp_path):
+    """365 diary entries do not each lose their last lines to val: consecutive files make up a tenth of the text,
+    and each tenth gives its end."""
+    docs = tmp_path / "days"
+    docs.mkdir()
+    days = [chr(0x4E00 + i) * 50 for i in range(30)]  # 30 files of 50 characters: ten parts of three files
+    for i, day in enumerate(days):
+        (docs / f"{i:02d}.txt").write_text(day)
+    prep.prepare(str(docs), "char", str(tmp_path / "out"), 0.1, log=lambda *a: None)
+    train, val = split_texts(tmp_path / "out")
+    assert val == "".join(days[i][:15] for i in range(2, 30, 3))  # the last 15 of each 150 characters
+    assert train == "".join(day if i % 3 != 2 else day[:35] for i, day in enumerate(days))
 
 
 @pytest.mark.parametrize("chunk", [1, 2, 3, 5, 1 << 22])
@@ -251,7 +284,7 @@ UNSEEN = "👩‍👩‍👧‍👦 e\u0301 ﬁ\t漢字の文章 naïve\r\n\x00 
 @pytest.fixture(scope="module")
 def bpe_dataset(tmp_path_factory):
     root = tmp_path_factory.mktemp("bpe")
-    (root / "a.txt").write_text(TANG, encoding="utf-8")  # first: in the train split
+    (root / "a.txt").write_text(TANG, encoding="utf-8")  # each file, over a tenth of the text, gives its end to val
     (root / "b.txt").write_text(CORPUS, encoding="utf-8")
     counts = prep.prepare(str(root), "bpe", str(root / "data"), 0.1, log=lambda *a: None, vocab_size=390)
     return root / "data", counts
@@ -268,10 +301,23 @@ def test_trained_bpe_round_trips_any_text_and_splits_like_the_whole(bpe_dataset)
     assert len(tok.encode("函谷壯皇居")) < len("函谷壯皇居".encode("utf-8"))  # it learned merges of this text
     # the ids streaming wrote are those of each split encoded whole, by the tokenizer as loaded: ids, not decoded
     # text, since a BPE loaded with another split pattern (GPT-2's) still round-trips but cuts other tokens
-    cut = int((len(TANG) + len(CORPUS)) * 0.9) - len(TANG)  # the split falls inside the second file
+    a, b = int(len(TANG) * 0.9), int(len(CORPUS) * 0.9)
     train, val = (np.fromfile(data / f"{s}.bin", dtype=np.uint16).tolist() for s in ("train", "val"))
-    assert train == tok.encode(TANG) + [tok.eot] + tok.encode(CORPUS[:cut])
-    assert val == tok.encode(CORPUS[cut:])
+    assert train == tok.encode(TANG[:a]) + [tok.eot] + tok.encode(CORPUS[:b])
+    assert val == tok.encode(TANG[a:]) + [tok.eot] + tok.encode(CORPUS[b:])
+
+
+def test_a_trained_bpe_learns_no_merge_from_val(tmp_path):
+    """The BPE is trained on the train split only: a pair found only at the ends of a folder's files, its val,
+    is not merged."""
+    (tmp_path / "a.txt").write_text(CORPUS[:3600] + "zq" * 200)  # each file's last tenth is its pairs
+    (tmp_path / "b.txt").write_text(CORPUS[3600:6300] + "xj" * 150)
+    assert "zq" not in CORPUS and "xj" not in CORPUS
+    prep.prepare(str(tmp_path), "bpe", str(tmp_path / "data"), 0.1, log=lambda *a: None, vocab_size=300)
+    from nanogpt.tokenizer import read_meta, tokenizer_from_meta
+    tok = tokenizer_from_meta(read_meta(str(tmp_path / "data")))
+    assert len(tok.encode("zq")) == len(tok.encode("xj")) == 2
+    assert len(tok.encode(" Citizen")) == 1  # a word of train is merged
 
 
 @pytest.mark.parametrize("vocab, message", [(200, "at least 257"), (100000, "supports only")])
