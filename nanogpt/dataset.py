@@ -1,8 +1,8 @@
 """Datasets from text: read a file or a directory of them, split it (the first 1 - val_fraction of the
 characters train, the rest val, as nanoGPT splits; a directory's val is taken from each of its parts: val_spans),
-tokenize it, and write train.bin / val.bin (uint16
-tokens, uint32 if the vocabulary needs it) and meta.json (plus nanoGPT's meta.pkl for char vocabularies),
-each renamed into place. data/prepare.py and every data/<name>/prepare.py write their datasets with it."""
+tokenize it, and write train.bin / val.bin (uint16 tokens, uint32 if the vocabulary needs it) and meta.json (plus
+nanoGPT's meta.pkl for char vocabularies), each renamed into place. data/prepare.py and every
+data/<name>/prepare.py write their datasets with it."""
 import argparse
 import codecs
 import os
@@ -399,8 +399,9 @@ def routed(text, pos, spans):
         if a > pos:
             yield "train", text[:a - pos]
             text, pos = text[a - pos:], a
-        yield "val", text[:b - pos]
-        text, pos = text[b - pos:], b
+        if b > pos:  # (a part too small to give val any character gives none)
+            yield "val", text[:b - pos]
+            text, pos = text[b - pos:], b
     if text:
         yield "train", text
 
