@@ -3,12 +3,13 @@
     python data/prepare.py --input FILE_OR_DIR --tokenizer char|gpt2|bpe [--vocab_size 4096] --out data/NAME
 
 Writes train.bin / val.bin (uint16 tokens, uint32 if the vocabulary needs it)
-and meta.json (plus nanoGPT's meta.pkl for char vocabularies). The first
+and meta.json (plus nanoGPT's meta.pkl for char vocabularies). A file's first
 1 - val_fraction of the characters are train, the rest val, as nanoGPT splits.
 A directory is read file by file in sorted order, hidden files and folders
-skipped, and each file gives its last val_fraction to val (small files taken
-together, ten parts at most), so that val holds every book and language of it;
-with gpt2 and bpe, <|endoftext|> separates the files. Input is streamed in
+skipped, and each file of a twentieth of its text or more gives its last
+val_fraction to val (smaller files taken together until they hold a tenth),
+so that val holds every book and language of it; with gpt2 and bpe,
+<|endoftext|> separates the files. Input is streamed in
 chunks: memory stays bounded.
 """
 import argparse
@@ -32,7 +33,7 @@ def main(argv):
     parser.add_argument("--vocab_size", type=int, default=DEFAULT_BPE_VOCAB, help="tokens of a trained BPE")
     parser.add_argument("--out", required=True, help="output directory, e.g. data/mytext")
     parser.add_argument("--val_fraction", type=float, default=0.1,
-                        help="the share of the text, at its end (a folder's: at each file's end), held out as val")
+                        help="the share of the text, at its end (a folder's: at each large file's end), held out as val")
     args = parser.parse_args(argv)
     cuda = torch_cuda_available()
     counts = prepare(args.input, args.tokenizer, args.out, args.val_fraction, vocab_size=args.vocab_size,

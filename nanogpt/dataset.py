@@ -358,15 +358,20 @@ def train_bpe(files, spans, vocab_size, bar):
     except ImportError:
         raise UserError("--tokenizer bpe needs rustbpe: pip install rustbpe") from None
 
-    def train_text():
-        pos = 0
+    pos = 0  # characters read so far
+
+    def file_train_text(path):  # a file's train text: always its start, as its val is always its end
+        nonlocal pos
+        for nbytes, text in read_text(path):
+            bar.update(nbytes)
+            yield from (piece for split, piece in routed(text, pos, spans) if split == "train")
+            pos += len(text)
+
+    def train_text():  # re-cut file by file: one file's train end is never joined to the next file's start
         for path in files:
-            for nbytes, text in read_text(path):
-                bar.update(nbytes)
-                yield from (piece for split, piece in routed(text, pos, spans) if split == "train")
-                pos += len(text)
+            yield from safe_pieces(file_train_text(path))
     trainer = rustbpe.Tokenizer()
-    trainer.train_from_iterator(safe_pieces(train_text()), vocab_size - 1)
+    trainer.train_from_iterator(train_text(), vocab_size - 1)
     if trainer.vocab_size < vocab_size - 1:
         raise UserError(f"the train split supports only {trainer.vocab_size + 1} tokens (no pair of tokens repeats "
                         f"beyond that); use --vocab_size={trainer.vocab_size + 1} or less, or more text")
@@ -376,17 +381,26 @@ def train_bpe(files, spans, vocab_size, bar):
 
 def val_spans(sizes, val_fraction):
     """The val split's character ranges [start, end) in the files' text, given each file's characters: the last
-    val_fraction of each part, a part being a file, or consecutive files together until they hold a tenth of the
-    text (VAL_PARTS). One file is split at its last val_fraction, as nanoGPT splits; a folder of books is validated on
-    every book, and one of two languages on both, not on the end of its last file alone."""
+    val_fraction of each part. A part is a file of at least a twentieth of the text, or consecutive smaller files
+    together until they hold a tenth (VAL_PARTS), and files too few at the end to be one close the last part. One file
+    is split at its last val_fraction, as nanoGPT splits; a folder of books is validated on every book of a
+    twentieth of it or more, and a folder of small files in ten places, not at the end of its last file alone."""
     total = sum(sizes)
-    spans, start, end = [], 0, 0
-    for i, n in enumerate(sizes):
-        end += n
-        if end - start >= total / VAL_PARTS or i == len(sizes) - 1:
-            spans.append((start + int((end - start) * (1 - val_fraction)), end))  # nanoGPT: data[:int(n*0.9)]
+    large = total / (2 * VAL_PARTS)
+    parts, start, end = [], 0, 0
+    for n in sizes:
+        if n >= large and end - start >= large:  # a large file after files enough to be a part: a part of its own
+            parts.append((start, end))
             start = end
-    return spans
+        end += n
+        if end - start >= total / VAL_PARTS:
+            parts.append((start, end))
+            start = end
+    if end > start:
+        if parts and end - start < large:
+            start = parts.pop()[0]
+        parts.append((start, end))
+    return [(a + int((b - a) * (1 - val_fraction)), b) for a, b in parts]  # nanoGPT: data[:int(n*0.9)]
 
 
 def routed(text, pos, spans):
@@ -399,7 +413,7 @@ def routed(text, pos, spans):
         if a > pos:
             yield "train", text[:a - pos]
             text, pos = text[a - pos:], a
-        if b > pos:  # (a part too small to give val any character gives none)
+        if b > pos:  # (not an empty span: a val_fraction so small that int() keeps every character in train)
             yield "val", text[:b - pos]
             text, pos = text[b - pos:], b
     if text:

@@ -80,13 +80,34 @@ def test_a_folder_of_small_files_gives_val_from_ten_places_not_from_every_file(t
     and each tenth gives its end."""
     docs = tmp_path / "days"
     docs.mkdir()
-    days = [chr(0x4E00 + i) * 50 for i in range(30)]  # 30 files of 50 characters: ten parts of three files
+    days = ["".join(chr(0x4E00 + 50 * i + k) for k in range(50)) for i in range(30)]  # ten parts of three files
     for i, day in enumerate(days):
         (docs / f"{i:02d}.txt").write_text(day)
     prep.prepare(str(docs), "char", str(tmp_path / "out"), 0.1, log=lambda *a: None)
     train, val = split_texts(tmp_path / "out")
-    assert val == "".join(days[i][:15] for i in range(2, 30, 3))  # the last 15 of each 150 characters
+    assert val == "".join(days[i][35:] for i in range(2, 30, 3))  # the last 15 of each 150 characters
     assert train == "".join(day if i % 3 != 2 else day[:35] for i, day in enumerate(days))
+
+
+@pytest.mark.parametrize("sizes", [[95, 105] * 5, [90, 910], [1] + [100] * 10, [100] * 10 + [1]])
+def test_every_file_of_a_twentieth_of_the_folder_gives_its_end_to_val(tmp_path, sizes):
+    """A book just under a tenth of the folder, or a preface of 9% in another language, gives its own last tenth (it
+    was taken together with the next file, which gave the part's); a one-line README beside ten chapters is train
+    with the chapter after it or val with the one before, never a part of its own."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    start, texts = 0x4E00, []
+    for i, n in enumerate(sizes):
+        texts.append("".join(chr(start + k) for k in range(n)))
+        start += n
+        (docs / f"{i:02d}.txt").write_text(texts[-1])
+    prep.prepare(str(docs), "char", str(tmp_path / "out"), 0.1, log=lambda *a: None)
+    train, val = split_texts(tmp_path / "out")
+    whole = "".join(texts)
+    large = [i for i, n in enumerate(sizes) if n >= 0.05 * sum(sizes)]
+    for i in large:  # each large file's last tenth (its part's, with a README beside it) is in val, its start in train
+        assert texts[i][-(len(texts[i]) // 10):] in val and texts[i][:len(texts[i]) * 8 // 10] in train
+    assert len(val) == pytest.approx(0.1 * len(whole), abs=len(large)) and sorted(train + val) == sorted(whole)
 
 
 @pytest.mark.parametrize("chunk", [1, 2, 3, 5, 1 << 22])
@@ -318,6 +339,31 @@ def test_a_trained_bpe_learns_no_merge_from_val(tmp_path):
     tok = tokenizer_from_meta(read_meta(str(tmp_path / "data")))
     assert len(tok.encode("zq")) == len(tok.encode("xj")) == 2
     assert len(tok.encode(" Citizen")) == 1  # a word of train is merged
+
+
+def test_a_bpe_learns_each_files_train_text_apart_from_the_next_files(tmp_path, monkeypatch):
+    """A file's train text ends where its val starts, mid-line: joined to the next file's start it made words the
+    text never holds ("...is cuChapter 1"), which the BPE counted. The trainer is handed each file's train text
+    apart."""
+    (tmp_path / "a.txt").write_text("Line one\nLine two is cut here and then some more words\n" * 20)
+    (tmp_path / "b.txt").write_text("Chapter 1\nIt begins.\n" * 40)
+    handed = []
+
+    class Handed(Exception):
+        pass
+
+    class Trainer:
+        def train_from_iterator(self, pieces, vocab_size):
+            handed.extend(pieces)
+            raise Handed
+
+    import rustbpe
+    monkeypatch.setattr(rustbpe, "Tokenizer", Trainer)
+    with pytest.raises(Handed):
+        prep.prepare(str(tmp_path), "bpe", str(tmp_path / "data"), 0.1, log=lambda *a: None, vocab_size=300)
+    a, b = (tmp_path / "a.txt").read_text(), (tmp_path / "b.txt").read_text()
+    assert "".join(handed) == a[:int(len(a) * 0.9)] + b[:int(len(b) * 0.9)]  # the train split, val left out
+    assert not any("Chapter" in piece and "Line" in piece for piece in handed)
 
 
 @pytest.mark.parametrize("vocab, message", [(200, "at least 257"), (100000, "supports only")])
