@@ -234,7 +234,7 @@ class Run(Start):
         if self.revision is not None:
             value, sigma = self.revision
             self.metrics.write(f"halfway (iteration {it:,} of {self.cfg.max_iters:,}, {it / self.cfg.max_iters:.0%}: "
-                               f"the first evaluation past half): the best val bpb so far, "
+                               f"the first evaluation at or past half): the best val bpb so far, "
                                f"{self.best_bpb:.3f}, revises the prediction at the end to "
                                f"{predicted_text(value, sigma)} (the plan's: "
                                f"{predicted_text(self.plan['predicted_val_bpb'], self.plan['predicted_sigma'])})",

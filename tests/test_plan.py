@@ -978,7 +978,7 @@ def test_planned_run_holds_its_budget_logs_its_plan_and_keeps_the_best_checkpoin
     assert min(r["val_bpb"] for r in evals if r["iter"] <= revision["iter"]) >= revision["revised_val_bpb"] > 0
     assert result["revised_val_bpb"] == revision["revised_val_bpb"]
     said = (f"halfway (iteration {revision['iter']:,} of {revision['end']:,}, {revision['iter'] / revision['end']:.0%}: "
-            f"the first evaluation past half): the best val bpb so far")
+            f"the first evaluation at or past half): the best val bpb so far")
     assert sum(line.startswith(said) for line in lines) == 1
     assert any(f"revised halfway to {revision['revised_val_bpb']:.3f}" in line for line in lines)
     # runs/minutes_bench.py revises a log from before the revision as the run does: replayed from its records
