@@ -80,7 +80,8 @@ def schedule_keys(keys, tokens):
 # growing with dropout; E: the corpus's own floor, e0 + e1 * hardness (how well character n-grams of 80 KB of its
 # train text, spread over it, predict up to 400 KB of its val text, in bits per byte). N_100k and N_dropout are read
 # off the study's 100 KB points, N_exponent off its 100 KB and 700 KB points, rel_sigma is the fit's
-# leave-one-corpus-out error; the rest runs/study_fit.py fits (tests/test_plan.py holds them to its fit of docs/minutes_points.jsonl).
+# leave-one-corpus-out error; the rest runs/study_fit.py fits (tests/test_plan.py holds them to its fit of
+# docs/minutes_points.jsonl).
 LAW = dict(e0=-1.316, e1=0.944, A=0.1177, alpha=0.34, B=0.7667, beta=0.28, R=1.318, R_dropout=11.32,
            dropout_cost=3.368, N_100k=2e6, N_exponent=0.5, N_dropout=25.0, rel_sigma=0.0421)
 # Dropout's 10 epochs of a small text paid on English and Spanish (2.5% to 6.3% below 4 epochs without it, three texts
@@ -163,8 +164,8 @@ def split_paths(data_dir):
 HARDNESS_SAMPLE = 80_000  # bytes of train the n-grams learn from (and a quarter as many of val that lzma reads)
 # bytes of val the n-grams are scored on, in runs spread over it: all of most texts' val. A quarter of the sample, in 8
 # runs, read a text's val only at its runs' places: a folder of two books of 鲁迅 read 2.68 there, 2.73 to 3.01 at
-# other places, and its law was 10% low (2.91 over its whole val: 2.5%); and the law refitted on the longer reading
-# left 4.21% out, where it left 4.51% (docs/results.md, "The hardness scored on all of val")
+# other places and 2.91 over all of its val, and its law was 10% low (0.1% now); the law refitted on the longer
+# reading leaves 4.21% out, where it left 4.51% (docs/results.md, "The hardness scored on all of val")
 HARDNESS_SCORED, SCORED_PIECES = 400_000, 128
 SMALL_TEXT_SIGMA = 0.17  # the relative uncertainty of a text smaller than that: the study's 65 KB 論語 was 17% off
 
@@ -326,9 +327,10 @@ EASIER_SIGMA = 1.0
 # eight Russian novels, 1.55 to 2.18 bits a byte (read 0.67 to 0.93 of the easiest), ended 1.02 to 1.11 times the
 # scaled prediction, 1.058 on average (their whole val split, characters as tokens); so such a text is predicted that
 # much higher, +-6% (the eight, so: -4.3% to +3.5%; 2.2% rms). Three more, held out from that, were 1.0% low to 4.0%
-# high (docs/results.md, "Russian: eleven novels", and "The hardness scored on all of val"). Read per letter instead (bits a letter, as the study's one-byte
-# letters are), five of the eight, held out from that rule, were 3-13% high. Text with lzma's long repeats (records,
-# logs), far easier text, and a BPE's tokens keep the guess: none of them was measured so.
+# high (docs/results.md, "Russian: eleven novels", and "The hardness scored on all of val"). Read per letter instead
+# (bits a letter, as the study's one-byte letters are), five of the eight, held out from that rule, were 3-13% high.
+# Text with lzma's long repeats (records, logs), far easier text, and a BPE's tokens keep the guess: none of them was
+# measured so.
 TWO_BYTE_LETTERS = 0.5  # the share of a text's characters (spaces aside) of two bytes, from which it counts
 EASIER_LETTERS = 1.058
 EASIER_LETTERS_FROM = 0.65  # of the easiest text's reading, at the least (the eight read 0.67 to 0.93 of it)
