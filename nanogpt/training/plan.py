@@ -338,12 +338,29 @@ EASIER_LETTERS_SIGMA = 0.06
 LETTERS_HALFWAY_SIGMA = 0.06  # the revision halfway on such text ran +0.7% to +5.6% (17 runs of the eleven)
 
 
+def two_byte_letters(corpus):
+    """Whether a corpus is written in two-byte letters (TWO_BYTE_LETTERS of its characters), not Chinese."""
+    return corpus.two_byte_share >= TWO_BYTE_LETTERS and corpus.ideographs < IDEOGRAPHS
+
+
+def unlike_the_novels(corpus):
+    """What sets a corpus apart from the Russian novels EASIER_LETTERS was measured on, as the plan says it, or
+    None: they were in characters as tokens, without lzma's long repeats, easier than the study's easiest by as much
+    as they were."""
+    if corpus.tokenizer != "char":
+        return "a BPE's tokens"
+    if corpus.hardness - reading(corpus) > REPEATS_NOTED:
+        return "long repeats (records, logs)"
+    if easier(corpus) < EASIER_LETTERS_FROM:
+        return "easier still than those novels"
+    if easier(corpus) >= 1:
+        return "no easier than the study's texts"
+    return None
+
+
 def letters_prose(corpus):
-    """Whether a corpus is read as the Russian novels were: prose in two-byte letters (TWO_BYTE_LETTERS), in
-    characters as tokens, without lzma's long repeats, easier than the study's easiest by as much as they were."""
-    return (corpus.two_byte_share >= TWO_BYTE_LETTERS and corpus.ideographs < IDEOGRAPHS
-            and corpus.tokenizer == "char" and corpus.hardness - reading(corpus) <= REPEATS_NOTED
-            and EASIER_LETTERS_FROM <= easier(corpus) < 1)
+    """Whether a corpus is read as the Russian novels were: prose in two-byte letters, like them otherwise."""
+    return two_byte_letters(corpus) and unlike_the_novels(corpus) is None
 
 
 def predicted_text(value, sigma):
@@ -1031,11 +1048,8 @@ def make_plan(cfg, given, corpus, device, dtype, elapsed, log=print, world=1, te
         sigma = EASIER_SIGMA
         why.append("a text easier than the study's: its prediction is a guess (of such texts, seven of code, markup "
                    "and records ended at 0.12 to 1.12 times it; Russian prose, in characters as tokens, 1.02 to 1.11"
-                   + ("; this text, though in two-byte letters, is not read so: "
-                      + ("a BPE's tokens" if corpus.tokenizer != "char" else
-                         "long repeats (records, logs)" if corpus.hardness - reading(corpus) > REPEATS_NOTED else
-                         "easier still than those novels") + " were never measured"
-                      if corpus.two_byte_share >= TWO_BYTE_LETTERS and corpus.ideographs < IDEOGRAPHS else "") + ")")
+                   + (f"; this text, though in two-byte letters, is not read so: {unlike_the_novels(corpus)} were "
+                      f"never measured" if two_byte_letters(corpus) else "") + ")")
     elif unstudied(corpus):
         sigma = UNSTUDIED_SIGMA
         why.append(f"a text unlike the study's: its prediction is less certain (+-{sigma:.0%}: six texts of code, "
